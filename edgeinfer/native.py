@@ -1,0 +1,255 @@
+"""The one place that touches llama.cpp: a loaded model, its context and batch.
+
+``LlamaRuntime`` owns every native handle of one model (model, context, batch)
+and frees them in reverse order in ``close()``. Only the engine thread may
+call ``decode`` and the ``seq_*`` methods; ``tokenize`` and ``piece`` only
+read the immutable vocabulary and are safe from any thread.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import logging
+import threading
+from dataclasses import dataclass
+from pathlib import Path
+
+import llama_cpp
+
+from edgeinfer.config import ModelConfig
+from edgeinfer.errors import ModelLoadError
+
+log = logging.getLogger("edgeinfer.llama")
+
+# ggml_log_level: 1 debug, 2 info, 3 warn, 4 error, 5 continues the previous line
+_LEVELS = {1: logging.DEBUG, 2: logging.DEBUG, 3: logging.WARNING, 4: logging.ERROR}
+_last_level = logging.DEBUG
+
+
+@llama_cpp.llama_log_callback  # type: ignore[misc]
+def _log_callback(level: int, text: bytes, user_data: ctypes.c_void_p) -> None:
+    global _last_level
+    lvl = _last_level if level == 5 else _LEVELS.get(level, logging.DEBUG)
+    _last_level = lvl
+    if log.isEnabledFor(lvl):
+        msg = text.decode("utf-8", "replace").rstrip()
+        if msg:
+            log.log(lvl, "%s", msg)
+
+
+_backend_lock = threading.Lock()
+_backend_ready = False
+
+
+def init_backend() -> None:
+    """Initialise llama.cpp once per process and route its logs to logging."""
+    global _backend_ready
+    with _backend_lock:
+        if not _backend_ready:
+            llama_cpp.llama_log_set(_log_callback, ctypes.c_void_p(0))
+            llama_cpp.llama_backend_init()
+            _backend_ready = True
+
+
+def gpu_offload_supported() -> bool:
+    return bool(llama_cpp.llama_supports_gpu_offload())
+
+
+# llama_decode return codes (llama.h)
+DECODE_OK = 0
+DECODE_NO_KV_SLOT = 1
+DECODE_ABORTED = 2
+DECODE_INVALID_BATCH = -1
+
+
+def describe_decode_error(rc: int) -> str:
+    if rc == DECODE_NO_KV_SLOT:
+        return "the KV cache has no room for this batch"
+    if rc == DECODE_ABORTED:
+        return "decoding was aborted"
+    if rc == DECODE_INVALID_BATCH:
+        return "llama.cpp rejected the batch as invalid"
+    return f"llama.cpp failed to compute the batch (llama_decode returned {rc})"
+
+
+@dataclass(frozen=True, slots=True)
+class ModelInfo:
+    n_vocab: int
+    n_ctx_train: int
+    n_ctx: int
+    bos: int
+    eos: int
+    add_bos: bool
+    bos_text: str
+    eos_text: str
+    chat_template: str | None
+    description: str
+    size_bytes: int
+
+
+class LlamaRuntime:
+    """A GGUF model with one context holding ``cfg.slots`` sequences."""
+
+    def __init__(self, cfg: ModelConfig, path: Path) -> None:
+        init_backend()
+        self.cfg = cfg
+        self.path = path
+        self._model = None
+        self._ctx = None
+        self._batch: llama_cpp.llama_batch | None = None
+        try:
+            self._load()
+        except BaseException:
+            self.close()
+            raise
+
+    def _load(self) -> None:
+        cfg = self.cfg
+        mparams = llama_cpp.llama_model_default_params()
+        mparams.n_gpu_layers = cfg.gpu_layers
+        self._model = llama_cpp.llama_model_load_from_file(str(self.path).encode(), mparams)
+        if not self._model:
+            raise ModelLoadError(f"model {cfg.id!r}: llama.cpp could not load {self.path}")
+        self._vocab = llama_cpp.llama_model_get_vocab(self._model)
+
+        cparams = llama_cpp.llama_context_default_params()
+        cparams.n_ctx = cfg.context
+        cparams.n_batch = cfg.batch
+        cparams.n_ubatch = cfg.batch
+        cparams.n_seq_max = cfg.slots
+        cparams.n_threads = cfg.threads
+        cparams.n_threads_batch = cfg.threads
+        cparams.kv_unified = True
+        cparams.flash_attn_type = -1  # LLAMA_FLASH_ATTN_TYPE_AUTO, as llama-server
+        cparams.no_perf = True
+        self._ctx = llama_cpp.llama_init_from_model(self._model, cparams)
+        if not self._ctx:
+            raise ModelLoadError(f"model {cfg.id!r}: llama.cpp could not create a context")
+        self._mem = llama_cpp.llama_get_memory(self._ctx)
+        self._batch = llama_cpp.llama_batch_init(cfg.batch, 0, 1)
+        self.info = self._read_info()
+        self._pieces: list[bytes | None] = [None] * self.info.n_vocab
+
+    def _meta(self, key: str) -> str | None:
+        size = 1 << 16
+        buf = ctypes.create_string_buffer(size)
+        n = llama_cpp.llama_model_meta_val_str(self._model, key.encode(), buf, size)
+        if n < 0:
+            return None
+        if n >= size:
+            buf = ctypes.create_string_buffer(n + 1)
+            llama_cpp.llama_model_meta_val_str(self._model, key.encode(), buf, n + 1)
+        return buf.value.decode("utf-8", "replace")
+
+    def _read_info(self) -> ModelInfo:
+        vocab = self._vocab
+        bos = llama_cpp.llama_vocab_bos(vocab)
+        eos = llama_cpp.llama_vocab_eos(vocab)
+        desc = ctypes.create_string_buffer(256)
+        llama_cpp.llama_model_desc(self._model, desc, 256)
+        return ModelInfo(
+            n_vocab=llama_cpp.llama_vocab_n_tokens(vocab),
+            n_ctx_train=llama_cpp.llama_model_n_ctx_train(self._model),
+            n_ctx=llama_cpp.llama_n_ctx(self._ctx),
+            bos=bos,
+            eos=eos,
+            add_bos=bool(llama_cpp.llama_vocab_get_add_bos(vocab)),
+            bos_text=self._token_text(bos),
+            eos_text=self._token_text(eos),
+            chat_template=self._meta("tokenizer.chat_template"),
+            description=desc.value.decode("utf-8", "replace"),
+            size_bytes=llama_cpp.llama_model_size(self._model),
+        )
+
+    def _token_text(self, token: int) -> str:
+        if token < 0:
+            return ""
+        return self._render(token, special=True).decode("utf-8", "replace")
+
+    # -- vocabulary (any thread) ----------------------------------------
+    @property
+    def vocab(self) -> llama_cpp.llama_vocab_p:
+        return self._vocab
+
+    def tokenize(self, text: str, *, add_special: bool, parse_special: bool) -> list[int]:
+        data = text.encode("utf-8")
+        n_max = len(data) + 8
+        buf = (llama_cpp.llama_token * n_max)()
+        n = llama_cpp.llama_tokenize(self._vocab, data, len(data), buf, n_max, add_special,
+                                     parse_special)
+        if n < 0:  # buffer too small: -n is the size needed
+            n_max = -n
+            buf = (llama_cpp.llama_token * n_max)()
+            n = llama_cpp.llama_tokenize(self._vocab, data, len(data), buf, n_max, add_special,
+                                         parse_special)
+        if n < 0:
+            raise ValueError("tokenization failed")
+        return list(buf[:n])
+
+    def _render(self, token: int, *, special: bool) -> bytes:
+        buf = ctypes.create_string_buffer(64)
+        n = llama_cpp.llama_token_to_piece(self._vocab, token, buf, 64, 0, special)
+        if n < 0:
+            buf = ctypes.create_string_buffer(-n)
+            n = llama_cpp.llama_token_to_piece(self._vocab, token, buf, -n, 0, special)
+        return buf.raw[: max(n, 0)]
+
+    def piece(self, token: int) -> bytes:
+        """The bytes a generated token adds to the text (special tokens add none)."""
+        cached = self._pieces[token]
+        if cached is None:
+            cached = self._pieces[token] = self._render(token, special=False)
+        return cached
+
+    def detokenize(self, tokens: list[int]) -> str:
+        return b"".join(self.piece(t) for t in tokens).decode("utf-8", "replace")
+
+    def is_eog(self, token: int) -> bool:
+        return bool(llama_cpp.llama_vocab_is_eog(self._vocab, token))
+
+    # -- context (engine thread only) -----------------------------------
+    @property
+    def ctx(self) -> llama_cpp.llama_context_p:
+        return self._ctx
+
+    def decode(self, entries: list[tuple[int, int, list[int], bool]]) -> tuple[int, list[int]]:
+        """Decode one batch of (seq_id, start_pos, tokens, wants_logits) runs.
+
+        Returns llama_decode's code and, per entry that wants logits, the
+        batch index of its last token (the index to sample from).
+        """
+        batch = self._batch
+        assert batch is not None
+        token, pos, n_seq, seq_ids, logits = (
+            batch.token, batch.pos, batch.n_seq_id, batch.seq_id, batch.logits)
+        i = 0
+        out: list[int] = []
+        for seq_id, start, toks, wants in entries:
+            for k, t in enumerate(toks):
+                token[i] = t
+                pos[i] = start + k
+                n_seq[i] = 1
+                seq_ids[i][0] = seq_id
+                logits[i] = 0
+                i += 1
+            if wants:
+                logits[i - 1] = 1
+                out.append(i - 1)
+        assert 0 < i <= self.cfg.batch
+        batch.n_tokens = i
+        rc = llama_cpp.llama_decode(self._ctx, batch)
+        return rc, out
+
+    def seq_rm(self, seq_id: int, p0: int = -1, p1: int = -1) -> bool:
+        return bool(llama_cpp.llama_memory_seq_rm(self._mem, seq_id, p0, p1))
+
+    def close(self) -> None:
+        if self._batch is not None:
+            llama_cpp.llama_batch_free(self._batch)
+            self._batch = None
+        if self._ctx:
+            llama_cpp.llama_free(self._ctx)
+            self._ctx = None
+        if self._model:
+            llama_cpp.llama_model_free(self._model)
+            self._model = None

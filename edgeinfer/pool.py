@@ -1,0 +1,113 @@
+"""The models a server serves, by name, each with its engine."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from dataclasses import dataclass, field
+
+from edgeinfer.chat import ChatTemplate
+from edgeinfer.config import ModelConfig, ServerConfig
+from edgeinfer.engine import Engine
+from edgeinfer.errors import APIError, InvalidRequest, ModelLoadError, NotFound
+from edgeinfer.native import LlamaRuntime, gpu_offload_supported
+from edgeinfer.source import resolve_model_path
+
+log = logging.getLogger("edgeinfer.pool")
+
+
+@dataclass(slots=True)
+class ServedModel:
+    """A loaded model: its runtime (native handles), engine thread and chat template."""
+
+    cfg: ModelConfig
+    runtime: LlamaRuntime
+    engine: Engine
+    template: ChatTemplate
+    created: int = field(default_factory=lambda: int(time.time()))
+
+    @property
+    def n_ctx(self) -> int:
+        return self.runtime.info.n_ctx
+
+    def tokenize_chat(self, text: str) -> list[int]:
+        info = self.runtime.info
+        add_bos = info.add_bos and not (info.bos_text and text.startswith(info.bos_text))
+        return self.runtime.tokenize(text, add_special=add_bos, parse_special=True)
+
+    def tokenize_text(self, text: str) -> list[int]:
+        return self.runtime.tokenize(text, add_special=True, parse_special=True)
+
+    def check_fits(self, n_prompt: int, max_tokens: int | None) -> None:
+        """400 context_length_exceeded unless the prompt (plus max_tokens) fits."""
+        wanted = n_prompt + (max_tokens or 1)
+        if n_prompt >= self.n_ctx or wanted > self.n_ctx:
+            raise InvalidRequest(
+                f"This model's maximum context length is {self.n_ctx} tokens. However, you "
+                f"requested {wanted} tokens ({n_prompt} in the prompt, "
+                f"{max_tokens or 1} for the completion). Please reduce the prompt or max_tokens.",
+                param="messages", code="context_length_exceeded",
+            )
+
+
+def load_model(cfg: ModelConfig) -> ServedModel:
+    """Load one model and create its engine (blocking; run it off the event loop)."""
+    path = resolve_model_path(cfg)
+    if cfg.gpu_layers and not gpu_offload_supported():
+        log.warning("model %s: this llama-cpp-python build has no GPU support; running on the CPU",
+                    cfg.id)
+    t0 = time.perf_counter()
+    runtime = LlamaRuntime(cfg, path)
+    info = runtime.info
+    try:
+        template = ChatTemplate(cfg.chat_template or info.chat_template, info.bos_text,
+                                info.eos_text)
+    except ValueError as exc:
+        runtime.close()
+        raise ModelLoadError(f"model {cfg.id!r}: {exc}") from None
+    log.info("model %s loaded from %s in %.2fs (%s, ctx %d, %d slots, %d threads)",
+             cfg.id, path, time.perf_counter() - t0, info.description, info.n_ctx, cfg.slots,
+             cfg.threads)
+    return ServedModel(cfg, runtime, Engine(runtime), template)
+
+
+class ModelPool:
+    """All configured models; ``get`` resolves a request's ``model`` field."""
+
+    def __init__(self, config: ServerConfig) -> None:
+        self.config = config
+        self.models: dict[str, ServedModel] = {}
+        self.failed: dict[str, str] = {}
+        self._names: dict[str, str] = {n: m.id for m in config.models for n in m.names}
+
+    async def start(self) -> None:
+        loop = asyncio.get_running_loop()
+        for cfg in self.config.models:
+            try:
+                served = await asyncio.to_thread(load_model, cfg)
+            except ModelLoadError as exc:
+                log.error("%s", exc)
+                self.failed[cfg.id] = str(exc)
+                continue
+            served.engine.start(loop)
+            self.models[cfg.id] = served
+        if not self.models:
+            raise ModelLoadError("; ".join(self.failed.values()) or "no model configured")
+
+    async def stop(self) -> None:
+        for served in self.models.values():
+            await asyncio.to_thread(served.engine.stop)
+        self.models.clear()
+
+    def get(self, name: str) -> ServedModel:
+        model_id = self._names.get(name)
+        if model_id is None:
+            raise NotFound(f"The model '{name}' does not exist. Available: "
+                           f"{', '.join(sorted(self._names))}", param="model",
+                           code="model_not_found")
+        served = self.models.get(model_id)
+        if served is None:
+            raise APIError(f"the model '{name}' failed to load: {self.failed.get(model_id)}",
+                           param="model", code="model_unavailable", status=503)
+        return served

@@ -1,0 +1,271 @@
+"""Request bodies of the OpenAI-style endpoints, parsed into typed objects.
+
+Every user error is raised here, as an ``InvalidRequest`` naming the field,
+before anything reaches the tokenizer or the engine.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any
+
+from edgeinfer.errors import InvalidRequest
+from edgeinfer.sequence import SamplingParams
+
+MAX_TOKENS_LIMIT = 1 << 20
+MAX_STOP = 16
+MAX_STOP_LEN = 512
+MAX_LOGIT_BIAS = 1024
+MAX_MESSAGES = 4096
+
+_COMMON = {
+    "model", "stream", "stream_options", "max_tokens", "temperature", "top_p", "top_k", "min_p",
+    "presence_penalty", "frequency_penalty", "repeat_penalty", "repeat_last_n", "seed", "stop",
+    "n", "logit_bias", "user", "ignore_eos", "metadata", "store", "service_tier",
+}
+CHAT_FIELDS = _COMMON | {"messages", "max_completion_tokens", "response_format", "logprobs",
+                         "top_logprobs", "tools", "tool_choice", "parallel_tool_calls"}
+COMPLETION_FIELDS = _COMMON | {"prompt", "echo", "logprobs", "best_of", "suffix"}
+ROLES = {"system", "developer", "user", "assistant", "tool"}
+
+
+@dataclass(frozen=True, slots=True)
+class GenerationRequest:
+    """A validated chat or completion request."""
+
+    model: str
+    stream: bool
+    include_usage: bool
+    params: SamplingParams
+    messages: tuple[dict[str, Any], ...] | None = None  # chat
+    prompt: str | list[int] | None = None  # completions
+
+
+class _Body:
+    def __init__(self, body: Any, allowed: set[str]) -> None:
+        if not isinstance(body, dict):
+            raise InvalidRequest("the request body must be a JSON object")
+        for key in body:
+            if key not in allowed:
+                raise InvalidRequest(f"unrecognized request argument: {key}", param=key)
+        self.body = body
+
+    def present(self, name: str) -> bool:
+        return self.body.get(name) is not None
+
+    def number(self, name: str, lo: float, hi: float, default: float) -> float:
+        v = self.body.get(name)
+        if v is None:
+            return default
+        if isinstance(v, bool) or not isinstance(v, int | float) or not math.isfinite(v):
+            raise InvalidRequest(f"'{name}' must be a number", param=name)
+        if not lo <= v <= hi:
+            raise InvalidRequest(f"'{name}' must be between {lo} and {hi}, got {v}", param=name)
+        return float(v)
+
+    def integer(self, name: str, lo: int, hi: int, default: int | None) -> int | None:
+        v = self.body.get(name)
+        if v is None:
+            return default
+        if isinstance(v, bool) or not isinstance(v, int):
+            raise InvalidRequest(f"'{name}' must be an integer", param=name)
+        if not lo <= v <= hi:
+            raise InvalidRequest(f"'{name}' must be between {lo} and {hi}, got {v}", param=name)
+        return v
+
+    def boolean(self, name: str, default: bool = False) -> bool:
+        v = self.body.get(name)
+        if v is None:
+            return default
+        if not isinstance(v, bool):
+            raise InvalidRequest(f"'{name}' must be a boolean", param=name)
+        return v
+
+    def string(self, name: str, *, required: bool = False) -> str | None:
+        v = self.body.get(name)
+        if v is None:
+            if required:
+                raise InvalidRequest(f"'{name}' is required", param=name)
+            return None
+        if not isinstance(v, str):
+            raise InvalidRequest(f"'{name}' must be a string", param=name)
+        return v
+
+
+def _stop(b: _Body) -> tuple[str, ...]:
+    v = b.body.get("stop")
+    if v is None:
+        return ()
+    items = [v] if isinstance(v, str) else v
+    if not isinstance(items, list) or not all(isinstance(s, str) for s in items):
+        raise InvalidRequest("'stop' must be a string or a list of strings", param="stop")
+    if len(items) > MAX_STOP:
+        raise InvalidRequest(f"'stop' may hold at most {MAX_STOP} strings", param="stop")
+    if any(len(s) > MAX_STOP_LEN for s in items):
+        raise InvalidRequest(f"each stop string may be at most {MAX_STOP_LEN} characters",
+                             param="stop")
+    return tuple(s for s in items if s)
+
+
+def _logit_bias(b: _Body, n_vocab: int) -> tuple[tuple[int, float], ...]:
+    v = b.body.get("logit_bias")
+    if v is None:
+        return ()
+    if not isinstance(v, dict) or len(v) > MAX_LOGIT_BIAS:
+        raise InvalidRequest(f"'logit_bias' must be an object of at most {MAX_LOGIT_BIAS} "
+                             "token ids to numbers", param="logit_bias")
+    out = []
+    for key, bias in v.items():
+        try:
+            tok = int(key)
+        except (TypeError, ValueError):
+            raise InvalidRequest(f"'logit_bias' key {key!r} is not a token id",
+                                 param="logit_bias") from None
+        if not 0 <= tok < n_vocab:
+            raise InvalidRequest(f"'logit_bias' token id {tok} is outside the vocabulary "
+                                 f"(0..{n_vocab - 1})", param="logit_bias")
+        if isinstance(bias, bool) or not isinstance(bias, int | float) or not -100 <= bias <= 100:
+            raise InvalidRequest("'logit_bias' values must be numbers between -100 and 100",
+                                 param="logit_bias")
+        out.append((tok, float(bias)))
+    return tuple(out)
+
+
+def _params(b: _Body, n_vocab: int, max_tokens: int | None) -> SamplingParams:
+    if b.integer("n", 1, 1, 1) != 1:  # pragma: no cover - integer() bounds it
+        raise InvalidRequest("'n' must be 1", param="n")
+    seed = b.integer("seed", -(1 << 63), (1 << 63) - 1, None)
+    defaults = SamplingParams()
+    return SamplingParams(
+        temperature=b.number("temperature", 0.0, 2.0, defaults.temperature),
+        top_p=b.number("top_p", 0.0, 1.0, defaults.top_p),
+        top_k=int(b.integer("top_k", 0, 1_000_000, defaults.top_k) or 0),
+        min_p=b.number("min_p", 0.0, 1.0, defaults.min_p),
+        presence_penalty=b.number("presence_penalty", -2.0, 2.0, 0.0),
+        frequency_penalty=b.number("frequency_penalty", -2.0, 2.0, 0.0),
+        repeat_penalty=b.number("repeat_penalty", 0.01, 10.0, 1.0),
+        repeat_last_n=int(b.integer("repeat_last_n", 0, 1 << 16, 64) or 0),
+        seed=seed,
+        max_tokens=max_tokens,
+        stop=_stop(b),
+        ignore_eos=b.boolean("ignore_eos"),
+        logit_bias=_logit_bias(b, n_vocab),
+    )
+
+
+def _stream(b: _Body) -> tuple[bool, bool]:
+    stream = b.boolean("stream")
+    opts = b.body.get("stream_options")
+    include_usage = False
+    if opts is not None:
+        if not isinstance(opts, dict):
+            raise InvalidRequest("'stream_options' must be an object", param="stream_options")
+        if not stream:
+            raise InvalidRequest("'stream_options' is only allowed when 'stream' is true",
+                                 param="stream_options")
+        iu = opts.get("include_usage", False)
+        if not isinstance(iu, bool):
+            raise InvalidRequest("'stream_options.include_usage' must be a boolean",
+                                 param="stream_options.include_usage")
+        include_usage = iu
+    return stream, include_usage
+
+
+def _unsupported(b: _Body, names: tuple[str, ...]) -> None:
+    for name in names:
+        v = b.body.get(name)
+        if v not in (None, False, [], 0):
+            raise InvalidRequest(f"'{name}' is not supported by this server yet", param=name)
+
+
+def _content(msg: dict[str, Any], i: int) -> str:
+    content = msg.get("content")
+    where = f"messages[{i}].content"
+    if content is None:
+        if msg.get("role") == "assistant":
+            return ""
+        raise InvalidRequest(f"'{where}' is required", param=where)
+    if isinstance(content, str):
+        return content
+    if not isinstance(content, list):
+        raise InvalidRequest(f"'{where}' must be a string or a list of content parts", param=where)
+    parts = []
+    for j, part in enumerate(content):
+        if not isinstance(part, dict) or part.get("type") != "text" or not isinstance(
+                part.get("text"), str):
+            raise InvalidRequest(f"'{where}[{j}]': only text content parts are supported",
+                                 param=f"{where}[{j}]")
+        parts.append(part["text"])
+    return "".join(parts)
+
+
+def _messages(b: _Body) -> tuple[dict[str, Any], ...]:
+    msgs = b.body.get("messages")
+    if not isinstance(msgs, list) or not msgs:
+        raise InvalidRequest("'messages' must be a non-empty list", param="messages")
+    if len(msgs) > MAX_MESSAGES:
+        raise InvalidRequest(f"at most {MAX_MESSAGES} messages are allowed", param="messages")
+    out = []
+    for i, m in enumerate(msgs):
+        if not isinstance(m, dict):
+            raise InvalidRequest(f"'messages[{i}]' must be an object", param=f"messages[{i}]")
+        role = m.get("role")
+        if role not in ROLES:
+            raise InvalidRequest(f"'messages[{i}].role' must be one of {sorted(ROLES)}",
+                                 param=f"messages[{i}].role")
+        msg: dict[str, Any] = {"role": "system" if role == "developer" else role,
+                               "content": _content(m, i)}
+        if isinstance(m.get("name"), str):
+            msg["name"] = m["name"]
+        out.append(msg)
+    return tuple(out)
+
+
+def parse_chat(body: Any, n_vocab: int) -> GenerationRequest:
+    b = _Body(body, CHAT_FIELDS)
+    model = b.string("model", required=True)
+    messages = _messages(b)
+    _unsupported(b, ("logprobs", "top_logprobs", "tools"))
+    tc = b.body.get("tool_choice")
+    if tc not in (None, "none"):
+        raise InvalidRequest("'tool_choice' is not supported by this server yet",
+                             param="tool_choice")
+    rf = b.body.get("response_format")
+    if rf is not None and rf != {"type": "text"}:
+        raise InvalidRequest("only response_format {'type': 'text'} is supported yet",
+                             param="response_format")
+    max_tokens = b.integer("max_completion_tokens", 1, MAX_TOKENS_LIMIT, None)
+    if max_tokens is None:
+        max_tokens = b.integer("max_tokens", 1, MAX_TOKENS_LIMIT, None)
+    stream, include_usage = _stream(b)
+    assert model is not None
+    return GenerationRequest(model, stream, include_usage, _params(b, n_vocab, max_tokens),
+                             messages=messages)
+
+
+def parse_completion(body: Any, n_vocab: int) -> GenerationRequest:
+    b = _Body(body, COMPLETION_FIELDS)
+    model = b.string("model", required=True)
+    _unsupported(b, ("echo", "logprobs", "suffix"))
+    if b.integer("best_of", 1, 1, 1) != 1:  # pragma: no cover
+        raise InvalidRequest("'best_of' must be 1", param="best_of")
+    prompt = b.body.get("prompt")
+    if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], str | list):
+        prompt = prompt[0]
+    if isinstance(prompt, str):
+        parsed: str | list[int] = prompt
+    elif isinstance(prompt, list) and prompt and all(
+            isinstance(t, int) and not isinstance(t, bool) for t in prompt):
+        if not all(0 <= t < n_vocab for t in prompt):
+            raise InvalidRequest(f"'prompt' token ids must be in 0..{n_vocab - 1}", param="prompt")
+        parsed = list(prompt)
+    elif isinstance(prompt, list):
+        raise InvalidRequest("only one prompt per request is supported yet", param="prompt")
+    else:
+        raise InvalidRequest("'prompt' must be a string or a list of token ids", param="prompt")
+    max_tokens = b.integer("max_tokens", 1, MAX_TOKENS_LIMIT, 16)
+    stream, include_usage = _stream(b)
+    assert model is not None
+    return GenerationRequest(model, stream, include_usage, _params(b, n_vocab, max_tokens),
+                             prompt=parsed)

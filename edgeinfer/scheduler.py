@@ -1,0 +1,131 @@
+"""The slot scheduler: which tokens of which sequences go into the next batch.
+
+Pure Python, no llama calls. The engine calls, once per step::
+
+    chunks = scheduler.schedule()      # plan one batch
+    ...llama_decode(batch built from chunks)...
+    scheduler.commit(chunks)           # those tokens are now in the KV cache
+    ...sample, then scheduler.append_token(seq, tok) or scheduler.finish(seq)
+
+The rule is one: every running sequence that is generating contributes its one
+uncomputed token first; the rest of the token budget goes to prompt chunks of
+sequences still prefilling, oldest first (chunked prefill). Waiting sequences
+take free slots in arrival order. A long prompt therefore never stalls the
+streams already generating, and requests join and leave at any step.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from dataclasses import dataclass
+
+from edgeinfer.sequence import Sequence, SequenceStatus
+
+
+@dataclass(slots=True)
+class Chunk:
+    """A run of consecutive tokens of one sequence within a batch."""
+
+    seq: Sequence
+    start: int  # position of tokens[0] in the sequence
+    tokens: list[int]
+    wants_logits: bool  # logits for the last token of this chunk
+
+    @property
+    def end(self) -> int:
+        return self.start + len(self.tokens)
+
+
+class Scheduler:
+    """Assigns slots and per-step token counts.
+
+    Not thread-safe: owned by the engine thread.
+    """
+
+    def __init__(self, num_slots: int, token_budget: int) -> None:
+        if num_slots < 1:
+            raise ValueError("num_slots must be >= 1")
+        if token_budget < num_slots:
+            raise ValueError("token_budget must be at least num_slots")
+        self.num_slots = num_slots
+        self.token_budget = token_budget
+        self.waiting: deque[Sequence] = deque()
+        self.running: list[Sequence] = []  # in admission order
+        self._free_slots: list[int] = list(range(num_slots))
+
+    # -- queries ---------------------------------------------------------
+    @property
+    def num_free_slots(self) -> int:
+        return len(self._free_slots)
+
+    @property
+    def num_waiting(self) -> int:
+        return len(self.waiting)
+
+    def has_work(self) -> bool:
+        return bool(self.waiting or self.running)
+
+    def find(self, request_id: str) -> Sequence | None:
+        for seq in self.running:
+            if seq.request_id == request_id:
+                return seq
+        for seq in self.waiting:
+            if seq.request_id == request_id:
+                return seq
+        return None
+
+    # -- transitions -----------------------------------------------------
+    def add(self, seq: Sequence) -> None:
+        assert seq.status is SequenceStatus.WAITING
+        self.waiting.append(seq)
+
+    def schedule(self) -> list[Chunk]:
+        """Plan the next batch; admits waiting sequences into free slots."""
+        while self.waiting and self._free_slots:
+            seq = self.waiting.popleft()
+            seq.slot = self._free_slots.pop(0)
+            seq.status = SequenceStatus.RUNNING
+            self.running.append(seq)
+
+        budget = self.token_budget
+        chunks: list[Chunk] = []
+        for seq in self.running:
+            if not seq.is_prefilling and seq.num_uncomputed > 0:
+                assert seq.num_uncomputed == 1, "a generating sequence feeds one token per step"
+                chunks.append(Chunk(seq, seq.num_computed, [seq.tokens[-1]], True))
+                budget -= 1
+        for seq in self.running:
+            if budget <= 0:
+                break
+            if seq.is_prefilling:
+                n = min(budget, seq.num_prompt - seq.num_computed)
+                start = seq.num_computed
+                done = start + n == seq.num_prompt
+                chunks.append(Chunk(seq, start, seq.tokens[start : start + n], done))
+                budget -= n
+        return chunks
+
+    def commit(self, chunks: list[Chunk]) -> None:
+        """Record that the chunks' tokens were decoded into the KV cache."""
+        for chunk in chunks:
+            assert chunk.seq.num_computed == chunk.start
+            chunk.seq.num_computed = chunk.end
+
+    def append_token(self, seq: Sequence, token: int) -> None:
+        assert seq.status is SequenceStatus.RUNNING and not seq.is_prefilling
+        seq.tokens.append(token)
+
+    def finish(self, seq: Sequence, status: SequenceStatus) -> int | None:
+        """End a sequence (running or waiting); returns the slot it freed, if any."""
+        assert status.is_finished
+        freed = None
+        if seq.status is SequenceStatus.RUNNING:
+            self.running.remove(seq)
+            assert seq.slot is not None
+            freed = seq.slot
+            self._free_slots.append(freed)
+            self._free_slots.sort()
+        elif seq.status is SequenceStatus.WAITING:
+            self.waiting.remove(seq)
+        seq.status = status
+        return freed

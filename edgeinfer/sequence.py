@@ -1,0 +1,110 @@
+"""One generation request as the engine sees it: tokens, counters, lifecycle.
+
+A Sequence is created on the event loop, handed to the engine thread by a
+``Submit`` message, and from then on touched only by the engine thread.
+"""
+
+from __future__ import annotations
+
+import itertools
+from dataclasses import dataclass, field
+from enum import IntEnum
+from typing import Any
+
+
+class SequenceStatus(IntEnum):
+    """Lifecycle of a sequence. Every status after ``RUNNING`` is final."""
+
+    WAITING = 0
+    RUNNING = 1
+    FINISHED_STOPPED = 2
+    FINISHED_LENGTH = 3
+    FINISHED_ABORTED = 4
+    FINISHED_ERROR = 5
+
+    @property
+    def is_finished(self) -> bool:
+        return self > SequenceStatus.RUNNING
+
+    @property
+    def finish_reason(self) -> str | None:
+        return _FINISH_REASONS.get(self)
+
+
+_FINISH_REASONS = {
+    SequenceStatus.FINISHED_STOPPED: "stop",
+    SequenceStatus.FINISHED_LENGTH: "length",
+    SequenceStatus.FINISHED_ABORTED: "abort",
+    SequenceStatus.FINISHED_ERROR: "error",
+}
+
+
+@dataclass(frozen=True, slots=True)
+class SamplingParams:
+    """Per-request sampling settings. Defaults follow llama-server's."""
+
+    temperature: float = 0.8
+    top_p: float = 0.95
+    top_k: int = 40
+    min_p: float = 0.05
+    repeat_penalty: float = 1.0
+    repeat_last_n: int = 64
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
+    seed: int | None = None
+    max_tokens: int | None = None
+    stop: tuple[str, ...] = ()
+    ignore_eos: bool = False
+    logit_bias: tuple[tuple[int, float], ...] = ()
+
+    @property
+    def is_greedy(self) -> bool:
+        return self.temperature <= 0.0
+
+
+_arrivals = itertools.count()
+
+
+@dataclass(eq=False, slots=True)
+class Sequence:
+    """Engine-side state of one request.
+
+    ``tokens`` holds the prompt followed by every generated token;
+    ``num_computed`` counts the leading tokens whose KV is in the context.
+    The tokens from ``num_computed`` on still have to be fed to the model.
+    """
+
+    request_id: str
+    prompt: list[int]
+    params: SamplingParams
+    max_tokens: int
+    sink: Any = None  # delivery target for outputs, opaque to the engine
+    tokens: list[int] = field(default_factory=list)
+    num_computed: int = 0
+    slot: int | None = None
+    status: SequenceStatus = SequenceStatus.WAITING
+    arrival: int = field(default_factory=lambda: next(_arrivals))
+    # engine-owned helpers (sampler chain, text stream); opaque here
+    sampler: Any = None
+    text: Any = None
+
+    def __post_init__(self) -> None:
+        if not self.tokens:
+            self.tokens = list(self.prompt)
+
+    @property
+    def num_prompt(self) -> int:
+        return len(self.prompt)
+
+    @property
+    def num_generated(self) -> int:
+        return len(self.tokens) - len(self.prompt)
+
+    @property
+    def num_uncomputed(self) -> int:
+        return len(self.tokens) - self.num_computed
+
+    @property
+    def is_prefilling(self) -> bool:
+        """True while prompt tokens remain to be computed."""
+        return self.num_computed < len(self.prompt)
