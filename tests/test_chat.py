@@ -1,0 +1,32 @@
+from __future__ import annotations
+
+import pytest
+
+from edgeinfer.chat import CHATML, ChatTemplate
+from edgeinfer.errors import InvalidRequest
+
+
+def test_renders_generation_prompt() -> None:
+    t = ChatTemplate(CHATML)
+    out = t.render([{"role": "user", "content": "hi"}])
+    assert out == "<|im_start|>user\nhi<|im_end|>\n<|im_start|>assistant\n"
+
+
+def test_assistant_prefill_is_continued() -> None:
+    t = ChatTemplate(CHATML)
+    out = t.render([{"role": "user", "content": "hi"},
+                    {"role": "assistant", "content": "Sure, the answer is"}])
+    assert out.endswith("<|im_start|>assistant\nSure, the answer is")
+
+
+def test_template_cannot_escape_sandbox() -> None:
+    evil = "{{ ''.__class__.__mro__[1].__subclasses__() }}"
+    with pytest.raises(InvalidRequest):
+        ChatTemplate(evil).render([{"role": "user", "content": "x"}])
+
+
+def test_raise_exception_becomes_400() -> None:
+    t = ChatTemplate("{{ raise_exception('roles must alternate') }}")
+    with pytest.raises(InvalidRequest) as info:
+        t.render([{"role": "user", "content": "x"}])
+    assert "roles must alternate" in info.value.message

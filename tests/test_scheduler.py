@@ -1,0 +1,162 @@
+"""The scheduler as a pure unit, driven by a fake decode."""
+
+from __future__ import annotations
+
+import pytest
+
+from edgeinfer.scheduler import Chunk, Scheduler
+from edgeinfer.sequence import SamplingParams, Sequence, SequenceStatus
+
+
+def make_seq(rid: str, n_prompt: int, max_tokens: int = 4) -> Sequence:
+    return Sequence(rid, list(range(1, n_prompt + 1)), SamplingParams(), max_tokens)
+
+
+class FakeEngine:
+    """Runs schedule -> fake decode -> commit -> 'sample' (token 7) like the real engine."""
+
+    def __init__(self, sched: Scheduler) -> None:
+        self.sched = sched
+        self.batches: list[list[Chunk]] = []
+
+    def step(self) -> list[Chunk]:
+        chunks = self.sched.schedule()
+        assert sum(len(c.tokens) for c in chunks) <= self.sched.token_budget
+        self.batches.append(chunks)
+        self.sched.commit(chunks)
+        for c in chunks:
+            if c.wants_logits:
+                self.sched.append_token(c.seq, 7)
+                if c.seq.num_generated >= c.seq.max_tokens:
+                    self.sched.finish(c.seq, SequenceStatus.FINISHED_LENGTH)
+        return chunks
+
+    def run(self, max_steps: int = 1000) -> int:
+        steps = 0
+        while self.sched.has_work():
+            self.step()
+            steps += 1
+            assert steps < max_steps
+        return steps
+
+
+def test_admits_in_arrival_order_and_queues_when_full() -> None:
+    sched = Scheduler(num_slots=2, token_budget=64)
+    seqs = [make_seq(f"r{i}", 3) for i in range(4)]
+    for s in seqs:
+        sched.add(s)
+    sched.schedule()
+    assert [s.slot for s in seqs[:2]] == [0, 1]
+    assert [s.status for s in seqs[2:]] == [SequenceStatus.WAITING] * 2
+    assert sched.num_waiting == 2 and sched.num_free_slots == 0
+
+
+def test_every_request_completes_with_its_own_tokens() -> None:
+    sched = Scheduler(num_slots=3, token_budget=16)
+    seqs = [make_seq(f"r{i}", 5 + i, max_tokens=3 + i) for i in range(7)]
+    for s in seqs:
+        sched.add(s)
+    FakeEngine(sched).run()
+    for s in seqs:
+        assert s.status is SequenceStatus.FINISHED_LENGTH
+        assert s.num_generated == s.max_tokens
+        assert s.num_computed == len(s.tokens) - 1  # the last sampled token is never fed
+    assert sched.num_free_slots == 3
+
+
+def test_prefill_budget_chunks_a_long_prompt() -> None:
+    sched = Scheduler(num_slots=2, token_budget=10)
+    seq = make_seq("long", 35)
+    sched.add(seq)
+    eng = FakeEngine(sched)
+    sizes = [sum(len(c.tokens) for c in eng.step()) for _ in range(4)]
+    assert sizes == [10, 10, 10, 5]
+    # only the chunk that completes the prompt asks for logits
+    flags = [c.wants_logits for b in eng.batches for c in b]
+    assert flags == [False, False, False, True]
+
+
+def test_long_prompt_never_stalls_running_streams() -> None:
+    sched = Scheduler(num_slots=4, token_budget=8)
+    eng = FakeEngine(sched)
+    runners = [make_seq(f"g{i}", 2, max_tokens=50) for i in range(3)]
+    for s in runners:
+        sched.add(s)
+    eng.step()  # all three prefilled in one batch
+    long = make_seq("long", 100, max_tokens=2)
+    sched.add(long)
+    for _ in range(10):
+        before = [s.num_generated for s in runners]
+        chunks = eng.step()
+        # each generating slot advanced by exactly one token; the prompt took the rest
+        assert [s.num_generated for s in runners] == [b + 1 for b in before]
+        assert sum(len(c.tokens) for c in chunks if c.seq is long) == 8 - 3
+        assert chunks[-1].seq is long  # decode tokens first, prompt chunks last
+
+
+def test_decode_tokens_take_budget_before_prefill() -> None:
+    sched = Scheduler(num_slots=4, token_budget=4)
+    eng = FakeEngine(sched)
+    gens = [make_seq(f"g{i}", 1, max_tokens=100) for i in range(3)]
+    for s in gens:
+        sched.add(s)
+    eng.step()
+    late = make_seq("late", 20)
+    sched.add(late)
+    chunks = eng.step()
+    assert [len(c.tokens) for c in chunks] == [1, 1, 1, 1]
+    assert chunks[3].seq is late
+
+
+def test_oldest_prefill_goes_first() -> None:
+    sched = Scheduler(num_slots=3, token_budget=6)
+    a, b = make_seq("a", 10), make_seq("b", 10)
+    sched.add(a)
+    sched.add(b)
+    chunks = FakeEngine(sched).step()
+    assert [(c.seq.request_id, len(c.tokens)) for c in chunks] == [("a", 6)]
+
+
+def test_finish_running_frees_slot_for_waiting() -> None:
+    sched = Scheduler(num_slots=1, token_budget=8)
+    a, b = make_seq("a", 2, max_tokens=100), make_seq("b", 2)
+    sched.add(a)
+    sched.add(b)
+    eng = FakeEngine(sched)
+    eng.step()
+    assert b.status is SequenceStatus.WAITING
+    assert sched.find("a") is a
+    freed = sched.finish(a, SequenceStatus.FINISHED_ABORTED)
+    assert freed == 0
+    eng.step()
+    assert b.slot == 0 and b.status is SequenceStatus.RUNNING
+
+
+def test_cancel_waiting_sequence() -> None:
+    sched = Scheduler(num_slots=1, token_budget=8)
+    a, b = make_seq("a", 2), make_seq("b", 2)
+    sched.add(a)
+    sched.add(b)
+    sched.schedule()
+    assert sched.finish(b, SequenceStatus.FINISHED_ABORTED) is None
+    assert sched.find("b") is None and sched.num_waiting == 0
+
+
+def test_continuous_batching_joins_mid_flight() -> None:
+    sched = Scheduler(num_slots=4, token_budget=32)
+    eng = FakeEngine(sched)
+    first = make_seq("first", 3, max_tokens=20)
+    sched.add(first)
+    for _ in range(5):
+        eng.step()
+    second = make_seq("second", 3, max_tokens=3)
+    sched.add(second)
+    chunks = eng.step()
+    assert {c.seq.request_id for c in chunks} == {"first", "second"}
+    eng.run()
+    assert first.num_generated == 20 and second.num_generated == 3
+
+
+def test_rejects_budget_smaller_than_slots() -> None:
+    with pytest.raises(ValueError):
+        Scheduler(num_slots=8, token_budget=4)

@@ -1,0 +1,44 @@
+from __future__ import annotations
+
+from edgeinfer.textstream import TextStream
+
+
+def feed(stream: TextStream, pieces: list[bytes]) -> str:
+    return "".join(stream.push(p) for p in pieces) + stream.flush()
+
+
+def test_holds_back_incomplete_utf8() -> None:
+    s = TextStream()
+    euro = "€".encode()  # 3 bytes
+    assert s.push(b"a" + euro[:1]) == "a"
+    assert s.push(euro[1:2]) == ""
+    assert s.push(euro[2:]) == "€"
+
+
+def test_invalid_bytes_become_replacement_not_broken_text() -> None:
+    out = feed(TextStream(), [b"ok", b"\xff", b"!"])
+    assert out == "ok\ufffd!"
+
+
+def test_stop_string_split_across_tokens() -> None:
+    s = TextStream(("</end>",))
+    out = [s.push(p) for p in [b"hello </", b"en", b"d> tail"]]
+    assert "".join(out) == "hello "
+    assert s.stopped_by == "</end>"
+    assert s.push(b"more") == "" and s.flush() == ""
+
+
+def test_partial_stop_prefix_released_when_it_does_not_match() -> None:
+    s = TextStream(("STOP",))
+    assert s.push(b"ab ST") == "ab "
+    assert s.push(b"AR") == "STAR"
+    assert s.flush() == ""
+    s2 = TextStream(("STOP",))
+    s2.push(b"x ST")
+    assert s2.flush() == "ST"  # held text is released at the end
+
+
+def test_earliest_of_several_stops_wins() -> None:
+    s = TextStream(("bb", "a"))
+    assert feed(s, [b"xxbba"]) == "xx"
+    assert s.stopped_by == "bb"
