@@ -176,9 +176,15 @@ class Engine:
         try:
             while self._drain(block=not self.scheduler.has_work()):
                 if self.scheduler.has_work():
-                    self._step()
+                    try:
+                        self._step()
+                    except Exception:  # a bug: end the running requests, keep serving
+                        log.exception("engine step failed")
+                        for seq in list(self.scheduler.running):
+                            self._finish(seq, SequenceStatus.FINISHED_ERROR,
+                                         "internal error while generating")
                 self._flush()
-        except Exception:  # an engine bug: fail everything rather than hang clients
+        except Exception:
             log.exception("engine thread crashed")
         finally:
             self._fail_all("the engine stopped")

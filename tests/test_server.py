@@ -183,3 +183,14 @@ def test_models_endpoint(client: openai.OpenAI) -> None:
     models = client.models.list().data
     assert [m.id for m in models] == ["smollm2-135m-instruct"]
     assert client.models.retrieve("smollm2-135m-instruct").id == "smollm2-135m-instruct"
+
+
+def test_seed_makes_sampling_reproducible(client: openai.OpenAI) -> None:
+    def sample(seed: int) -> str:
+        r = client.chat.completions.create(model="default", messages=HELLO, max_tokens=24,
+                                           temperature=1.0, seed=seed)
+        return r.choices[0].message.content or ""
+
+    a, b = sample(1234), sample(1234)
+    assert a == b
+    assert any(sample(s) != a for s in (1, 2, 3))

@@ -1,0 +1,62 @@
+"""The engine in-process on the real model: KV exhaustion, aborts, determinism."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Iterator
+
+import pytest
+
+from edgeinfer.config import load_config, override_model
+from edgeinfer.engine import Delta
+from edgeinfer.pool import ServedModel, load_model
+from edgeinfer.sequence import SamplingParams
+
+
+@pytest.fixture(scope="module")
+def small() -> Iterator[ServedModel]:
+    """SmolLM2 with a deliberately tiny KV cache: 256 cells for 4 slots."""
+    cfg = override_model(load_config().models[0], context=256, slots=4, batch=64, threads=2)
+    served = load_model(cfg)
+    yield served
+    served.engine.stop()
+
+
+async def _run(served: ServedModel, rid: str, prompt: list[int], params: SamplingParams
+               ) -> tuple[str, Delta]:
+    parts = []
+    last: Delta | None = None
+    async for d in served.engine.generate(rid, prompt, params):
+        parts.append(d.text)
+        last = d
+    assert last is not None
+    return "".join(parts), last
+
+
+def test_full_kv_cache_stops_only_the_newest_request(small: ServedModel) -> None:
+    prompt = small.tokenize_chat(small.template.render(
+        [{"role": "user", "content": "Count to one thousand."}]))
+    long_run = SamplingParams(temperature=0, ignore_eos=True)  # until the context is full
+
+    async def main() -> list[Delta]:
+        small.engine.start(asyncio.get_running_loop())
+        try:
+            results = await asyncio.gather(
+                *(_run(small, f"kv{i}", prompt, long_run) for i in range(4)))
+            # the engine still serves afterwards
+            text, last = await _run(small, "after", prompt,
+                                    SamplingParams(temperature=0, max_tokens=5))
+            assert last.finish_reason == "length" and last.completion_tokens == 5
+            return [d for _, d in results]
+        finally:
+            small.engine.stop()
+
+    finals = asyncio.run(main())
+    assert small.engine.stats.decode_errors >= 1  # llama_decode really returned 1
+    # 4 x (prompt + up to 256 - prompt) tokens cannot fit in 256 cells: some requests were
+    # stopped early as "length", none failed, and the last survivor used the whole context.
+    assert all(d.finish_reason == "length" for d in finals), finals
+    generated = sorted(d.completion_tokens for d in finals)
+    room = 256 - len(prompt)
+    assert generated[0] < room
+    assert generated[-1] == room
