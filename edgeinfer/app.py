@@ -95,7 +95,8 @@ async def _respond(
 ) -> Response:
     served.check_fits(len(prompt), req.params.max_tokens)
     meta = CompletionMeta(kind, served.cfg.id)
-    deltas: AsyncIterator[Delta] = served.engine.generate(meta.id, prompt, req.params)
+    deltas: AsyncIterator[Delta] = served.engine.generate(meta.id, prompt, req.params,
+                                                          use_cache=req.cache_prompt)
     if req.stream:
         return EventSourceResponse(sse_chunks(meta, deltas, req.include_usage), ping=10,
                                    sep="\n")

@@ -41,7 +41,7 @@ def usage(last: Delta) -> dict[str, Any]:
         "prompt_tokens": last.prompt_tokens,
         "completion_tokens": last.completion_tokens,
         "total_tokens": last.prompt_tokens + last.completion_tokens,
-        "prompt_tokens_details": {"cached_tokens": 0},
+        "prompt_tokens_details": {"cached_tokens": last.cached_tokens},
     }
 
 

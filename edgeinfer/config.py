@@ -32,7 +32,7 @@ DEFAULT_CONFIG = Path(__file__).resolve().parent.parent / "models.toml"
 
 _MODEL_KEYS = {
     "id", "aliases", "path", "source", "context", "slots", "threads", "gpu_layers", "batch",
-    "chat_template", "max_tokens",
+    "chat_template", "max_tokens", "prefix_cache", "cache_entries", "pinned_prompts",
 }
 
 
@@ -58,6 +58,9 @@ class ModelConfig:
     batch: int = 256
     chat_template: str | None = None
     max_tokens: int | None = None  # default max_tokens when a request sets none
+    prefix_cache: bool = True
+    cache_entries: int = 32  # finished sequences kept in the KV cache for reuse
+    pinned_prompts: tuple[str, ...] = ()  # system prompts kept resident, never evicted
 
     def __post_init__(self) -> None:
         if (self.path is None) == (self.source is None):
@@ -67,6 +70,9 @@ class ModelConfig:
                 raise ConfigError(f"model {self.id!r}: {name} must be >= 1")
         if self.batch < self.slots:
             raise ConfigError(f"model {self.id!r}: batch must be >= slots")
+        if self.cache_entries < 0 or self.slots + self.cache_entries > 256:
+            raise ConfigError(f"model {self.id!r}: slots plus cache_entries must be at most 256 "
+                              "(llama.cpp's sequence limit)")
         if self.context < 16:
             raise ConfigError(f"model {self.id!r}: context must be >= 16")
 
@@ -98,6 +104,7 @@ def _model_from_table(table: dict[str, Any], base: Path) -> ModelConfig:
             raise ConfigError(f"model {table['id']!r}: source needs 'package' and 'file'")
         kwargs["source"] = PackageSource(src["package"], src["file"], src.get("pip"))
     kwargs["aliases"] = tuple(kwargs.get("aliases", ()))
+    kwargs["pinned_prompts"] = tuple(kwargs.get("pinned_prompts", ()))
     try:
         return ModelConfig(**kwargs)
     except TypeError as exc:

@@ -23,6 +23,8 @@ from dataclasses import dataclass, field
 from edgeinfer import native
 from edgeinfer.errors import EngineError
 from edgeinfer.native import LlamaRuntime
+from edgeinfer.prefix_cache import PrefixCache
+from edgeinfer.prefix_index import common_prefix
 from edgeinfer.sampler import SamplerChain
 from edgeinfer.scheduler import Chunk, Scheduler
 from edgeinfer.sequence import SamplingParams, Sequence, SequenceStatus
@@ -45,6 +47,7 @@ class Delta:
     error: str | None = None
     prompt_tokens: int = 0
     completion_tokens: int = 0
+    cached_tokens: int = 0
     timings: dict[str, float] | None = None
 
 
@@ -102,6 +105,12 @@ class Engine:
         self.runtime = runtime
         cfg = runtime.cfg
         self.scheduler = Scheduler(cfg.slots, cfg.batch)
+        sharing = runtime.supports_prefix_sharing
+        if cfg.prefix_cache and not sharing:
+            log.warning("model %s: its KV memory (sliding-window or recurrent) cannot share "
+                        "prefixes; prefix caching is off for it", cfg.id)
+        self.cache = PrefixCache(runtime, cfg.slots, cfg.cache_entries,
+                                 enabled=cfg.prefix_cache and sharing)
         self.stats = EngineStats()
         self._inbox: queue.SimpleQueue[Message] = queue.SimpleQueue()
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -138,7 +147,8 @@ class Engine:
         self._inbox.put(Abort(request_id))
 
     async def generate(
-        self, request_id: str, prompt: list[int], params: SamplingParams
+        self, request_id: str, prompt: list[int], params: SamplingParams, *,
+        use_cache: bool = True, pin: bool = False,
     ) -> AsyncIterator[Delta]:
         """Run one request; yields deltas until (and including) the finishing one.
 
@@ -152,7 +162,8 @@ class Engine:
         assert room > 0, "the HTTP layer rejects prompts that do not fit"
         max_tokens = room if params.max_tokens is None else min(params.max_tokens, room)
         sink: asyncio.Queue[Delta] = asyncio.Queue()
-        seq = Sequence(request_id, prompt, params, max_tokens, sink=sink)
+        seq = Sequence(request_id, prompt, params, max_tokens, sink=sink, use_cache=use_cache,
+                       pin=pin)
         self.submit(seq)
         done = False
         try:
@@ -230,8 +241,46 @@ class Engine:
             self._eog_tokens = tuple(t for t in range(rt.info.n_vocab) if rt.is_eog(t))
         return self._eog_tokens
 
+    def _attach(self, seq: Sequence) -> None:
+        """Give a newly admitted sequence its cached prefix, or make it wait for one."""
+        assert seq.slot is not None
+        limit = seq.num_prompt - 1  # at least one prompt token is computed, for logits
+        if not seq.use_cache or not self.cache.enabled:
+            self.cache.count_lookup(0)
+            return
+        seq.num_computed = seq.num_cached = self.cache.attach(seq.slot, seq.prompt, limit)
+        self.cache.count_lookup(seq.num_cached)
+        # A request still prefilling a prefix we share: wait and attach, not compute twice.
+        best: tuple[Sequence, int] | None = None
+        for other in self.scheduler.running:
+            # only older requests: waits then always point back in time, never in a cycle
+            if other.arrival >= seq.arrival or not other.is_prefilling or not other.use_cache:
+                continue
+            shared = min(common_prefix(other.prompt, seq.prompt), limit)
+            if shared > max(seq.num_computed, other.num_computed) and (
+                    best is None or shared > best[1]):
+                best = (other, shared)
+        seq.waiting_on = best
+
+    def _resume_waiters(self) -> None:
+        for seq in self.scheduler.running:
+            if seq.waiting_on is None:
+                continue
+            other, shared = seq.waiting_on
+            if other.status is SequenceStatus.RUNNING and other.num_computed < shared:
+                continue
+            seq.waiting_on = None
+            assert seq.slot is not None
+            got = self.cache.attach(seq.slot, seq.prompt, seq.num_prompt - 1)
+            if got > seq.num_computed:
+                self.cache.stats.hit_tokens += got - seq.num_computed
+                seq.num_computed = seq.num_cached = got
+
     def _step(self) -> None:
         t0 = time.perf_counter()
+        for seq in self.scheduler.admit():
+            self._attach(seq)
+        self._resume_waiters()
         chunks = self.scheduler.schedule()
         if not chunks:
             return
@@ -243,6 +292,9 @@ class Engine:
             self._on_decode_error(rc, chunks)
         else:
             self.scheduler.commit(chunks)
+            for chunk in chunks:
+                assert chunk.seq.slot is not None
+                self.cache.committed(chunk.seq.slot, chunk.tokens)
             ctx = self.runtime.ctx
             k = 0
             for chunk in chunks:
@@ -292,7 +344,8 @@ class Engine:
         was_running = seq.status is SequenceStatus.RUNNING
         slot = self.scheduler.finish(seq, status)
         if slot is not None:
-            self.runtime.seq_rm(slot)
+            keep = status is not SequenceStatus.FINISHED_ERROR and seq.use_cache
+            self.cache.release(slot, keep=keep, pinned=seq.pin)
         if seq.sampler is not None:
             seq.sampler.close()
             seq.sampler = None
@@ -304,7 +357,8 @@ class Engine:
         timings = _timings(seq, timing) if timing else None
         self._outbox.append((seq, Delta(
             tail, finish_reason=status.finish_reason, error=error,
-            prompt_tokens=seq.num_prompt, completion_tokens=seq.num_generated, timings=timings,
+            prompt_tokens=seq.num_prompt, completion_tokens=seq.num_generated,
+            cached_tokens=seq.num_cached, timings=timings,
         )))
         log.info(
             "request %s finished: %s, slot %s, prompt %d, generated %d%s",
@@ -317,7 +371,10 @@ class Engine:
         msg = native.describe_decode_error(rc)
         for chunk in chunks:  # undo whatever part of the batch reached the cache
             if chunk.seq.slot is not None:
-                self.runtime.seq_rm(chunk.seq.slot, chunk.start, -1)
+                self.cache.rollback(chunk.seq.slot, chunk.start)
+        if rc == native.DECODE_NO_KV_SLOT and self.cache.evict_one():
+            log.info("KV cache full: evicted cached prefixes, retrying")
+            return
         if rc == native.DECODE_NO_KV_SLOT and len(self.scheduler.running) > 1:
             # Out of KV cells: stop only the newest request, the others go on.
             victim = max((c.seq for c in chunks), key=lambda s: s.arrival)
@@ -349,6 +406,8 @@ class Engine:
         s["slots_busy"] = len(self.scheduler.running)
         s["slots_total"] = self.scheduler.num_slots
         s["queued"] = self.scheduler.num_waiting
+        s["n_ctx"] = self.runtime.info.n_ctx
+        s["prefix_cache"] = self.cache.snapshot()
         return s
 
 
@@ -358,9 +417,11 @@ def _timings(seq: Sequence, t: _Timing) -> dict[str, float]:
     gen_s = max(end - t.first_token, 1e-9) if t.first_token else 0.0
     n_gen = max(seq.num_generated - 1, 0)
     return {
-        "prompt_n": seq.num_prompt,
+        "prompt_n": seq.num_prompt - seq.num_cached,
+        "cache_n": seq.num_cached,
         "prompt_ms": round(prompt_s * 1000, 3),
-        "prompt_per_second": round(seq.num_prompt / prompt_s, 2) if prompt_s else 0.0,
+        "prompt_per_second": round((seq.num_prompt - seq.num_cached) / prompt_s, 2)
+        if prompt_s else 0.0,
         "predicted_n": seq.num_generated,
         "predicted_ms": round(gen_s * 1000, 3),
         "predicted_per_second": round(n_gen / gen_s, 2) if gen_s and n_gen else 0.0,

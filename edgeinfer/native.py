@@ -116,7 +116,7 @@ class LlamaRuntime:
         cparams.n_ctx = cfg.context
         cparams.n_batch = cfg.batch
         cparams.n_ubatch = cfg.batch
-        cparams.n_seq_max = cfg.slots
+        cparams.n_seq_max = cfg.slots + cfg.cache_entries
         cparams.n_threads = cfg.threads
         cparams.n_threads_batch = cfg.threads
         cparams.kv_unified = True
@@ -242,6 +242,22 @@ class LlamaRuntime:
 
     def seq_rm(self, seq_id: int, p0: int = -1, p1: int = -1) -> bool:
         return bool(llama_cpp.llama_memory_seq_rm(self._mem, seq_id, p0, p1))
+
+    def seq_cp(self, src: int, dst: int, p0: int = -1, p1: int = -1) -> None:
+        llama_cpp.llama_memory_seq_cp(self._mem, src, dst, p0, p1)
+
+    @property
+    def supports_prefix_sharing(self) -> bool:
+        """False for memories that cannot share or trim parts of a sequence.
+
+        Sliding-window attention (unless the full-size SWA cache is on) and
+        recurrent or hybrid models keep state that seq_cp / partial seq_rm
+        cannot reproduce; those models fall back to no prefix reuse.
+        """
+        model = self._model
+        if llama_cpp.llama_model_is_recurrent(model) or llama_cpp.llama_model_is_hybrid(model):
+            return False
+        return llama_cpp.llama_model_n_swa(model) == 0
 
     def close(self) -> None:
         if self._batch is not None:

@@ -22,7 +22,7 @@ MAX_MESSAGES = 4096
 _COMMON = {
     "model", "stream", "stream_options", "max_tokens", "temperature", "top_p", "top_k", "min_p",
     "presence_penalty", "frequency_penalty", "repeat_penalty", "repeat_last_n", "seed", "stop",
-    "n", "logit_bias", "user", "ignore_eos", "metadata", "store", "service_tier",
+    "n", "logit_bias", "user", "ignore_eos", "metadata", "store", "service_tier", "cache_prompt",
 }
 CHAT_FIELDS = _COMMON | {"messages", "max_completion_tokens", "response_format", "logprobs",
                          "top_logprobs", "tools", "tool_choice", "parallel_tool_calls"}
@@ -40,6 +40,7 @@ class GenerationRequest:
     params: SamplingParams
     messages: tuple[dict[str, Any], ...] | None = None  # chat
     prompt: str | list[int] | None = None  # completions
+    cache_prompt: bool = True  # reuse cached prompt prefixes (llama-server's field)
 
 
 class _Body:
@@ -241,7 +242,7 @@ def parse_chat(body: Any, n_vocab: int) -> GenerationRequest:
     stream, include_usage = _stream(b)
     assert model is not None
     return GenerationRequest(model, stream, include_usage, _params(b, n_vocab, max_tokens),
-                             messages=messages)
+                             messages=messages, cache_prompt=b.boolean("cache_prompt", True))
 
 
 def parse_completion(body: Any, n_vocab: int) -> GenerationRequest:
@@ -268,4 +269,4 @@ def parse_completion(body: Any, n_vocab: int) -> GenerationRequest:
     stream, include_usage = _stream(b)
     assert model is not None
     return GenerationRequest(model, stream, include_usage, _params(b, n_vocab, max_tokens),
-                             prompt=parsed)
+                             prompt=parsed, cache_prompt=b.boolean("cache_prompt", True))

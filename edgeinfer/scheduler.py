@@ -2,6 +2,7 @@
 
 Pure Python, no llama calls. The engine calls, once per step::
 
+    scheduler.admit()                  # waiting requests take free slots
     chunks = scheduler.schedule()      # plan one batch
     ...llama_decode(batch built from chunks)...
     scheduler.commit(chunks)           # those tokens are now in the KV cache
@@ -79,14 +80,23 @@ class Scheduler:
         assert seq.status is SequenceStatus.WAITING
         self.waiting.append(seq)
 
-    def schedule(self) -> list[Chunk]:
-        """Plan the next batch; admits waiting sequences into free slots."""
+    def admit(self) -> list[Sequence]:
+        """Move waiting sequences into free slots, in arrival order; returns them."""
+        admitted = []
         while self.waiting and self._free_slots:
             seq = self.waiting.popleft()
             seq.slot = self._free_slots.pop(0)
             seq.status = SequenceStatus.RUNNING
             self.running.append(seq)
+            admitted.append(seq)
+        return admitted
 
+    def schedule(self) -> list[Chunk]:
+        """Plan the next batch from the running sequences (call admit() first).
+
+        A sequence whose ``waiting_on`` is set gets no prompt chunk: another
+        request is computing the prefix it will share.
+        """
         budget = self.token_budget
         chunks: list[Chunk] = []
         for seq in self.running:
@@ -97,7 +107,7 @@ class Scheduler:
         for seq in self.running:
             if budget <= 0:
                 break
-            if seq.is_prefilling:
+            if seq.is_prefilling and seq.waiting_on is None:
                 n = min(budget, seq.num_prompt - seq.num_computed)
                 start = seq.num_computed
                 done = start + n == seq.num_prompt

@@ -84,6 +84,11 @@ class Sequence:
     slot: int | None = None
     status: SequenceStatus = SequenceStatus.WAITING
     arrival: int = field(default_factory=lambda: next(_arrivals))
+    num_cached: int = 0  # prompt tokens taken from the prefix cache
+    pin: bool = False  # keep this prompt resident in the cache when done
+    use_cache: bool = True  # reuse cached prefixes for this prompt
+    # (sequence, length): do not prefill; another request is computing our prefix
+    waiting_on: tuple[Sequence, int] | None = None
     # engine-owned helpers (sampler chain, text stream); opaque here
     sampler: Any = None
     text: Any = None

@@ -20,6 +20,7 @@ class FakeEngine:
         self.batches: list[list[Chunk]] = []
 
     def step(self) -> list[Chunk]:
+        self.sched.admit()
         chunks = self.sched.schedule()
         assert sum(len(c.tokens) for c in chunks) <= self.sched.token_budget
         self.batches.append(chunks)
@@ -45,7 +46,7 @@ def test_admits_in_arrival_order_and_queues_when_full() -> None:
     seqs = [make_seq(f"r{i}", 3) for i in range(4)]
     for s in seqs:
         sched.add(s)
-    sched.schedule()
+    assert sched.admit() == seqs[:2]
     assert [s.slot for s in seqs[:2]] == [0, 1]
     assert [s.status for s in seqs[2:]] == [SequenceStatus.WAITING] * 2
     assert sched.num_waiting == 2 and sched.num_free_slots == 0
@@ -137,7 +138,7 @@ def test_cancel_waiting_sequence() -> None:
     a, b = make_seq("a", 2), make_seq("b", 2)
     sched.add(a)
     sched.add(b)
-    sched.schedule()
+    sched.admit()
     assert sched.finish(b, SequenceStatus.FINISHED_ABORTED) is None
     assert sched.find("b") is None and sched.num_waiting == 0
 
@@ -160,3 +161,19 @@ def test_continuous_batching_joins_mid_flight() -> None:
 def test_rejects_budget_smaller_than_slots() -> None:
     with pytest.raises(ValueError):
         Scheduler(num_slots=8, token_budget=4)
+
+
+def test_a_sequence_waiting_on_a_shared_prefix_gets_no_prompt_chunk() -> None:
+    sched = Scheduler(num_slots=2, token_budget=8)
+    a, b = make_seq("a", 20), make_seq("b", 20)
+    sched.add(a)
+    sched.add(b)
+    sched.admit()
+    b.waiting_on = (a, 16)
+    chunks = sched.schedule()
+    assert [c.seq for c in chunks] == [a]
+    b.waiting_on = None
+    b.num_computed = 16  # attached from a
+    sched.commit(chunks)
+    chunks = sched.schedule()
+    assert [(c.seq.request_id, c.start, len(c.tokens)) for c in chunks] == [("a", 8, 8)]

@@ -105,13 +105,16 @@ def test_greedy_request_alone_and_among_others(aclient: openai.AsyncOpenAI) -> N
     ../shared/ENGINE-NOTES.md): decoding beside other sequences moves logits
     slightly, so after some tokens a greedy text may part from the lone run.
     What holds, and is tested: the lone run is reproducible exactly, and the
-    batched run agrees with it on the opening of the text.
+    batched run agrees with it on the opening of the text. The prefix cache is
+    off here (cache_prompt false): a cache hit computes the prompt in other
+    pieces, another batch shape.
     """
     ask = [{"role": "user", "content": "List three colors of the rainbow."}]
 
     async def run(messages: list[dict[str, str]]) -> str:
         r = await aclient.chat.completions.create(model="default", messages=messages,
-                                                  max_tokens=32, temperature=0)
+                                                  max_tokens=32, temperature=0,
+                                                  extra_body={"cache_prompt": False})
         return r.choices[0].message.content or ""
 
     async def main() -> tuple[str, str, list[str]]:

@@ -1,0 +1,152 @@
+"""Prompt-prefix reuse in one unified KV cache: attach, keep, evict, pin.
+
+A context has ``slots`` sequence ids for running requests and ``entries``
+more for finished ones kept as cache (ids ``slots .. slots+entries-1``).
+Sharing a prefix is ``llama_memory_seq_cp``: the cells gain another sequence
+id, no tensor is copied. The ``PrefixIndex`` says which id holds what.
+
+Engine thread only. The engine calls ``attach`` when a request takes a slot
+(and again when a prefix it waited for is ready), ``committed`` after every
+successful decode, ``rollback`` after a failed one, ``release`` when a
+request ends, and ``evict_one`` when llama_decode finds no room.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import dataclass, field
+
+from edgeinfer.native import LlamaRuntime
+from edgeinfer.prefix_index import PrefixIndex
+
+log = logging.getLogger("edgeinfer.cache")
+
+
+@dataclass(slots=True)
+class CacheEntry:
+    seq_id: int
+    pinned: bool = False
+    last_used: float = field(default_factory=time.monotonic)
+    hits: int = 0
+
+
+@dataclass(slots=True)
+class CacheStats:
+    hits: int = 0
+    hit_tokens: int = 0
+    misses: int = 0
+    evictions: int = 0
+    kept: int = 0
+
+
+class PrefixCache:
+    """See the module docstring. ``enabled=False`` keeps only plain slot cleanup."""
+
+    def __init__(self, runtime: LlamaRuntime, first_id: int, entries: int, enabled: bool) -> None:
+        self.rt = runtime
+        self.enabled = enabled and entries > 0
+        self.index = PrefixIndex()
+        self.entries: dict[int, CacheEntry] = {}
+        self._free_ids = list(range(first_id, first_id + entries)) if self.enabled else []
+        self.stats = CacheStats()
+
+    # -- admission ---------------------------------------------------------
+    def attach(self, slot: int, tokens: list[int], limit: int) -> int:
+        """Give ``slot`` the longest cached prefix of ``tokens[:limit]``.
+
+        ``slot`` may already hold a prefix of tokens (a second attach after a
+        wait); only the extension is copied. Returns what the slot now holds.
+        """
+        have = self.index.length(slot)
+        if not self.enabled or limit <= have:
+            return have
+        n, holder = self.index.match(tokens[:limit], exclude=slot)
+        if holder is None or n <= have:
+            return have
+        self.rt.seq_cp(holder, slot, have, n)
+        self.index.extend(slot, tokens[have:n])
+        entry = self.entries.get(holder)
+        if entry is not None:
+            entry.last_used = time.monotonic()
+            entry.hits += 1
+        return n
+
+    def count_lookup(self, cached: int) -> None:
+        if cached:
+            self.stats.hits += 1
+            self.stats.hit_tokens += cached
+        else:
+            self.stats.misses += 1
+
+    # -- after decode --------------------------------------------------------
+    def committed(self, slot: int, tokens: list[int]) -> None:
+        self.index.extend(slot, tokens)
+
+    def rollback(self, slot: int, length: int) -> None:
+        """Forget what the slot got from position ``length`` on (a failed decode)."""
+        self.rt.seq_rm(slot, length, -1)
+        self.index.truncate(slot, length)
+
+    # -- end of a request ------------------------------------------------------
+    def release(self, slot: int, keep: bool, pinned: bool = False) -> None:
+        """Free the slot; with ``keep``, its cells stay as a cache entry if useful."""
+        if self.enabled and keep and self.index.length(slot):
+            tokens = self.index.tokens_of(slot)
+            covered, _ = self.index.match(tokens, exclude=slot)
+            if pinned or covered < len(tokens):
+                cid = self._take_id()
+                if cid is not None:
+                    self.rt.seq_cp(slot, cid, -1, -1)
+                    self.index.rename(slot, cid)
+                    self.entries[cid] = CacheEntry(cid, pinned=pinned)
+                    self.stats.kept += 1
+        self.rt.seq_rm(slot, -1, -1)
+        self.index.remove(slot)
+
+    def _take_id(self) -> int | None:
+        if not self._free_ids and not self._evict_lru():
+            return None
+        return self._free_ids.pop()
+
+    # -- eviction --------------------------------------------------------------
+    def _evict_lru(self) -> bool:
+        victims = [e for e in self.entries.values() if not e.pinned]
+        if not victims:
+            return False
+        victim = min(victims, key=lambda e: e.last_used)
+        self.rt.seq_rm(victim.seq_id, -1, -1)
+        self.index.remove(victim.seq_id)
+        del self.entries[victim.seq_id]
+        self._free_ids.append(victim.seq_id)
+        self.stats.evictions += 1
+        return True
+
+    def evict_one(self) -> bool:
+        """Free KV cells by evicting least recently used unpinned entries.
+
+        Evicts until some cells were actually freed (an entry whose cells are
+        shared frees none). Returns False when nothing could be freed.
+        """
+        before = self.index.num_tokens
+        while self._evict_lru():
+            if self.index.num_tokens < before:
+                return True
+        return False
+
+    def unpin_all(self) -> int:
+        n = 0
+        for e in self.entries.values():
+            if e.pinned:
+                e.pinned = False
+                n += 1
+        return n
+
+    def snapshot(self) -> dict[str, object]:
+        s = self.stats
+        return {
+            "enabled": self.enabled, "cells_used": self.index.num_tokens,
+            "entries": len(self.entries), "pinned": sum(e.pinned for e in self.entries.values()),
+            "hits": s.hits, "hit_tokens": s.hit_tokens, "misses": s.misses,
+            "evictions": s.evictions, "kept": s.kept,
+        }
