@@ -21,7 +21,7 @@ from edgeinfer.config import ServerConfig
 from edgeinfer.engine import Delta
 from edgeinfer.errors import APIError, InvalidRequest, NotFound
 from edgeinfer.pool import ModelPool, ServedModel
-from edgeinfer.protocol import GenerationRequest, parse_chat, parse_completion
+from edgeinfer.protocol import GenerationRequest, parse_chat, parse_completion, parse_pin
 
 log = logging.getLogger("edgeinfer.app")
 
@@ -94,7 +94,7 @@ async def _respond(
     request: Request, served: ServedModel, req: GenerationRequest, prompt: list[int], kind: str
 ) -> Response:
     served.check_fits(len(prompt), req.params.max_tokens)
-    meta = CompletionMeta(kind, served.cfg.id)
+    meta = CompletionMeta(kind, served.cfg.id, served.runtime.piece)
     deltas: AsyncIterator[Delta] = served.engine.generate(meta.id, prompt, req.params,
                                                           use_cache=req.cache_prompt)
     if req.stream:
@@ -169,6 +169,32 @@ async def health(request: Request) -> Response:
                         status_code=200 if ok else 503)
 
 
+async def pin_prefix(request: Request) -> Response:
+    """Keep a system prompt (messages) or a raw prompt resident in the prefix cache."""
+    body = await _read_json(request)
+    name, messages, prompt = parse_pin(body)
+    served = _pool(request).get(name)
+    if messages is not None:
+        tokens = await asyncio.to_thread(served.system_prefix, [dict(m) for m in messages])
+    else:
+        assert prompt is not None
+        tokens = await asyncio.to_thread(served.tokenize_text, prompt)
+    n = await served.pin(tokens)
+    return JSONResponse({"object": "cache.pin", "model": served.cfg.id, "tokens": n})
+
+
+async def unpin_prefixes(request: Request) -> Response:
+    served = _pool(request).get(request.query_params.get("model", ""))
+    served.engine.unpin_all()
+    return JSONResponse({"object": "cache.unpin", "model": served.cfg.id})
+
+
+async def cache_stats(request: Request) -> Response:
+    pool = _pool(request)
+    return JSONResponse({"object": "list", "data": [
+        {"model": mid, **m.engine.cache.snapshot()} for mid, m in pool.models.items()]})
+
+
 def create_app(config: ServerConfig) -> Starlette:
     """The ASGI app serving ``config``'s models; models load in its lifespan."""
 
@@ -188,6 +214,9 @@ def create_app(config: ServerConfig) -> Starlette:
         Route("/v1/models/{model_id:path}", get_model, methods=["GET"]),
         Route("/v1/chat/completions", chat_completions, methods=["POST"]),
         Route("/v1/completions", completions, methods=["POST"]),
+        Route("/v1/cache", cache_stats, methods=["GET"]),
+        Route("/v1/cache/pin", pin_prefix, methods=["POST"]),
+        Route("/v1/cache/pins", unpin_prefixes, methods=["DELETE"]),
     ]
     handlers = {APIError: _api_error, HTTPException: _http_error, Exception: _internal_error}
     return Starlette(routes=routes, exception_handlers=handlers,  # type: ignore[arg-type]

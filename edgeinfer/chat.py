@@ -54,7 +54,10 @@ class ChatTemplate:
         except TemplateError as exc:
             raise ValueError(f"invalid chat template: {exc}") from None
 
-    def render(self, messages: list[dict[str, Any]], **extra: Any) -> str:
+    def render(self, messages: list[dict[str, Any]], *, add_generation_prompt: bool = True,
+               **extra: Any) -> str:
+        """The prompt for ``messages``; ``add_generation_prompt=False`` renders them as a
+        prefix of a longer conversation (for pinning a system prompt)."""
         prefill = bool(messages) and messages[-1].get("role") == "assistant"
         if prefill:
             last = dict(messages[-1])
@@ -62,7 +65,7 @@ class ChatTemplate:
             messages = [*messages[:-1], last]
         try:
             text: str = self._template.render(
-                messages=messages, add_generation_prompt=not prefill,
+                messages=messages, add_generation_prompt=add_generation_prompt and not prefill,
                 bos_token=self.bos_token, eos_token=self.eos_token, **extra,
             )
         except TemplateError as exc:

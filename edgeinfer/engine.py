@@ -22,6 +22,7 @@ from dataclasses import dataclass, field
 
 from edgeinfer import native
 from edgeinfer.errors import EngineError
+from edgeinfer.logprobs import TokenLogprob, token_logprob
 from edgeinfer.native import LlamaRuntime
 from edgeinfer.prefix_cache import PrefixCache
 from edgeinfer.prefix_index import common_prefix
@@ -49,6 +50,7 @@ class Delta:
     completion_tokens: int = 0
     cached_tokens: int = 0
     timings: dict[str, float] | None = None
+    logprob: TokenLogprob | None = None  # of the token in ``tokens``, when asked for
 
 
 @dataclass(frozen=True, slots=True)
@@ -66,7 +68,12 @@ class Stop:
     pass
 
 
-Message = Submit | Abort | Stop
+@dataclass(frozen=True, slots=True)
+class Unpin:
+    pass
+
+
+Message = Submit | Abort | Stop | Unpin
 
 
 @dataclass(slots=True)
@@ -146,6 +153,10 @@ class Engine:
     def abort(self, request_id: str) -> None:
         self._inbox.put(Abort(request_id))
 
+    def unpin_all(self) -> None:
+        """Let pinned prefixes be evicted again (they stay cached until then)."""
+        self._inbox.put(Unpin())
+
     async def generate(
         self, request_id: str, prompt: list[int], params: SamplingParams, *,
         use_cache: bool = True, pin: bool = False,
@@ -213,6 +224,8 @@ class Engine:
                 return False
             if isinstance(msg, Submit):
                 self._admit(msg.seq)
+            elif isinstance(msg, Unpin):
+                log.info("unpinned %d cached prefixes", self.cache.unpin_all())
             elif isinstance(msg, Abort):
                 seq = self.scheduler.find(msg.request_id)
                 if seq is not None:
@@ -307,15 +320,21 @@ class Engine:
                 if is_prompt:
                     self._timing[seq.request_id].prompt_done = t2
                 token = seq.sampler.sample(ctx, out_index[k])
+                lp = None
+                if seq.params.logprobs is not None:
+                    row = self.runtime.logits_row(out_index[k])
+                    lp = token_logprob(row, token, seq.params.logprobs)
                 k += 1
-                self._on_token(seq, token, t2)
+                self._on_token(seq, token, t2, lp)
         t3 = time.perf_counter()
         st = self.stats
         st.steps += 1
         st.decode_seconds += t2 - t1
         st.step_seconds += t3 - t0
 
-    def _on_token(self, seq: Sequence, token: int, now: float) -> None:
+    def _on_token(
+        self, seq: Sequence, token: int, now: float, lp: TokenLogprob | None = None
+    ) -> None:
         self.scheduler.append_token(seq, token)
         self.stats.generated_tokens += 1
         timing = self._timing[seq.request_id]
@@ -327,16 +346,16 @@ class Engine:
             return
         text = seq.text.push(rt.piece(token))
         if seq.text.stopped_by is not None:
-            self._emit(seq, text, token)
+            self._emit(seq, text, token, lp)
             self._finish(seq, SequenceStatus.FINISHED_STOPPED)
         elif seq.num_generated >= seq.max_tokens:
-            self._emit(seq, text, token)
+            self._emit(seq, text, token, lp)
             self._finish(seq, SequenceStatus.FINISHED_LENGTH)
         else:
-            self._emit(seq, text, token)
+            self._emit(seq, text, token, lp)
 
-    def _emit(self, seq: Sequence, text: str, token: int) -> None:
-        self._outbox.append((seq, Delta(text, (token,))))
+    def _emit(self, seq: Sequence, text: str, token: int, lp: TokenLogprob | None) -> None:
+        self._outbox.append((seq, Delta(text, (token,), logprob=lp)))
 
     def _finish(
         self, seq: Sequence, status: SequenceStatus, error: str | None = None

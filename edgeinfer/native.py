@@ -15,6 +15,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import llama_cpp
+import numpy as np
+import numpy.typing as npt
 
 from edgeinfer.config import ModelConfig
 from edgeinfer.errors import ModelLoadError
@@ -239,6 +241,13 @@ class LlamaRuntime:
         batch.n_tokens = i
         rc = llama_cpp.llama_decode(self._ctx, batch)
         return rc, out
+
+    def logits_row(self, batch_index: int) -> npt.NDArray[np.float32]:
+        """The logits of one output of the last decode (a view, valid until the next)."""
+        ptr = llama_cpp.llama_get_logits_ith(self._ctx, batch_index)
+        if not ptr:
+            raise RuntimeError(f"no logits for batch index {batch_index}")
+        return np.ctypeslib.as_array(ptr, shape=(self.info.n_vocab,))
 
     def seq_rm(self, seq_id: int, p0: int = -1, p1: int = -1) -> bool:
         return bool(llama_cpp.llama_memory_seq_rm(self._mem, seq_id, p0, p1))

@@ -5,14 +5,19 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+import uuid
 from dataclasses import dataclass, field
+from typing import Any
 
 from edgeinfer.chat import ChatTemplate
 from edgeinfer.config import ModelConfig, ServerConfig
 from edgeinfer.engine import Engine
-from edgeinfer.errors import APIError, InvalidRequest, ModelLoadError, NotFound
+from edgeinfer.errors import APIError, EngineError, InvalidRequest, ModelLoadError, NotFound
 from edgeinfer.native import LlamaRuntime, gpu_offload_supported
+from edgeinfer.sequence import SamplingParams
 from edgeinfer.source import resolve_model_path
+
+PIN_PARAMS = SamplingParams(temperature=0, max_tokens=1)
 
 log = logging.getLogger("edgeinfer.pool")
 
@@ -38,6 +43,23 @@ class ServedModel:
 
     def tokenize_text(self, text: str) -> list[int]:
         return self.runtime.tokenize(text, add_special=True, parse_special=True)
+
+    def system_prefix(self, messages: list[dict[str, Any]]) -> list[int]:
+        """Tokens of messages rendered as the start of a conversation (no generation prompt)."""
+        return self.tokenize_chat(self.template.render(messages, add_generation_prompt=False))
+
+    async def pin(self, tokens: list[int]) -> int:
+        """Compute ``tokens`` and keep their KV resident (never evicted); returns the count."""
+        if not tokens:
+            raise InvalidRequest("nothing to pin: the prompt is empty", param="prompt")
+        self.check_fits(len(tokens), 1)
+        rid = f"pin-{uuid.uuid4().hex[:12]}"
+        last = None
+        async for last in self.engine.generate(rid, tokens, PIN_PARAMS, pin=True):
+            pass
+        if last is None or last.finish_reason == "error":
+            raise EngineError(f"could not pin the prefix: {last.error if last else 'no result'}")
+        return len(tokens)
 
     def check_fits(self, n_prompt: int, max_tokens: int | None) -> None:
         """400 context_length_exceeded unless the prompt (plus max_tokens) fits."""
@@ -92,6 +114,9 @@ class ModelPool:
                 continue
             served.engine.start(loop)
             self.models[cfg.id] = served
+            for text in cfg.pinned_prompts:
+                n = await served.pin(served.system_prefix([{"role": "system", "content": text}]))
+                log.info("model %s: pinned a %d-token system prompt", cfg.id, n)
         if not self.models:
             raise ModelLoadError("; ".join(self.failed.values()) or "no model configured")
 

@@ -143,10 +143,12 @@ class PrefixCache:
         return n
 
     def snapshot(self) -> dict[str, object]:
+        """Counters for operators; safe to call from another thread."""
         s = self.stats
+        entries = list(self.entries.values())  # may be read off the engine thread
         return {
             "enabled": self.enabled, "cells_used": self.index.num_tokens,
-            "entries": len(self.entries), "pinned": sum(e.pinned for e in self.entries.values()),
+            "entries": len(entries), "pinned": sum(e.pinned for e in entries),
             "hits": s.hits, "hit_tokens": s.hit_tokens, "misses": s.misses,
             "evictions": s.evictions, "kept": s.kept,
         }

@@ -133,7 +133,8 @@ def _logit_bias(b: _Body, n_vocab: int) -> tuple[tuple[int, float], ...]:
     return tuple(out)
 
 
-def _params(b: _Body, n_vocab: int, max_tokens: int | None) -> SamplingParams:
+def _params(b: _Body, n_vocab: int, max_tokens: int | None,
+            logprobs: int | None = None) -> SamplingParams:
     if b.integer("n", 1, 1, 1) != 1:  # pragma: no cover - integer() bounds it
         raise InvalidRequest("'n' must be 1", param="n")
     seed = b.integer("seed", -(1 << 63), (1 << 63) - 1, None)
@@ -152,6 +153,7 @@ def _params(b: _Body, n_vocab: int, max_tokens: int | None) -> SamplingParams:
         stop=_stop(b),
         ignore_eos=b.boolean("ignore_eos"),
         logit_bias=_logit_bias(b, n_vocab),
+        logprobs=logprobs,
     )
 
 
@@ -223,11 +225,29 @@ def _messages(b: _Body) -> tuple[dict[str, Any], ...]:
     return tuple(out)
 
 
+def parse_pin(body: Any) -> tuple[str, tuple[dict[str, Any], ...] | None, str | None]:
+    """POST /v1/cache/pin: (model, messages, prompt), exactly one of the last two."""
+    b = _Body(body, {"model", "messages", "prompt"})
+    model = b.string("model", required=True)
+    assert model is not None
+    if b.present("messages") == b.present("prompt"):
+        raise InvalidRequest("give exactly one of 'messages' or 'prompt'", param="messages")
+    if b.present("messages"):
+        return model, _messages(b), None
+    return model, None, b.string("prompt")
+
+
 def parse_chat(body: Any, n_vocab: int) -> GenerationRequest:
     b = _Body(body, CHAT_FIELDS)
     model = b.string("model", required=True)
     messages = _messages(b)
-    _unsupported(b, ("logprobs", "top_logprobs", "tools"))
+    _unsupported(b, ("tools",))
+    logprobs = None
+    if b.boolean("logprobs"):
+        logprobs = b.integer("top_logprobs", 0, 20, 0)
+    elif b.present("top_logprobs"):
+        raise InvalidRequest("'top_logprobs' requires 'logprobs' to be true",
+                             param="top_logprobs")
     tc = b.body.get("tool_choice")
     if tc not in (None, "none"):
         raise InvalidRequest("'tool_choice' is not supported by this server yet",
@@ -241,14 +261,15 @@ def parse_chat(body: Any, n_vocab: int) -> GenerationRequest:
         max_tokens = b.integer("max_tokens", 1, MAX_TOKENS_LIMIT, None)
     stream, include_usage = _stream(b)
     assert model is not None
-    return GenerationRequest(model, stream, include_usage, _params(b, n_vocab, max_tokens),
-                             messages=messages, cache_prompt=b.boolean("cache_prompt", True))
+    return GenerationRequest(model, stream, include_usage,
+                             _params(b, n_vocab, max_tokens, logprobs), messages=messages, cache_prompt=b.boolean("cache_prompt", True))
 
 
 def parse_completion(body: Any, n_vocab: int) -> GenerationRequest:
     b = _Body(body, COMPLETION_FIELDS)
     model = b.string("model", required=True)
-    _unsupported(b, ("echo", "logprobs", "suffix"))
+    _unsupported(b, ("echo", "suffix"))
+    logprobs = b.integer("logprobs", 0, 20, None)
     if b.integer("best_of", 1, 1, 1) != 1:  # pragma: no cover
         raise InvalidRequest("'best_of' must be 1", param="best_of")
     prompt = b.body.get("prompt")
@@ -268,5 +289,5 @@ def parse_completion(body: Any, n_vocab: int) -> GenerationRequest:
     max_tokens = b.integer("max_tokens", 1, MAX_TOKENS_LIMIT, 16)
     stream, include_usage = _stream(b)
     assert model is not None
-    return GenerationRequest(model, stream, include_usage, _params(b, n_vocab, max_tokens),
-                             prompt=parsed, cache_prompt=b.boolean("cache_prompt", True))
+    return GenerationRequest(model, stream, include_usage,
+                             _params(b, n_vocab, max_tokens, logprobs), prompt=parsed, cache_prompt=b.boolean("cache_prompt", True))

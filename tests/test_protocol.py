@@ -29,7 +29,7 @@ def test_chat_defaults_and_fields() -> None:
     ("stop", [1]), ("stop", ["a"] * 17), ("logit_bias", {"999999": 1}),
     ("logit_bias", {"1": 500}), ("n", 2), ("top_k", -1), ("seed", True),
     ("stream_options", {"include_usage": True}), ("tools", [{"type": "function"}]),
-    ("logprobs", True), ("bogus_field", 1),
+    ("logprobs", "yes"), ("top_logprobs", 3), ("bogus_field", 1),
 ])
 def test_bad_fields_are_named(field: str, value: object) -> None:
     with pytest.raises(InvalidRequest) as info:
@@ -67,3 +67,12 @@ def test_completion_prompt_forms() -> None:
 def test_body_must_be_object() -> None:
     with pytest.raises(InvalidRequest):
         parse_chat([1, 2], V)
+
+
+def test_logprobs_fields() -> None:
+    assert parse_chat(chat(logprobs=True, top_logprobs=5), V).params.logprobs == 5
+    assert parse_chat(chat(logprobs=True), V).params.logprobs == 0
+    assert parse_chat(chat(), V).params.logprobs is None
+    with pytest.raises(InvalidRequest):
+        parse_chat(chat(logprobs=True, top_logprobs=21), V)
+    assert parse_completion({"model": "m", "prompt": "x", "logprobs": 3}, V).params.logprobs == 3

@@ -197,3 +197,56 @@ def test_seed_makes_sampling_reproducible(client: openai.OpenAI) -> None:
     a, b = sample(1234), sample(1234)
     assert a == b
     assert any(sample(s) != a for s in (1, 2, 3))
+
+
+SYSTEM = ("You are a careful assistant for a lighthouse museum. " * 30).strip()
+
+
+def test_shared_system_prompt_is_served_from_the_cache(client: openai.OpenAI) -> None:
+    def ask(question: str) -> int:
+        r = client.chat.completions.create(
+            model="default", max_tokens=4,
+            messages=[{"role": "system", "content": SYSTEM},
+                      {"role": "user", "content": question}])
+        assert r.usage is not None and r.usage.prompt_tokens_details is not None
+        return r.usage.prompt_tokens_details.cached_tokens or 0
+
+    ask("When was the first lighthouse built?")
+    assert ask("Who kept the lights?") > 300  # the whole system prompt was reused
+
+
+def test_pin_a_system_prompt(client: openai.OpenAI, server: ServerProcess) -> None:
+    system = "You answer in French, briefly. " * 20
+    r = httpx.post(f"{server.base_url}/v1/cache/pin", json={
+        "model": "default", "messages": [{"role": "system", "content": system}]})
+    assert r.status_code == 200, r.text
+    pinned = r.json()["tokens"]
+    assert pinned > 100
+    stats = httpx.get(f"{server.base_url}/v1/cache").json()["data"][0]
+    assert stats["pinned"] >= 1 and stats["cells_used"] >= pinned
+    chat = client.chat.completions.create(
+        model="default", max_tokens=2, messages=[{"role": "system", "content": system},
+                                                 {"role": "user", "content": "Bonjour"}])
+    assert chat.usage is not None and chat.usage.prompt_tokens_details is not None
+    assert chat.usage.prompt_tokens_details.cached_tokens == pinned
+    assert httpx.post(f"{server.base_url}/v1/cache/pin", json={"model": "default"}
+                      ).status_code == 400
+    r = httpx.delete(f"{server.base_url}/v1/cache/pins", params={"model": "default"})
+    assert r.status_code == 200
+
+
+def test_logprobs_chat_and_completions(client: openai.OpenAI) -> None:
+    r = client.chat.completions.create(model="default", messages=HELLO, max_tokens=5,
+                                       temperature=0, logprobs=True, top_logprobs=3)
+    content = r.choices[0].logprobs.content  # type: ignore[union-attr]
+    assert content and len(content) <= 5
+    for item in content:
+        assert len(item.top_logprobs) == 3 and item.logprob <= 0
+        # greedy: the sampled token is the most likely one
+        assert item.top_logprobs[0].logprob == item.logprob
+    assert "".join(i.token for i in content) == r.choices[0].message.content
+    c = client.completions.create(model="default", prompt="Once upon a", max_tokens=3,
+                                  temperature=0, logprobs=2)
+    lp = c.choices[0].logprobs
+    assert lp is not None and lp.tokens and len(lp.top_logprobs or []) == len(lp.tokens)
+    assert "".join(lp.tokens) == c.choices[0].text
