@@ -7,6 +7,7 @@ import contextlib
 import json
 import logging
 from collections.abc import AsyncIterator
+from dataclasses import replace
 from typing import Any
 
 from sse_starlette.sse import EventSourceResponse
@@ -16,12 +17,12 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
-from edgeinfer.completion import CompletionMeta, collect, sse_chunks
+from edgeinfer.completion import CompletionMeta, Usage, collect, merge, sse_chunks
 from edgeinfer.config import ServerConfig
-from edgeinfer.engine import Delta
 from edgeinfer.errors import APIError, InvalidRequest, NotFound
 from edgeinfer.pool import ModelPool, ServedModel
 from edgeinfer.protocol import GenerationRequest, parse_chat, parse_completion, parse_pin
+from edgeinfer.sequence import SamplingParams
 
 log = logging.getLogger("edgeinfer.app")
 
@@ -90,27 +91,40 @@ async def _wait_disconnect(request: Request) -> None:
             return
 
 
+def _choice_params(params: SamplingParams, i: int) -> SamplingParams:
+    """Choice i of n: a seeded request gives each choice its own, reproducible seed."""
+    if i == 0 or params.seed is None:
+        return params
+    return replace(params, seed=params.seed + i)
+
+
 async def _respond(
-    request: Request, served: ServedModel, req: GenerationRequest, prompt: list[int], kind: str
+    request: Request, served: ServedModel, req: GenerationRequest, prompts: list[list[int]],
+    kind: str,
 ) -> Response:
-    served.check_fits(len(prompt), req.params.max_tokens)
+    """Run n choices per prompt (prompt computed once, via the prefix cache) and answer."""
+    for p in prompts:
+        served.check_fits(len(p), req.params.max_tokens)
     meta = CompletionMeta(kind, served.cfg.id, served.runtime.piece)
-    deltas: AsyncIterator[Delta] = served.engine.generate(meta.id, prompt, req.params,
-                                                          use_cache=req.cache_prompt)
+    jobs = [(pi, prompt, _choice_params(req.params, i))
+            for pi, prompt in enumerate(prompts) for i in range(req.n)]
+    usage = Usage([pi for pi, _, _ in jobs], [len(p) for p in prompts])
+    events = merge([
+        served.engine.generate(f"{meta.id}-{k}", prompt, params, use_cache=req.cache_prompt)
+        for k, (_, prompt, params) in enumerate(jobs)])
     if req.stream:
-        return EventSourceResponse(sse_chunks(meta, deltas, req.include_usage), ping=10,
+        return EventSourceResponse(sse_chunks(meta, events, usage, req.include_usage), ping=10,
                                    sep="\n")
-    work = asyncio.ensure_future(collect(meta, deltas))
+    work = asyncio.ensure_future(collect(meta, events, usage))
     watcher = asyncio.ensure_future(_wait_disconnect(request))
     try:
         await asyncio.wait({work, watcher}, return_when=asyncio.FIRST_COMPLETED)
     finally:
         watcher.cancel()
-    if not work.done():  # the client went away: abort the generation, free its slot
+    if not work.done():  # the client went away: abort the generation, free its slots
         work.cancel()
         with contextlib.suppress(asyncio.CancelledError):
             await work
-        await deltas.aclose()  # type: ignore[attr-defined]
         return Response(status_code=499)
     return JSONResponse(work.result())
 
@@ -122,21 +136,20 @@ async def chat_completions(request: Request) -> Response:
     assert req.messages is not None
     text = served.template.render([dict(m) for m in req.messages])
     prompt = await asyncio.to_thread(served.tokenize_chat, text)
-    return await _respond(request, served, req, prompt, "chat")
+    return await _respond(request, served, req, [prompt], "chat")
 
 
 async def completions(request: Request) -> Response:
     body = await _read_json(request)
     served = _model_for(request, body)
     req = parse_completion(body, served.runtime.info.n_vocab)
-    if isinstance(req.prompt, str):
-        prompt = await asyncio.to_thread(served.tokenize_text, req.prompt)
-    else:
-        assert req.prompt is not None
-        prompt = req.prompt
-    if not prompt:
-        raise InvalidRequest("'prompt' is empty", param="prompt")
-    return await _respond(request, served, req, prompt, "text")
+    prompts = []
+    for p in req.prompts:
+        tokens = await asyncio.to_thread(served.tokenize_text, p) if isinstance(p, str) else p
+        if not tokens:
+            raise InvalidRequest("'prompt' is empty", param="prompt")
+        prompts.append(tokens)
+    return await _respond(request, served, req, prompts, "text")
 
 
 def _model_card(served: ServedModel) -> dict[str, Any]:

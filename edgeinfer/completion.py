@@ -1,7 +1,15 @@
-"""OpenAI response bodies and SSE chunk streams built from engine deltas."""
+"""OpenAI response bodies and SSE chunk streams built from engine deltas.
+
+A response has one or more choices (``n``, or several prompts on
+/v1/completions); each choice is one engine request. ``merge`` interleaves
+their deltas as ``(choice index, delta)``; closing it aborts the requests
+still running.
+"""
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import json
 import time
 import uuid
@@ -38,13 +46,49 @@ class CompletionMeta:
                 "system_fingerprint": "edgeinfer"}
 
 
-def usage(last: Delta) -> dict[str, Any]:
-    return {
-        "prompt_tokens": last.prompt_tokens,
-        "completion_tokens": last.completion_tokens,
-        "total_tokens": last.prompt_tokens + last.completion_tokens,
-        "prompt_tokens_details": {"cached_tokens": last.cached_tokens},
-    }
+@dataclass(slots=True)
+class Usage:
+    """Token counts of a response; each distinct prompt counts once."""
+
+    prompt_of: list[int]  # choice index -> prompt index
+    prompt_lengths: list[int]
+    completion: int = 0
+    cached: dict[int, int] = field(default_factory=dict)  # prompt index -> cached tokens
+
+    def add(self, index: int, last: Delta) -> None:
+        self.completion += last.completion_tokens
+        p = self.prompt_of[index]
+        self.cached[p] = min(self.cached.get(p, last.cached_tokens), last.cached_tokens)
+
+    def body(self) -> dict[str, Any]:
+        prompt = sum(self.prompt_lengths)
+        return {"prompt_tokens": prompt, "completion_tokens": self.completion,
+                "total_tokens": prompt + self.completion,
+                "prompt_tokens_details": {"cached_tokens": sum(self.cached.values())}}
+
+
+async def merge(gens: list[AsyncIterator[Delta]]) -> AsyncIterator[tuple[int, Delta]]:
+    """Interleave the choices' deltas; each ends with its finishing delta."""
+    queue: asyncio.Queue[tuple[int, Delta]] = asyncio.Queue()
+
+    async def pump(i: int, gen: AsyncIterator[Delta]) -> None:
+        async for d in gen:
+            queue.put_nowait((i, d))
+
+    tasks = [asyncio.ensure_future(pump(i, g)) for i, g in enumerate(gens)]
+    try:
+        remaining = len(gens)
+        while remaining:
+            i, d = await queue.get()
+            if d.finish_reason is not None:
+                remaining -= 1
+            yield i, d
+    finally:
+        for t in tasks:  # cancelling a pump aborts its engine request
+            t.cancel()
+        for t in tasks:
+            with contextlib.suppress(asyncio.CancelledError):
+                await t
 
 
 def logprobs_body(meta: CompletionMeta, items: list[TokenLogprob],
@@ -74,7 +118,7 @@ def logprobs_body(meta: CompletionMeta, items: list[TokenLogprob],
     }
 
 
-def _choice(meta: CompletionMeta, text: str | None, finish: str | None,
+def _choice(meta: CompletionMeta, index: int, text: str | None, finish: str | None,
             first: bool = False, logprobs: dict[str, Any] | None = None) -> dict[str, Any]:
     if meta.kind == "chat":
         delta: dict[str, Any] = {}
@@ -82,8 +126,8 @@ def _choice(meta: CompletionMeta, text: str | None, finish: str | None,
             delta["role"] = "assistant"
         if text is not None:
             delta["content"] = text
-        return {"index": 0, "delta": delta, "logprobs": logprobs, "finish_reason": finish}
-    return {"index": 0, "text": text or "", "logprobs": logprobs, "finish_reason": finish}
+        return {"index": index, "delta": delta, "logprobs": logprobs, "finish_reason": finish}
+    return {"index": index, "text": text or "", "logprobs": logprobs, "finish_reason": finish}
 
 
 def error_body(message: str, status_type: str = "server_error") -> dict[str, Any]:
@@ -91,62 +135,77 @@ def error_body(message: str, status_type: str = "server_error") -> dict[str, Any
 
 
 async def sse_chunks(
-    meta: CompletionMeta, deltas: AsyncIterator[Delta], include_usage: bool
+    meta: CompletionMeta, events: AsyncIterator[tuple[int, Delta]], usage: Usage,
+    include_usage: bool,
 ) -> AsyncIterator[dict[str, str]]:
     """The SSE events of a streamed response, ending with ``[DONE]``."""
 
-    def event(body: dict[str, Any]) -> dict[str, str]:
-        if include_usage and "usage" not in body:
+    def event(choice: dict[str, Any], **extra: Any) -> dict[str, str]:
+        body = {**meta.base(obj), "choices": [choice], **extra}
+        if include_usage:
             body["usage"] = None
         return {"data": json.dumps(body, ensure_ascii=False)}
 
     obj = meta.chunk_object
+    n = len(usage.prompt_of)
     if meta.kind == "chat":
-        yield event({**meta.base(obj), "choices": [_choice(meta, "", None, first=True)]})
-    offset = 0
-    async for d in deltas:
-        if d.finish_reason == "error":
-            yield {"data": json.dumps(error_body(d.error or "generation failed"))}
-            break
-        if d.text or d.logprob:
-            lps = logprobs_body(meta, [d.logprob] if d.logprob else [], offset)
-            yield event({**meta.base(obj), "choices": [_choice(meta, d.text, None, logprobs=lps)]})
-            offset += len(d.text)
-        if d.finish_reason is not None:
-            final = {**meta.base(obj), "choices": [_choice(meta, None, d.finish_reason)]}
-            if d.timings:
-                final["timings"] = d.timings
-            yield event(final)
+        for i in range(n):
+            yield event(_choice(meta, i, "", None, first=True))
+    offsets = [0] * n
+    try:
+        async for i, d in events:
+            if d.finish_reason == "error":
+                yield {"data": json.dumps(error_body(d.error or "generation failed"))}
+                break
+            if d.text or d.logprob:
+                lps = logprobs_body(meta, [d.logprob] if d.logprob else [], offsets[i])
+                yield event(_choice(meta, i, d.text, None, logprobs=lps))
+                offsets[i] += len(d.text)
+            if d.finish_reason is not None:
+                usage.add(i, d)
+                extra = {"timings": d.timings} if d.timings else {}
+                yield event(_choice(meta, i, None, d.finish_reason), **extra)
+        else:
             if include_usage:
-                yield {"data": json.dumps({**meta.base(obj), "choices": [], "usage": usage(d)})}
+                yield {"data": json.dumps({**meta.base(obj), "choices": [],
+                                           "usage": usage.body()})}
+    finally:
+        await events.aclose()  # type: ignore[attr-defined]
     yield {"data": "[DONE]"}
 
 
-async def collect(meta: CompletionMeta, deltas: AsyncIterator[Delta]) -> dict[str, Any]:
+async def collect(meta: CompletionMeta, events: AsyncIterator[tuple[int, Delta]],
+                  usage: Usage) -> dict[str, Any]:
     """The whole (non-streamed) response body."""
-    parts: list[str] = []
-    lps: list[TokenLogprob] = []
-    last: Delta | None = None
-    async for d in deltas:
-        parts.append(d.text)
-        if d.logprob:
-            lps.append(d.logprob)
-        last = d
-    assert last is not None and last.finish_reason is not None
-    if last.finish_reason == "error":
-        raise EngineError(last.error or "generation failed")
-    text = "".join(parts)
-    if meta.kind == "chat":
-        choice: dict[str, Any] = {
-            "index": 0, "message": {"role": "assistant", "content": text},
-            "logprobs": logprobs_body(meta, lps), "finish_reason": last.finish_reason,
-        }
-        obj = "chat.completion"
-    else:
-        choice = {"index": 0, "text": text, "logprobs": logprobs_body(meta, lps),
-                  "finish_reason": last.finish_reason}
-        obj = "text_completion"
-    body = {**meta.base(obj), "choices": [choice], "usage": usage(last)}
-    if last.timings:
-        body["timings"] = last.timings
+    n = len(usage.prompt_of)
+    parts: list[list[str]] = [[] for _ in range(n)]
+    lps: list[list[TokenLogprob]] = [[] for _ in range(n)]
+    finish: list[str] = [""] * n
+    timings = None
+    try:
+        async for i, d in events:
+            if d.finish_reason == "error":
+                raise EngineError(d.error or "generation failed")
+            parts[i].append(d.text)
+            if d.logprob:
+                lps[i].append(d.logprob)
+            if d.finish_reason is not None:
+                finish[i] = d.finish_reason
+                usage.add(i, d)
+                timings = timings or d.timings
+    finally:
+        await events.aclose()  # type: ignore[attr-defined]
+    choices: list[dict[str, Any]] = []
+    for i in range(n):
+        text = "".join(parts[i])
+        if meta.kind == "chat":
+            choices.append({"index": i, "message": {"role": "assistant", "content": text},
+                            "logprobs": logprobs_body(meta, lps[i]), "finish_reason": finish[i]})
+        else:
+            choices.append({"index": i, "text": text, "logprobs": logprobs_body(meta, lps[i]),
+                            "finish_reason": finish[i]})
+    obj = "chat.completion" if meta.kind == "chat" else "text_completion"
+    body = {**meta.base(obj), "choices": choices, "usage": usage.body()}
+    if timings:
+        body["timings"] = timings
     return body

@@ -240,7 +240,7 @@ class Engine:
         try:
             bans = self._eog() if seq.params.ignore_eos else ()
             seq.sampler = SamplerChain(seq.params, self.runtime.info.n_vocab, bans)
-        except Exception as exc:
+        except (ValueError, MemoryError) as exc:
             log.warning("request %s: sampler setup failed: %s", seq.request_id, exc)
             self._outbox.append((seq, Delta("", finish_reason="error", error=str(exc))))
             return

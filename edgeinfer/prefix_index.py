@@ -30,7 +30,7 @@ def common_prefix(a: Sequence[int], b: Sequence[int]) -> int:
 
 
 class _Node:
-    __slots__ = ("key", "children", "parent", "holders")
+    __slots__ = ("children", "holders", "key", "parent")
 
     def __init__(self, key: list[int], parent: _Node | None) -> None:
         self.key = key

@@ -18,6 +18,8 @@ MAX_STOP = 16
 MAX_STOP_LEN = 512
 MAX_LOGIT_BIAS = 1024
 MAX_MESSAGES = 4096
+MAX_CHOICES = 16
+MAX_PROMPTS = 16
 
 _COMMON = {
     "model", "stream", "stream_options", "max_tokens", "temperature", "top_p", "top_k", "min_p",
@@ -39,7 +41,8 @@ class GenerationRequest:
     include_usage: bool
     params: SamplingParams
     messages: tuple[dict[str, Any], ...] | None = None  # chat
-    prompt: str | list[int] | None = None  # completions
+    prompts: tuple[str | list[int], ...] = ()  # completions: one choice set per prompt
+    n: int = 1
     cache_prompt: bool = True  # reuse cached prompt prefixes (llama-server's field)
 
 
@@ -135,8 +138,6 @@ def _logit_bias(b: _Body, n_vocab: int) -> tuple[tuple[int, float], ...]:
 
 def _params(b: _Body, n_vocab: int, max_tokens: int | None,
             logprobs: int | None = None) -> SamplingParams:
-    if b.integer("n", 1, 1, 1) != 1:  # pragma: no cover - integer() bounds it
-        raise InvalidRequest("'n' must be 1", param="n")
     seed = b.integer("seed", -(1 << 63), (1 << 63) - 1, None)
     defaults = SamplingParams()
     return SamplingParams(
@@ -173,6 +174,30 @@ def _stream(b: _Body) -> tuple[bool, bool]:
                                  param="stream_options.include_usage")
         include_usage = iu
     return stream, include_usage
+
+
+def _is_tokens(v: Any) -> bool:
+    return isinstance(v, list) and bool(v) and all(
+        isinstance(t, int) and not isinstance(t, bool) for t in v)
+
+
+def _prompts(prompt: Any, n_vocab: int) -> tuple[str | list[int], ...]:
+    """A string, a list of token ids, or a list of either: one or more prompts."""
+    if isinstance(prompt, str) or _is_tokens(prompt):
+        items: list[Any] = [prompt]
+    elif isinstance(prompt, list) and prompt and all(
+            isinstance(p, str) or _is_tokens(p) for p in prompt):
+        items = prompt
+    else:
+        raise InvalidRequest("'prompt' must be a string, a list of token ids, or a non-empty "
+                             "list of either", param="prompt")
+    if len(items) > MAX_PROMPTS:
+        raise InvalidRequest(f"at most {MAX_PROMPTS} prompts per request", param="prompt")
+    for p in items:
+        if isinstance(p, list) and not all(0 <= t < n_vocab for t in p):
+            raise InvalidRequest(f"'prompt' token ids must be in 0..{n_vocab - 1}",
+                                 param="prompt")
+    return tuple(items)
 
 
 def _unsupported(b: _Body, names: tuple[str, ...]) -> None:
@@ -262,7 +287,9 @@ def parse_chat(body: Any, n_vocab: int) -> GenerationRequest:
     stream, include_usage = _stream(b)
     assert model is not None
     return GenerationRequest(model, stream, include_usage,
-                             _params(b, n_vocab, max_tokens, logprobs), messages=messages, cache_prompt=b.boolean("cache_prompt", True))
+                             _params(b, n_vocab, max_tokens, logprobs), messages=messages,
+                             cache_prompt=b.boolean("cache_prompt", True),
+                             n=int(b.integer("n", 1, MAX_CHOICES, 1) or 1))
 
 
 def parse_completion(body: Any, n_vocab: int) -> GenerationRequest:
@@ -272,22 +299,14 @@ def parse_completion(body: Any, n_vocab: int) -> GenerationRequest:
     logprobs = b.integer("logprobs", 0, 20, None)
     if b.integer("best_of", 1, 1, 1) != 1:  # pragma: no cover
         raise InvalidRequest("'best_of' must be 1", param="best_of")
-    prompt = b.body.get("prompt")
-    if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], str | list):
-        prompt = prompt[0]
-    if isinstance(prompt, str):
-        parsed: str | list[int] = prompt
-    elif isinstance(prompt, list) and prompt and all(
-            isinstance(t, int) and not isinstance(t, bool) for t in prompt):
-        if not all(0 <= t < n_vocab for t in prompt):
-            raise InvalidRequest(f"'prompt' token ids must be in 0..{n_vocab - 1}", param="prompt")
-        parsed = list(prompt)
-    elif isinstance(prompt, list):
-        raise InvalidRequest("only one prompt per request is supported yet", param="prompt")
-    else:
-        raise InvalidRequest("'prompt' must be a string or a list of token ids", param="prompt")
+    prompts = _prompts(b.body.get("prompt"), n_vocab)
     max_tokens = b.integer("max_tokens", 1, MAX_TOKENS_LIMIT, 16)
     stream, include_usage = _stream(b)
     assert model is not None
+    n = int(b.integer("n", 1, MAX_CHOICES, 1) or 1)
+    if n * len(prompts) > MAX_CHOICES:
+        raise InvalidRequest(f"at most {MAX_CHOICES} choices per request (prompts x n)",
+                             param="n")
     return GenerationRequest(model, stream, include_usage,
-                             _params(b, n_vocab, max_tokens, logprobs), prompt=parsed, cache_prompt=b.boolean("cache_prompt", True))
+                             _params(b, n_vocab, max_tokens, logprobs), prompts=prompts,
+                             cache_prompt=b.boolean("cache_prompt", True), n=n)

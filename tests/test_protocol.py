@@ -27,7 +27,7 @@ def test_chat_defaults_and_fields() -> None:
     ("temperature", 2.5), ("temperature", "hot"), ("top_p", -0.1), ("max_tokens", 0),
     ("max_tokens", 1.5), ("presence_penalty", 3), ("frequency_penalty", float("nan")),
     ("stop", [1]), ("stop", ["a"] * 17), ("logit_bias", {"999999": 1}),
-    ("logit_bias", {"1": 500}), ("n", 2), ("top_k", -1), ("seed", True),
+    ("logit_bias", {"1": 500}), ("n", 17), ("n", 0), ("top_k", -1), ("seed", True),
     ("stream_options", {"include_usage": True}), ("tools", [{"type": "function"}]),
     ("logprobs", "yes"), ("top_logprobs", 3), ("bogus_field", 1),
 ])
@@ -55,13 +55,20 @@ def test_content_parts_and_developer_role() -> None:
 
 
 def test_completion_prompt_forms() -> None:
-    assert parse_completion({"model": "m", "prompt": "abc"}, V).prompt == "abc"
-    assert parse_completion({"model": "m", "prompt": [1, 2]}, V).prompt == [1, 2]
-    assert parse_completion({"model": "m", "prompt": ["abc"]}, V).prompt == "abc"
+    def prompts(p: object) -> tuple[object, ...]:
+        return parse_completion({"model": "m", "prompt": p}, V).prompts
+
+    assert prompts("abc") == ("abc",)
+    assert prompts([1, 2]) == ([1, 2],)
+    assert prompts(["abc"]) == ("abc",)
+    assert prompts(["a", [3, 4]]) == ("a", [3, 4])
     assert parse_completion({"model": "m", "prompt": "x"}, V).params.max_tokens == 16
-    for bad in (None, 5, [V + 1], ["a", "b"], []):
+    for bad in (None, 5, [V + 1], [[V + 1]], [], [[]], ["a"] * 17, [True]):
         with pytest.raises(InvalidRequest):
             parse_completion({"model": "m", "prompt": bad}, V)
+    with pytest.raises(InvalidRequest) as info:
+        parse_completion({"model": "m", "prompt": ["a"] * 4, "n": 5}, V)
+    assert info.value.param == "n"
 
 
 def test_body_must_be_object() -> None:

@@ -190,8 +190,10 @@ def test_models_endpoint(client: openai.OpenAI) -> None:
 
 def test_seed_makes_sampling_reproducible(client: openai.OpenAI) -> None:
     def sample(seed: int) -> str:
+        # like with like: no cache hit, which would compute the prompt in other pieces
         r = client.chat.completions.create(model="default", messages=HELLO, max_tokens=24,
-                                           temperature=1.0, seed=seed)
+                                           temperature=1.0, seed=seed,
+                                           extra_body={"cache_prompt": False})
         return r.choices[0].message.content or ""
 
     a, b = sample(1234), sample(1234)
@@ -250,3 +252,33 @@ def test_logprobs_chat_and_completions(client: openai.OpenAI) -> None:
     lp = c.choices[0].logprobs
     assert lp is not None and lp.tokens and len(lp.top_logprobs or []) == len(lp.tokens)
     assert "".join(lp.tokens) == c.choices[0].text
+
+
+def test_n_choices_share_one_prompt_computation(client: openai.OpenAI,
+                                                server: ServerProcess) -> None:
+    messages = [{"role": "user", "content": "Invent a name for a cat. " + "x" * 40}]
+    before = server.engine_stats()["prompt_tokens"]
+    r = client.chat.completions.create(model="default", messages=messages, n=4, max_tokens=8,
+                                       temperature=1.0, seed=11)
+    computed = int(server.engine_stats()["prompt_tokens"]) - int(before)  # type: ignore[arg-type]
+    assert [c.index for c in r.choices] == [0, 1, 2, 3]
+    assert len({c.message.content for c in r.choices}) > 1  # each choice samples on its own
+    assert r.usage is not None
+    assert 4 <= r.usage.completion_tokens <= 32
+    assert computed < r.usage.prompt_tokens + 8  # the prompt was computed once, not 4 times
+
+
+def test_streamed_choices_and_multiple_prompts(client: openai.OpenAI) -> None:
+    chunks = list(client.chat.completions.create(
+        model="default", messages=HELLO, n=2, max_tokens=6, stream=True,
+        stream_options={"include_usage": True}))
+    finished = {c.choices[0].index for c in chunks if c.choices and c.choices[0].finish_reason}
+    assert finished == {0, 1}
+    assert chunks[-1].usage is not None and chunks[-1].usage.completion_tokens <= 12
+    r = client.completions.create(model="default", prompt=["Red is a", "The sky is"],
+                                  max_tokens=4, temperature=0)
+    assert [c.index for c in r.choices] == [0, 1]
+    alone = client.completions.create(model="default", prompt="The sky is", max_tokens=4,
+                                      temperature=0, extra_body={"cache_prompt": False})
+    assert r.usage is not None and alone.usage is not None
+    assert r.usage.prompt_tokens > alone.usage.prompt_tokens
