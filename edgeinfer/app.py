@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import base64
 import contextlib
 import json
 import logging
@@ -10,6 +11,7 @@ from collections.abc import AsyncIterator
 from dataclasses import replace
 from typing import Any
 
+import numpy as np
 from sse_starlette.sse import EventSourceResponse
 from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
@@ -21,7 +23,15 @@ from edgeinfer.completion import CompletionMeta, Usage, collect, merge, sse_chun
 from edgeinfer.config import ServerConfig
 from edgeinfer.errors import APIError, InvalidRequest, NotFound
 from edgeinfer.pool import ModelPool, ServedModel
-from edgeinfer.protocol import GenerationRequest, parse_chat, parse_completion, parse_pin
+from edgeinfer.protocol import (
+    GenerationRequest,
+    parse_chat,
+    parse_completion,
+    parse_detokenize,
+    parse_embeddings,
+    parse_pin,
+    parse_tokenize,
+)
 from edgeinfer.sequence import SamplingParams
 
 log = logging.getLogger("edgeinfer.app")
@@ -82,6 +92,13 @@ def _model_for(request: Request, body: Any) -> ServedModel:
     if not isinstance(name, str):
         raise InvalidRequest("'model' is required and must be a string", param="model")
     return _pool(request).get(name)
+
+
+def _model_or_default(request: Request, name: str | None) -> ServedModel:
+    pool = _pool(request)
+    if name is None:
+        return next(iter(pool.models.values()))
+    return pool.get(name)
 
 
 async def _wait_disconnect(request: Request) -> None:
@@ -208,6 +225,46 @@ async def cache_stats(request: Request) -> Response:
         {"model": mid, **m.engine.cache.snapshot()} for mid, m in pool.models.items()]})
 
 
+async def embeddings(request: Request) -> Response:
+    body = await _read_json(request)
+    served = _model_for(request, body)
+    req = parse_embeddings(body, served.runtime.info.n_vocab)
+    inputs = [await asyncio.to_thread(served.tokenize_text, x) if isinstance(x, str) else x
+              for x in req.inputs]
+    vectors = await served.embedder.embed(inputs)
+    data = []
+    for i, v in enumerate(vectors):
+        emb: object = v
+        if req.base64:
+            emb = base64.b64encode(np.asarray(v, dtype="<f4").tobytes()).decode("ascii")
+        data.append({"object": "embedding", "index": i, "embedding": emb})
+    n = sum(len(t) for t in inputs)
+    return JSONResponse({"object": "list", "data": data, "model": served.cfg.id,
+                         "usage": {"prompt_tokens": n, "total_tokens": n}})
+
+
+async def tokenize(request: Request) -> Response:
+    """Count tokens before sending a prompt (llama-server's /tokenize shape)."""
+    body = await _read_json(request)
+    name, content, add_special, with_pieces = parse_tokenize(body)
+    served = _model_or_default(request, name)
+    tokens = await asyncio.to_thread(served.runtime.tokenize, content, add_special=add_special,
+                                     parse_special=True)
+    if not with_pieces:
+        return JSONResponse({"tokens": tokens, "model": served.cfg.id})
+    pieces = [{"id": t, "piece": served.runtime.piece(t).decode("utf-8", "replace")}
+              for t in tokens]
+    return JSONResponse({"tokens": pieces, "model": served.cfg.id})
+
+
+async def detokenize(request: Request) -> Response:
+    body = await _read_json(request)
+    name = body.get("model") if isinstance(body, dict) else None
+    served = _model_or_default(request, name if isinstance(name, str) else None)
+    _, tokens = parse_detokenize(body, served.runtime.info.n_vocab)
+    return JSONResponse({"content": served.runtime.detokenize(tokens), "model": served.cfg.id})
+
+
 def create_app(config: ServerConfig) -> Starlette:
     """The ASGI app serving ``config``'s models; models load in its lifespan."""
 
@@ -227,6 +284,9 @@ def create_app(config: ServerConfig) -> Starlette:
         Route("/v1/models/{model_id:path}", get_model, methods=["GET"]),
         Route("/v1/chat/completions", chat_completions, methods=["POST"]),
         Route("/v1/completions", completions, methods=["POST"]),
+        Route("/v1/embeddings", embeddings, methods=["POST"]),
+        Route("/tokenize", tokenize, methods=["POST"]),
+        Route("/detokenize", detokenize, methods=["POST"]),
         Route("/v1/cache", cache_stats, methods=["GET"]),
         Route("/v1/cache/pin", pin_prefix, methods=["POST"]),
         Route("/v1/cache/pins", unpin_prefixes, methods=["DELETE"]),

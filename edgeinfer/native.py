@@ -209,6 +209,14 @@ class LlamaRuntime:
     def is_eog(self, token: int) -> bool:
         return bool(llama_cpp.llama_vocab_is_eog(self._vocab, token))
 
+    @property
+    def model(self) -> llama_cpp.llama_model_p:
+        return self._model
+
+    def meta(self, key: str) -> str | None:
+        """A GGUF metadata value as text (None when absent)."""
+        return self._meta(key)
+
     # -- context (engine thread only) -----------------------------------
     @property
     def ctx(self) -> llama_cpp.llama_context_p:

@@ -11,6 +11,7 @@ from typing import Any
 
 from edgeinfer.chat import ChatTemplate
 from edgeinfer.config import ModelConfig, ServerConfig
+from edgeinfer.embedding import Embedder
 from edgeinfer.engine import Engine
 from edgeinfer.errors import APIError, EngineError, InvalidRequest, ModelLoadError, NotFound
 from edgeinfer.native import LlamaRuntime, gpu_offload_supported
@@ -30,6 +31,7 @@ class ServedModel:
     runtime: LlamaRuntime
     engine: Engine
     template: ChatTemplate
+    embedder: Embedder
     created: int = field(default_factory=lambda: int(time.time()))
 
     @property
@@ -91,7 +93,7 @@ def load_model(cfg: ModelConfig) -> ServedModel:
     log.info("model %s loaded from %s in %.2fs (%s, ctx %d, %d slots, %d threads)",
              cfg.id, path, time.perf_counter() - t0, info.description, info.n_ctx, cfg.slots,
              cfg.threads)
-    return ServedModel(cfg, runtime, Engine(runtime), template)
+    return ServedModel(cfg, runtime, Engine(runtime), template, Embedder(runtime))
 
 
 class ModelPool:
@@ -122,6 +124,7 @@ class ModelPool:
 
     async def stop(self) -> None:
         for served in self.models.values():
+            await asyncio.to_thread(served.embedder.close)  # before the model is freed
             await asyncio.to_thread(served.engine.stop)
         self.models.clear()
 

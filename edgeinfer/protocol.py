@@ -310,3 +310,59 @@ def parse_completion(body: Any, n_vocab: int) -> GenerationRequest:
     return GenerationRequest(model, stream, include_usage,
                              _params(b, n_vocab, max_tokens, logprobs), prompts=prompts,
                              cache_prompt=b.boolean("cache_prompt", True), n=n)
+
+
+MAX_EMBED_INPUTS = 256
+
+
+@dataclass(frozen=True, slots=True)
+class EmbeddingRequest:
+    model: str
+    inputs: tuple[str | list[int], ...]
+    base64: bool
+
+
+def parse_embeddings(body: Any, n_vocab: int) -> EmbeddingRequest:
+    b = _Body(body, {"model", "input", "encoding_format", "dimensions", "user"})
+    model = b.string("model", required=True)
+    assert model is not None
+    raw = b.body.get("input")
+    if isinstance(raw, str) or _is_tokens(raw):
+        items: list[Any] = [raw]
+    elif isinstance(raw, list) and raw and all(isinstance(p, str) or _is_tokens(p) for p in raw):
+        items = raw
+    else:
+        raise InvalidRequest("'input' must be a string, a list of token ids, or a non-empty "
+                             "list of either", param="input")
+    if len(items) > MAX_EMBED_INPUTS:
+        raise InvalidRequest(f"at most {MAX_EMBED_INPUTS} inputs per request", param="input")
+    for p in items:
+        if isinstance(p, list) and not all(0 <= t < n_vocab for t in p):
+            raise InvalidRequest(f"'input' token ids must be in 0..{n_vocab - 1}", param="input")
+    fmt = b.string("encoding_format") or "float"
+    if fmt not in ("float", "base64"):
+        raise InvalidRequest("'encoding_format' must be 'float' or 'base64'",
+                             param="encoding_format")
+    if b.present("dimensions"):
+        raise InvalidRequest("'dimensions' is not supported: embeddings have the model's size",
+                             param="dimensions")
+    return EmbeddingRequest(model, tuple(items), fmt == "base64")
+
+
+def parse_tokenize(body: Any) -> tuple[str | None, str, bool, bool]:
+    """POST /tokenize: (model, content, add_special, with_pieces)."""
+    b = _Body(body, {"model", "content", "add_special", "parse_special", "with_pieces"})
+    content = b.string("content", required=True)
+    assert content is not None
+    return (b.string("model"), content, b.boolean("add_special", False),
+            b.boolean("with_pieces", False))
+
+
+def parse_detokenize(body: Any, n_vocab: int) -> tuple[str | None, list[int]]:
+    b = _Body(body, {"model", "tokens"})
+    tokens = b.body.get("tokens")
+    if not isinstance(tokens, list) or not all(
+            isinstance(t, int) and not isinstance(t, bool) and 0 <= t < n_vocab for t in tokens):
+        raise InvalidRequest(f"'tokens' must be a list of token ids in 0..{n_vocab - 1}",
+                             param="tokens")
+    return b.string("model"), tokens

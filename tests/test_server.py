@@ -282,3 +282,38 @@ def test_streamed_choices_and_multiple_prompts(client: openai.OpenAI) -> None:
                                       temperature=0, extra_body={"cache_prompt": False})
     assert r.usage is not None and alone.usage is not None
     assert r.usage.prompt_tokens > alone.usage.prompt_tokens
+
+
+def test_embeddings(client: openai.OpenAI, aclient: openai.AsyncOpenAI) -> None:
+    texts = ["The cat sat on the mat.", "A cat was sitting on a rug.", "Stock prices fell today."]
+    r = client.embeddings.create(model="default", input=texts)
+    vecs = [d.embedding for d in r.data]
+    assert [d.index for d in r.data] == [0, 1, 2] and len(vecs[0]) == 576
+    assert all(abs(sum(x * x for x in v) - 1) < 1e-6 for v in vecs)  # unit length
+
+    def cos(a: list[float], b: list[float]) -> float:
+        return sum(x * y for x, y in zip(a, b, strict=True))
+
+    assert cos(vecs[0], vecs[1]) > cos(vecs[0], vecs[2])  # similar sentences are closer
+    assert r.usage.prompt_tokens == r.usage.total_tokens > 10
+    # the SDK asked for base64 above (its default) and decoded it; floats give the same vector
+    one = asyncio.run(aclient.embeddings.create(model="default", input=texts[0],
+                                                encoding_format="float"))
+    assert max(abs(a - b) for a, b in zip(one.data[0].embedding, vecs[0], strict=True)) < 1e-6
+    toks = client.embeddings.create(model="default", input=[[1, 2, 3]])
+    assert len(toks.data) == 1
+    with pytest.raises(openai.BadRequestError):
+        client.embeddings.create(model="default", input=[])
+
+
+def test_tokenize_and_detokenize(server: ServerProcess) -> None:
+    r = httpx.post(f"{server.base_url}/tokenize", json={"content": "Hello world"})
+    tokens = r.json()["tokens"]
+    assert tokens and all(isinstance(t, int) for t in tokens)
+    back = httpx.post(f"{server.base_url}/detokenize", json={"tokens": tokens}).json()
+    assert back["content"] == "Hello world"
+    pieces = httpx.post(f"{server.base_url}/tokenize",
+                        json={"content": "Hello world", "with_pieces": True}).json()["tokens"]
+    assert "".join(p["piece"] for p in pieces) == "Hello world"
+    bad = httpx.post(f"{server.base_url}/detokenize", json={"tokens": [-1]})
+    assert bad.status_code == 400 and bad.json()["error"]["param"] == "tokens"

@@ -1,0 +1,125 @@
+"""Embeddings from a model, in a context of their own so they never block chat slots.
+
+``Embedder`` owns a second llama context of an already loaded model (created
+on first use, with embeddings on and mean pooling unless the GGUF names a
+pooling type) and one worker thread, the only code that touches it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import ctypes
+import logging
+import math
+from concurrent.futures import ThreadPoolExecutor
+
+import llama_cpp
+import numpy as np
+
+from edgeinfer.errors import EngineError, InvalidRequest
+from edgeinfer.native import LlamaRuntime
+
+log = logging.getLogger("edgeinfer.embedding")
+
+
+class Embedder:
+    """Computes L2-normalised embeddings of token lists; see the module docstring."""
+
+    def __init__(self, runtime: LlamaRuntime, n_ctx: int = 2048, max_seqs: int = 8) -> None:
+        self.runtime = runtime
+        self.n_ctx = n_ctx
+        self.max_seqs = max_seqs
+        self._pool = ThreadPoolExecutor(max_workers=1,
+                                        thread_name_prefix=f"embed-{runtime.cfg.id}")
+        self._ctx: llama_cpp.llama_context_p | None = None
+        self._batch: llama_cpp.llama_batch | None = None
+        self.n_embd = llama_cpp.llama_model_n_embd(runtime.model)
+
+    async def embed(self, inputs: list[list[int]]) -> list[list[float]]:
+        for i, toks in enumerate(inputs):
+            if not toks:
+                raise InvalidRequest(f"input {i} is empty", param="input")
+            if len(toks) > self.n_ctx:
+                raise InvalidRequest(
+                    f"input {i} has {len(toks)} tokens; the embedding context holds {self.n_ctx}",
+                    param="input", code="context_length_exceeded")
+        loop = asyncio.get_running_loop()
+        return await loop.run_in_executor(self._pool, self._embed_all, inputs)
+
+    # -- worker thread -------------------------------------------------------
+    def _open(self) -> None:
+        rt = self.runtime
+        cparams = llama_cpp.llama_context_default_params()
+        cparams.n_ctx = self.n_ctx
+        cparams.n_batch = cparams.n_ubatch = self.n_ctx  # one input never spans two ubatches
+        cparams.n_seq_max = self.max_seqs
+        cparams.n_threads = cparams.n_threads_batch = rt.cfg.threads
+        cparams.embeddings = True
+        cparams.kv_unified = True
+        arch = rt.meta("general.architecture") or ""
+        own = rt.meta(f"{arch}.pooling_type")
+        cparams.pooling_type = (llama_cpp.LLAMA_POOLING_TYPE_UNSPECIFIED if own
+                                else llama_cpp.LLAMA_POOLING_TYPE_MEAN)
+        ctx = llama_cpp.llama_init_from_model(rt.model, cparams)
+        if not ctx:
+            raise EngineError("could not create the embedding context")
+        self._ctx = ctx
+        self._batch = llama_cpp.llama_batch_init(self.n_ctx, 0, 1)
+        log.info("model %s: embedding context ready (pooling %d, %d dims)", rt.cfg.id,
+                 llama_cpp.llama_pooling_type(ctx), self.n_embd)
+
+    def _embed_all(self, inputs: list[list[int]]) -> list[list[float]]:
+        if self._ctx is None:
+            self._open()
+        out: list[list[float]] = []
+        group: list[list[int]] = []
+        for toks in inputs:
+            if group and (len(group) == self.max_seqs
+                          or sum(map(len, group)) + len(toks) > self.n_ctx):
+                out.extend(self._embed_group(group))
+                group = []
+            group.append(toks)
+        if group:
+            out.extend(self._embed_group(group))
+        return out
+
+    def _embed_group(self, group: list[list[int]]) -> list[list[float]]:
+        ctx, batch = self._ctx, self._batch
+        assert ctx is not None and batch is not None
+        llama_cpp.llama_memory_clear(llama_cpp.llama_get_memory(ctx), True)
+        i = 0
+        for seq_id, toks in enumerate(group):
+            for pos, t in enumerate(toks):
+                batch.token[i] = t
+                batch.pos[i] = pos
+                batch.n_seq_id[i] = 1
+                batch.seq_id[i][0] = seq_id
+                batch.logits[i] = 1
+                i += 1
+        batch.n_tokens = i
+        rc = llama_cpp.llama_decode(ctx, batch)
+        if rc != 0:
+            raise EngineError(f"embedding failed (llama_decode returned {rc})")
+        vectors = []
+        for seq_id in range(len(group)):
+            ptr = llama_cpp.llama_get_embeddings_seq(ctx, seq_id)
+            if not ptr:
+                raise EngineError("this model gives no pooled embeddings")
+            v = np.ctypeslib.as_array(ctypes.cast(ptr, ctypes.POINTER(ctypes.c_float)),
+                                      shape=(self.n_embd,)).astype(np.float64)
+            norm = math.sqrt(float(v @ v)) or 1.0
+            vectors.append((v / norm).tolist())
+        return vectors
+
+    def _close(self) -> None:
+        if self._batch is not None:
+            llama_cpp.llama_batch_free(self._batch)
+            self._batch = None
+        if self._ctx is not None:
+            llama_cpp.llama_free(self._ctx)
+            self._ctx = None
+
+    def close(self) -> None:
+        """Free the context on its own thread, then stop the thread."""
+        self._pool.submit(self._close).result()
+        self._pool.shutdown(wait=True)
