@@ -40,7 +40,7 @@ MAX_BODY_BYTES = 8 * 1024 * 1024
 
 
 def _error_response(exc: APIError) -> JSONResponse:
-    return JSONResponse(exc.to_dict(), status_code=exc.status)
+    return JSONResponse(exc.to_dict(), status_code=exc.status, headers=exc.headers)
 
 
 async def _api_error(request: Request, exc: Exception) -> Response:
@@ -126,8 +126,9 @@ async def _respond(
     jobs = [(pi, prompt, _choice_params(req.params, i))
             for pi, prompt in enumerate(prompts) for i in range(req.n)]
     usage = Usage([pi for pi, _, _ in jobs], [len(p) for p in prompts])
+    served.admit(len(jobs))  # 429 with Retry-After when the queue is full
     events = merge([
-        served.engine.generate(f"{meta.id}-{k}", prompt, params, use_cache=req.cache_prompt)
+        served.generate(f"{meta.id}-{k}", prompt, params, use_cache=req.cache_prompt)
         for k, (_, prompt, params) in enumerate(jobs)])
     if req.stream:
         return EventSourceResponse(sse_chunks(meta, events, usage, req.include_usage), ping=10,
@@ -151,7 +152,8 @@ async def chat_completions(request: Request) -> Response:
     served = _model_for(request, body)
     req = parse_chat(body, served.runtime.info.n_vocab)
     assert req.messages is not None
-    text = served.template.render([dict(m) for m in req.messages])
+    # rendering (time-budgeted) and tokenizing run off the event loop
+    text = await asyncio.to_thread(served.template.render, [dict(m) for m in req.messages])
     prompt = await asyncio.to_thread(served.tokenize_chat, text)
     return await _respond(request, served, req, [prompt], "chat")
 

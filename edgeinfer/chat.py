@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import datetime
+import threading
+import time
 from functools import lru_cache
 from typing import Any
 
@@ -20,6 +22,36 @@ CHATML = (
 )
 
 _PREFILL_MARK = "\x00edgeinfer-prefill\x00"
+RENDER_SECONDS = 2.0  # time budget of one rendering
+RENDER_BYTES = 8 * 1024 * 1024  # output budget of one rendering
+
+_deadline = threading.local()
+
+
+class _BudgetExceeded(TemplateError):
+    pass
+
+
+def _check_deadline() -> None:
+    end = getattr(_deadline, "end", None)
+    if end is not None and time.monotonic() > end:
+        raise _BudgetExceeded("the chat template took too long to render")
+
+
+class _BudgetedEnvironment(ImmutableSandboxedEnvironment):
+    """The immutable sandbox, plus a deadline checked on every call and item access."""
+
+    def call(self, context: Any, obj: Any, /, *args: Any, **kwargs: Any) -> Any:
+        _check_deadline()
+        return super().call(context, obj, *args, **kwargs)
+
+    def getitem(self, obj: Any, argument: Any) -> Any:
+        _check_deadline()
+        return super().getitem(obj, argument)
+
+    def getattr(self, obj: Any, attribute: str) -> Any:
+        _check_deadline()
+        return super().getattr(obj, attribute)
 
 
 def _raise_exception(message: str) -> None:
@@ -32,7 +64,7 @@ def _strftime_now(fmt: str) -> str:
 
 @lru_cache(maxsize=16)
 def _compile(source: str) -> Any:
-    env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True)
+    env = _BudgetedEnvironment(trim_blocks=True, lstrip_blocks=True)
     env.globals["raise_exception"] = _raise_exception
     env.globals["strftime_now"] = _strftime_now
     return env.from_string(source)
@@ -63,14 +95,27 @@ class ChatTemplate:
             last = dict(messages[-1])
             last["content"] = (last.get("content") or "") + _PREFILL_MARK
             messages = [*messages[:-1], last]
+        parts: list[str] = []
+        size = 0
+        _deadline.end = time.monotonic() + RENDER_SECONDS
         try:
-            text: str = self._template.render(
+            for part in self._template.generate(
                 messages=messages, add_generation_prompt=add_generation_prompt and not prefill,
                 bos_token=self.bos_token, eos_token=self.eos_token, **extra,
-            )
-        except TemplateError as exc:
+            ):
+                size += len(part)
+                if size > RENDER_BYTES:
+                    raise _BudgetExceeded("the chat template's output is too large")
+                _check_deadline()
+                parts.append(part)
+        except _BudgetExceeded as exc:
+            raise InvalidRequest(str(exc), param="messages", code="template_budget") from None
+        except (TemplateError, RecursionError, TypeError, ValueError) as exc:
             raise InvalidRequest(f"the chat template rejected the messages: {exc}",
                                  param="messages") from None
+        finally:
+            _deadline.end = None
+        text = "".join(parts)
         if prefill:
             cut = text.rfind(_PREFILL_MARK)
             if cut == -1:

@@ -32,7 +32,7 @@ DEFAULT_CONFIG = Path(__file__).resolve().parent.parent / "models.toml"
 
 _MODEL_KEYS = {
     "id", "aliases", "path", "source", "context", "slots", "threads", "gpu_layers", "batch",
-    "chat_template", "max_tokens", "prefix_cache", "cache_entries", "pinned_prompts",
+    "chat_template", "max_tokens", "prefix_cache", "cache_entries", "pinned_prompts", "max_queue",
 }
 
 
@@ -61,6 +61,7 @@ class ModelConfig:
     prefix_cache: bool = True
     cache_entries: int = 32  # finished sequences kept in the KV cache for reuse
     pinned_prompts: tuple[str, ...] = ()  # system prompts kept resident, never evicted
+    max_queue: int = 64  # requests waiting for a slot before new ones get 429
 
     def __post_init__(self) -> None:
         if (self.path is None) == (self.source is None):

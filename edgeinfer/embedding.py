@@ -12,6 +12,7 @@ import ctypes
 import logging
 import math
 from concurrent.futures import ThreadPoolExecutor
+from typing import Any
 
 import llama_cpp
 import numpy as np
@@ -31,8 +32,8 @@ class Embedder:
         self.max_seqs = max_seqs
         self._pool = ThreadPoolExecutor(max_workers=1,
                                         thread_name_prefix=f"embed-{runtime.cfg.id}")
-        self._ctx: llama_cpp.llama_context_p | None = None
-        self._batch: llama_cpp.llama_batch | None = None
+        self._ctx: Any = None
+        self._batch: Any = None
         self.n_embd = llama_cpp.llama_model_n_embd(runtime.model)
 
     async def embed(self, inputs: list[list[int]]) -> list[list[float]]:

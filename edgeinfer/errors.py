@@ -23,12 +23,13 @@ class APIError(EdgeInferError):
 
     def __init__(
         self, message: str, *, param: str | None = None, code: str | None = None,
-        status: int | None = None,
+        status: int | None = None, headers: dict[str, str] | None = None,
     ) -> None:
         super().__init__(message)
         self.message = message
         self.param = param
         self.code = code
+        self.headers = headers or {}
         if status is not None:
             self.status = status
 
@@ -55,3 +56,19 @@ class EngineError(APIError):
 
     status = 500
     type = "server_error"
+
+
+class Overloaded(APIError):
+    """Too many requests waiting; the client should retry after ``retry_after`` seconds."""
+
+    status = 429
+    type = "rate_limit_error"
+
+    def __init__(self, message: str, retry_after: int) -> None:
+        super().__init__(message, code="rate_limit_exceeded",
+                         headers={"Retry-After": str(retry_after)})
+
+
+class Unauthorized(APIError):
+    status = 401
+    type = "invalid_request_error"

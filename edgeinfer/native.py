@@ -13,6 +13,7 @@ import logging
 import threading
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import llama_cpp
 import numpy as np
@@ -92,13 +93,21 @@ class ModelInfo:
 class LlamaRuntime:
     """A GGUF model with one context holding ``cfg.slots`` sequences."""
 
+    info: ModelInfo
+    # ctypes handles; typed loosely because the binding's stubs are partial
+    _model: Any
+    _ctx: Any
+    _vocab: Any
+    _mem: Any
+    _batch: Any
+
     def __init__(self, cfg: ModelConfig, path: Path) -> None:
         init_backend()
         self.cfg = cfg
         self.path = path
         self._model = None
         self._ctx = None
-        self._batch: llama_cpp.llama_batch | None = None
+        self._batch = None
         try:
             self._load()
         except BaseException:
@@ -210,7 +219,7 @@ class LlamaRuntime:
         return bool(llama_cpp.llama_vocab_is_eog(self._vocab, token))
 
     @property
-    def model(self) -> llama_cpp.llama_model_p:
+    def model(self) -> Any:
         return self._model
 
     def meta(self, key: str) -> str | None:
@@ -219,7 +228,7 @@ class LlamaRuntime:
 
     # -- context (engine thread only) -----------------------------------
     @property
-    def ctx(self) -> llama_cpp.llama_context_p:
+    def ctx(self) -> Any:
         return self._ctx
 
     def decode(self, entries: list[tuple[int, int, list[int], bool]]) -> tuple[int, list[int]]:

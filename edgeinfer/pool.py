@@ -4,16 +4,26 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import math
 import time
 import uuid
+from collections import deque
+from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from typing import Any
 
 from edgeinfer.chat import ChatTemplate
 from edgeinfer.config import ModelConfig, ServerConfig
 from edgeinfer.embedding import Embedder
-from edgeinfer.engine import Engine
-from edgeinfer.errors import APIError, EngineError, InvalidRequest, ModelLoadError, NotFound
+from edgeinfer.engine import Delta, Engine
+from edgeinfer.errors import (
+    APIError,
+    EngineError,
+    InvalidRequest,
+    ModelLoadError,
+    NotFound,
+    Overloaded,
+)
 from edgeinfer.native import LlamaRuntime, gpu_offload_supported
 from edgeinfer.sequence import SamplingParams
 from edgeinfer.source import resolve_model_path
@@ -33,6 +43,32 @@ class ServedModel:
     template: ChatTemplate
     embedder: Embedder
     created: int = field(default_factory=lambda: int(time.time()))
+    inflight: int = 0  # engine requests submitted and not finished (event-loop side)
+    _finished_at: deque[float] = field(default_factory=lambda: deque(maxlen=64))
+
+    def admit(self, n: int) -> None:
+        """Refuse ``n`` more requests with 429 when running + queued would pass the bound."""
+        room = self.cfg.slots + self.cfg.max_queue - self.inflight
+        if n <= room:
+            return
+        done = self._finished_at
+        now = time.monotonic()
+        rate = (len(done) - 1) / (now - done[0]) if len(done) > 1 and now > done[0] else 0.0
+        queued = self.inflight - self.cfg.slots + n
+        retry = math.ceil(queued / rate) if rate > 0 else 10
+        raise Overloaded(f"model {self.cfg.id!r} is overloaded: {self.inflight} requests in "
+                         f"flight; retry in {retry}s", retry_after=max(1, min(retry, 300)))
+
+    async def generate(self, request_id: str, prompt: list[int], params: SamplingParams,
+                       **kw: Any) -> AsyncIterator[Delta]:
+        """engine.generate, counted for admission control."""
+        self.inflight += 1
+        try:
+            async for d in self.engine.generate(request_id, prompt, params, **kw):
+                yield d
+        finally:
+            self.inflight -= 1
+            self._finished_at.append(time.monotonic())
 
     @property
     def n_ctx(self) -> int:

@@ -61,7 +61,8 @@ class PrefixIndex:
 
     def match(self, tokens: Sequence[int], exclude: int | None = None) -> tuple[int, int | None]:
         """Longest prefix of tokens held by some holder (not ``exclude``): (length, holder)."""
-        node, matched, best = self._root, 0, (0, None)
+        node, matched = self._root, 0
+        best: tuple[int, int | None] = (0, None)
         while matched < len(tokens):
             child = node.children.get(tokens[matched])
             if child is None:

@@ -39,7 +39,7 @@ class SamplerChain:
         if bias:
             arr = (llama_cpp.llama_logit_bias * len(bias))()
             for i, (tok, b) in enumerate(bias.items()):
-                arr[i].token = tok
+                arr[i].token = tok  # type: ignore[assignment]
                 arr[i].bias = b
             self._add(llama_cpp.llama_sampler_init_logit_bias(n_vocab, len(bias), arr))
         if p.repeat_penalty != 1.0 or p.presence_penalty != 0.0 or p.frequency_penalty != 0.0:

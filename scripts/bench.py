@@ -23,7 +23,6 @@ import asyncio
 import json
 import os
 import socket
-import statistics
 import subprocess
 import sys
 import tempfile
@@ -61,7 +60,7 @@ class Result:
 
     def ttft(self, q: float) -> float:
         xs = sorted(self.ttfts)
-        return xs[min(len(xs) - 1, int(round(q * (len(xs) - 1))))]
+        return xs[min(len(xs) - 1, round(q * (len(xs) - 1)))]
 
 
 def model_path() -> Path:
@@ -77,7 +76,8 @@ def ensure_peer_venv() -> Path:
     py = venv / "bin" / "python"
     if not py.exists():
         subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True)
-    if subprocess.run([str(py), "-c", "import llama_cpp.server"], capture_output=True).returncode:
+    if subprocess.run([str(py), "-c", "import llama_cpp.server"], capture_output=True,
+                      check=False).returncode:
         subprocess.run([str(py), "-m", "pip", "install", "-q", "llama-cpp-python[server]==0.3.36"],
                        check=True, env={**os.environ, "CMAKE_BUILD_PARALLEL_LEVEL": "2"})
     return py

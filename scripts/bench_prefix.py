@@ -25,7 +25,7 @@ from pathlib import Path
 import httpx
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from bench import Server, ensure_peer_venv, free_port, llama_server_env, model_path  # noqa: E402
+from bench import Server, ensure_peer_venv, free_port, llama_server_env, model_path
 
 RULES = ("Rule {i}: when a visitor asks about the lighthouse, answer politely, cite the museum "
          "guide, mention opening hours from nine to five, and never invent dates or names. ")

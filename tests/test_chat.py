@@ -30,3 +30,15 @@ def test_raise_exception_becomes_400() -> None:
     with pytest.raises(InvalidRequest) as info:
         t.render([{"role": "user", "content": "x"}])
     assert "roles must alternate" in info.value.message
+
+
+def test_template_time_and_size_budgets() -> None:
+    slow = ("{% for a in range(100000) %}{% for b in range(100000) %}{% for c in range(100000) %}"
+            "{% endfor %}{% endfor %}{% endfor %}")
+    with pytest.raises(InvalidRequest) as info:
+        ChatTemplate(slow).render([{"role": "user", "content": "x"}])
+    assert info.value.code == "template_budget"
+    huge = "{% for a in range(100000) %}{{ messages[0]['content'] * 1000 }}{% endfor %}"
+    with pytest.raises(InvalidRequest) as info:
+        ChatTemplate(huge).render([{"role": "user", "content": "xxxxxxxxxx"}])
+    assert info.value.code == "template_budget"

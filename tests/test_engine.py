@@ -44,7 +44,7 @@ def test_full_kv_cache_stops_only_the_newest_request(small: ServedModel) -> None
             results = await asyncio.gather(
                 *(_run(small, f"kv{i}", prompt, long_run) for i in range(4)))
             # the engine still serves afterwards
-            text, last = await _run(small, "after", prompt,
+            _, last = await _run(small, "after", prompt,
                                     SamplingParams(temperature=0, max_tokens=5))
             assert last.finish_reason == "length" and last.completion_tokens == 5
             return [d for _, d in results]

@@ -9,7 +9,6 @@ import time
 import httpx
 import openai
 import pytest
-
 from conftest import ServerProcess
 
 HELLO = [{"role": "user", "content": "Say hello in one short sentence."}]
