@@ -15,6 +15,7 @@ import numpy as np
 from sse_starlette.sse import EventSourceResponse
 from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
+from starlette.middleware import Middleware
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
@@ -22,6 +23,7 @@ from starlette.routing import Route
 from edgeinfer.completion import CompletionMeta, Usage, collect, merge, sse_chunks
 from edgeinfer.config import ServerConfig
 from edgeinfer.errors import APIError, InvalidRequest, NotFound
+from edgeinfer.guard import Guard
 from edgeinfer.pool import ModelPool, ServedModel
 from edgeinfer.protocol import (
     GenerationRequest,
@@ -294,5 +296,7 @@ def create_app(config: ServerConfig) -> Starlette:
         Route("/v1/cache/pins", unpin_prefixes, methods=["DELETE"]),
     ]
     handlers = {APIError: _api_error, HTTPException: _http_error, Exception: _internal_error}
+    guard = Middleware(Guard, api_keys=config.api_keys, cors_origins=config.cors_origins,
+                       allowed_hosts=(*config.allowed_hosts, config.host))
     return Starlette(routes=routes, exception_handlers=handlers,  # type: ignore[arg-type]
-                     lifespan=lifespan)
+                     lifespan=lifespan, middleware=[guard])

@@ -4,14 +4,24 @@ from __future__ import annotations
 
 import argparse
 import logging
+import os
 import sys
+from dataclasses import replace
 from pathlib import Path
 
 from edgeinfer import __version__
-from edgeinfer.config import ModelConfig, ServerConfig, load_config, override_model
+from edgeinfer.config import (
+    ModelConfig,
+    ServerConfig,
+    load_config,
+    override_model,
+    read_api_key_file,
+)
 from edgeinfer.errors import ConfigError, ModelLoadError
 
 log = logging.getLogger("edgeinfer")
+
+LOOPBACK_BIND = frozenset({"127.0.0.1", "localhost", "::1"})
 
 
 def _serve_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
@@ -31,6 +41,11 @@ def _serve_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[type
     p.add_argument("--batch", type=int, default=None,
                    help="token budget of one engine step (chunked prefill)")
     p.add_argument("--gpu-layers", type=int, default=None, help="layers to offload to the GPU")
+    p.add_argument("--api-key-file", type=Path, default=None,
+                   help="file with API keys, one per line (also: EDGEINFER_API_KEYS=k1,k2)")
+    p.add_argument("--allow-unauthenticated-network", action="store_true",
+                   help="let --host bind a non-loopback address without API keys: anyone who "
+                   "can reach the address can use the server")
     p.add_argument("--log-level", default="info",
                    choices=["debug", "info", "warning", "error"], help="logging verbosity")
 
@@ -52,8 +67,17 @@ def _select(config: ServerConfig, args: argparse.Namespace) -> ServerConfig:
                        batch=args.batch, gpu_layers=args.gpu_layers)
         for m in models
     )
-    return ServerConfig(host=args.host or config.host,
-                        port=config.port if args.port is None else args.port, models=models)
+    keys = list(config.api_keys)
+    keys += [k.strip() for k in os.environ.get("EDGEINFER_API_KEYS", "").split(",") if k.strip()]
+    if args.api_key_file:
+        keys += read_api_key_file(args.api_key_file)
+    host = args.host or config.host
+    if host not in LOOPBACK_BIND and not keys and not args.allow_unauthenticated_network:
+        raise ConfigError(f"refusing to bind {host} without API keys: anyone on the network could "
+                          "use this server. Set keys (--api-key-file, EDGEINFER_API_KEYS) or pass "
+                          "--allow-unauthenticated-network")
+    return replace(config, host=host, port=config.port if args.port is None else args.port,
+                   models=models, api_keys=tuple(keys))
 
 
 def serve(args: argparse.Namespace) -> int:
@@ -65,8 +89,9 @@ def serve(args: argparse.Namespace) -> int:
     if config.models and any(m.batch < m.slots for m in config.models):
         raise ConfigError("--batch must be at least --slots")
     app = create_app(config)
-    log.info("edgeinfer %s: serving %s on http://%s:%d/v1", __version__,
-             ", ".join(m.id for m in config.models), config.host, config.port)
+    log.info("edgeinfer %s: serving %s on http://%s:%d/v1%s", __version__,
+             ", ".join(m.id for m in config.models), config.host, config.port,
+             f" ({len(config.api_keys)} API keys)" if config.api_keys else "")
     uv = uvicorn.Config(app, host=config.host, port=config.port, log_level=args.log_level,
                         access_log=args.log_level == "debug", lifespan="on")
     server = uvicorn.Server(uv)

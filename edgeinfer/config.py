@@ -30,6 +30,7 @@ from edgeinfer.errors import ConfigError
 
 DEFAULT_CONFIG = Path(__file__).resolve().parent.parent / "models.toml"
 
+_SERVER_KEYS = {"host", "port", "api_keys", "api_key_file", "allowed_hosts", "cors_origins"}
 _MODEL_KEYS = {
     "id", "aliases", "path", "source", "context", "slots", "threads", "gpu_layers", "batch",
     "chat_template", "max_tokens", "prefix_cache", "cache_entries", "pinned_prompts", "max_queue",
@@ -87,6 +88,9 @@ class ServerConfig:
     host: str = "127.0.0.1"
     port: int = 8080
     models: tuple[ModelConfig, ...] = ()
+    api_keys: tuple[str, ...] = ()
+    allowed_hosts: tuple[str, ...] = ()  # Host header values besides loopback ("*": any)
+    cors_origins: tuple[str, ...] = ()  # browser origins besides http(s)://localhost[:port]
 
 
 def _model_from_table(table: dict[str, Any], base: Path) -> ModelConfig:
@@ -131,9 +135,27 @@ def load_config(path: Path | None = None) -> ServerConfig:
             if name in seen:
                 raise ConfigError(f"{path}: model name {name!r} is used twice")
             seen.add(name)
+    unknown = set(server) - _SERVER_KEYS
+    if unknown:
+        raise ConfigError(f"unknown key(s) in [server]: {', '.join(sorted(unknown))}")
+    keys = list(server.get("api_keys", []))
+    if "api_key_file" in server:
+        keys += read_api_key_file(Path(os.path.expanduser(str(server["api_key_file"]))))
     return ServerConfig(
-        host=str(server.get("host", "127.0.0.1")), port=int(server.get("port", 8080)), models=models
+        host=str(server.get("host", "127.0.0.1")), port=int(server.get("port", 8080)),
+        models=models, api_keys=tuple(keys),
+        allowed_hosts=tuple(server.get("allowed_hosts", ())),
+        cors_origins=tuple(server.get("cors_origins", ())),
     )
+
+
+def read_api_key_file(path: Path) -> list[str]:
+    """One key per line; blank lines and # comments are skipped."""
+    try:
+        lines = path.read_text(encoding="utf-8").splitlines()
+    except OSError as exc:
+        raise ConfigError(f"cannot read the API key file {path}: {exc.strerror}") from None
+    return [ln.strip() for ln in lines if ln.strip() and not ln.lstrip().startswith("#")]
 
 
 def override_model(cfg: ModelConfig, **changes: Any) -> ModelConfig:

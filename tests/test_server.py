@@ -316,3 +316,21 @@ def test_tokenize_and_detokenize(server: ServerProcess) -> None:
     assert "".join(p["piece"] for p in pieces) == "Hello world"
     bad = httpx.post(f"{server.base_url}/detokenize", json={"tokens": [-1]})
     assert bad.status_code == 400 and bad.json()["error"]["param"] == "tokens"
+
+
+def test_api_key_server(tmp_path_factory: pytest.TempPathFactory) -> None:
+    from conftest import start_server, stop_server
+
+    tmp = tmp_path_factory.mktemp("keys")
+    keyfile = tmp / "keys.txt"
+    keyfile.write_text("# local keys\nsk-local-123\n")
+    srv = start_server(tmp, "--api-key-file", str(keyfile), "--slots", "2")
+    try:
+        base = f"{srv.base_url}/v1"
+        with pytest.raises(openai.AuthenticationError):
+            openai.OpenAI(base_url=base, api_key="wrong", max_retries=0).models.list()
+        good = openai.OpenAI(base_url=base, api_key="sk-local-123", max_retries=0)
+        assert good.models.list().data
+        assert "sk-local-123" not in srv.log.read_text()  # never logged
+    finally:
+        stop_server(srv)

@@ -1,0 +1,111 @@
+"""The front door: API keys, Host header (DNS rebinding) and CORS, as one ASGI middleware.
+
+- API keys (optional): ``Authorization: Bearer KEY`` or ``x-api-key: KEY``, compared
+  in constant time, never logged. ``GET /health`` stays open.
+- Host: the Host header must name a loopback address or a configured host, so a
+  page on another site that rebinds its DNS name to 127.0.0.1 gets nothing.
+- CORS: browsers may call from localhost origins and configured ones (a desktop
+  app's ``tauri://localhost``, ``app://...``); other origins get no CORS headers,
+  and their requests are refused outright.
+"""
+
+from __future__ import annotations
+
+import hmac
+import json
+import re
+from collections.abc import Awaitable, Callable, MutableMapping
+from typing import Any
+
+Scope = MutableMapping[str, Any]
+Receive = Callable[[], Awaitable[MutableMapping[str, Any]]]
+Send = Callable[[MutableMapping[str, Any]], Awaitable[None]]
+ASGIApp = Callable[[Scope, Receive, Send], Awaitable[None]]
+
+LOOPBACK_HOSTS = frozenset({"localhost", "127.0.0.1", "::1", "[::1]"})
+_LOCAL_ORIGIN = re.compile(r"^https?://(localhost|127\.0\.0\.1|\[::1\])(:\d+)?$")
+OPEN_PATHS = frozenset({"/health"})
+
+
+def _host_only(host: str) -> str:
+    host = host.strip().lower()
+    if host.startswith("["):  # [::1]:8080
+        return host[: host.find("]") + 1] if "]" in host else host
+    return host.rsplit(":", 1)[0] if host.count(":") == 1 else host
+
+
+class Guard:
+    def __init__(self, app: ASGIApp, *, api_keys: tuple[str, ...] = (),
+                 allowed_hosts: tuple[str, ...] = (), cors_origins: tuple[str, ...] = ()) -> None:
+        self.app = app
+        self.keys = tuple(k.encode() for k in api_keys if k)
+        self.any_host = "*" in allowed_hosts
+        self.hosts = LOOPBACK_HOSTS | {h.lower() for h in allowed_hosts}
+        self.origins = frozenset(cors_origins)
+
+    def origin_allowed(self, origin: str) -> bool:
+        return origin in self.origins or bool(_LOCAL_ORIGIN.match(origin))
+
+    def key_ok(self, headers: dict[str, str]) -> bool:
+        given = headers.get("x-api-key", "")
+        auth = headers.get("authorization", "")
+        if auth[:7].lower() == "bearer ":
+            given = auth[7:].strip()
+        if not given:
+            return False
+        ok = False
+        for key in self.keys:  # check every key: timing says nothing about which matched
+            ok |= hmac.compare_digest(given.encode(), key)
+        return ok
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        headers = {k.decode("latin-1"): v.decode("latin-1") for k, v in scope["headers"]}
+        host = _host_only(headers.get("host", ""))
+        if not self.any_host and host not in self.hosts:
+            await _deny(send, 403, "the Host header names an address this server does not serve",
+                        "invalid_host")
+            return
+        origin = headers.get("origin")
+        cors: list[tuple[bytes, bytes]] = []
+        if origin is not None:
+            if not self.origin_allowed(origin):
+                await _deny(send, 403, "cross-origin requests from this origin are not allowed",
+                            "origin_not_allowed")
+                return
+            cors = [(b"access-control-allow-origin", origin.encode("latin-1")),
+                    (b"vary", b"Origin")]
+            if scope["method"] == "OPTIONS" and "access-control-request-method" in headers:
+                await send({"type": "http.response.start", "status": 204, "headers": cors + [
+                    (b"access-control-allow-methods", b"GET, POST, DELETE, OPTIONS"),
+                    (b"access-control-allow-headers",
+                     b"authorization, content-type, x-api-key"),
+                    (b"access-control-max-age", b"600")]})
+                await send({"type": "http.response.body", "body": b""})
+                return
+        if self.keys and scope["path"] not in OPEN_PATHS and not self.key_ok(headers):
+            await _deny(send, 401, "a valid API key is required (Authorization: Bearer KEY or "
+                        "x-api-key: KEY)", "invalid_api_key", cors)
+            return
+        if not cors:
+            await self.app(scope, receive, send)
+            return
+
+        async def send_with_cors(message: MutableMapping[str, Any]) -> None:
+            if message["type"] == "http.response.start":
+                message["headers"] = list(message.get("headers", [])) + cors
+            await send(message)
+
+        await self.app(scope, receive, send_with_cors)
+
+
+async def _deny(send: Send, status: int, message: str, code: str,
+                extra: list[tuple[bytes, bytes]] | None = None) -> None:
+    body = json.dumps({"error": {"message": message, "type": "invalid_request_error",
+                                 "param": None, "code": code}}).encode()
+    await send({"type": "http.response.start", "status": status, "headers": [
+        (b"content-type", b"application/json"), (b"content-length", str(len(body)).encode()),
+        *(extra or [])]})
+    await send({"type": "http.response.body", "body": body})

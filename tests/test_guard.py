@@ -1,0 +1,64 @@
+"""The front door (API keys, Host, CORS) as a unit on a tiny ASGI app, and the CLI refusal."""
+
+from __future__ import annotations
+
+import asyncio
+import subprocess
+import sys
+
+import httpx
+import pytest
+
+from edgeinfer.guard import Guard
+
+
+async def ok_app(scope, receive, send) -> None:  # type: ignore[no-untyped-def]
+    await send({"type": "http.response.start", "status": 200,
+                "headers": [(b"content-type", b"text/plain")]})
+    await send({"type": "http.response.body", "body": b"ok"})
+
+
+def call(guard: Guard, method: str, path: str, headers: dict[str, str]) -> httpx.Response:
+    async def go() -> httpx.Response:
+        transport = httpx.ASGITransport(app=guard)
+        async with httpx.AsyncClient(transport=transport, base_url="http://127.0.0.1:8080") as c:
+            return await c.request(method, path, headers=headers)
+    return asyncio.run(go())
+
+
+def test_api_keys() -> None:
+    g = Guard(ok_app, api_keys=("sk-one", "sk-two"))
+    assert call(g, "GET", "/v1/models", {}).status_code == 401
+    assert call(g, "GET", "/v1/models", {"authorization": "Bearer sk-nope"}).status_code == 401
+    assert call(g, "GET", "/v1/models", {"authorization": "Bearer sk-two"}).status_code == 200
+    assert call(g, "GET", "/v1/models", {"x-api-key": "sk-one"}).status_code == 200
+    assert call(g, "GET", "/health", {}).status_code == 200
+    err = call(g, "POST", "/v1/chat/completions", {}).json()["error"]
+    assert err["code"] == "invalid_api_key" and "sk-" not in err["message"]
+
+
+@pytest.mark.parametrize(("host", "status"), [
+    ("127.0.0.1:8080", 200), ("localhost", 200), ("[::1]:8080", 200),
+    ("evil.example.com", 403), ("attacker.test:8080", 403), ("my.lan:8080", 200)])
+def test_host_header_defeats_dns_rebinding(host: str, status: int) -> None:
+    g = Guard(ok_app, allowed_hosts=("my.lan",))
+    assert call(g, "GET", "/v1/models", {"host": host}).status_code == status
+
+
+def test_cors_allows_only_local_and_configured_origins() -> None:
+    g = Guard(ok_app, cors_origins=("tauri://localhost",))
+    r = call(g, "GET", "/v1/models", {"origin": "http://localhost:5173"})
+    assert r.headers["access-control-allow-origin"] == "http://localhost:5173"
+    r = call(g, "GET", "/v1/models", {"origin": "tauri://localhost"})
+    assert r.status_code == 200 and r.headers["access-control-allow-origin"] == "tauri://localhost"
+    r = call(g, "POST", "/v1/chat/completions", {"origin": "https://evil.example.com"})
+    assert r.status_code == 403 and "access-control-allow-origin" not in r.headers
+    pre = call(g, "OPTIONS", "/v1/chat/completions", {
+        "origin": "http://127.0.0.1:3000", "access-control-request-method": "POST"})
+    assert pre.status_code == 204 and "authorization" in pre.headers["access-control-allow-headers"]
+
+
+def test_refuses_network_bind_without_keys() -> None:
+    r = subprocess.run([sys.executable, "-m", "edgeinfer", "serve", "--host", "0.0.0.0"],
+                       capture_output=True, text=True, timeout=60, check=False)
+    assert r.returncode == 2 and "without API keys" in r.stderr
