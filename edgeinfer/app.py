@@ -24,6 +24,7 @@ from edgeinfer.completion import CompletionMeta, Usage, collect, merge, sse_chun
 from edgeinfer.config import ServerConfig
 from edgeinfer.errors import APIError, InvalidRequest, NotFound
 from edgeinfer.guard import Guard
+from edgeinfer.openapi import openapi_spec
 from edgeinfer.pool import ModelPool, ServedModel
 from edgeinfer.protocol import (
     GenerationRequest,
@@ -269,6 +270,10 @@ async def detokenize(request: Request) -> Response:
     return JSONResponse({"content": served.runtime.detokenize(tokens), "model": served.cfg.id})
 
 
+async def openapi(request: Request) -> Response:
+    return JSONResponse(openapi_spec())
+
+
 def create_app(config: ServerConfig) -> Starlette:
     """The ASGI app serving ``config``'s models; models load in its lifespan."""
 
@@ -284,6 +289,7 @@ def create_app(config: ServerConfig) -> Starlette:
 
     routes = [
         Route("/health", health, methods=["GET"]),
+        Route("/openapi.json", openapi, methods=["GET"]),
         Route("/v1/models", list_models, methods=["GET"]),
         Route("/v1/models/{model_id:path}", get_model, methods=["GET"]),
         Route("/v1/chat/completions", chat_completions, methods=["POST"]),

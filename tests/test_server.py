@@ -334,3 +334,46 @@ def test_api_key_server(tmp_path_factory: pytest.TempPathFactory) -> None:
         assert "sk-local-123" not in srv.log.read_text()  # never logged
     finally:
         stop_server(srv)
+
+
+def test_openapi_describes_every_route(server: ServerProcess) -> None:
+    spec = httpx.get(f"{server.base_url}/openapi.json").json()
+    assert spec["openapi"].startswith("3.")
+    for path in ("/v1/chat/completions", "/v1/completions", "/v1/embeddings", "/v1/models",
+                 "/tokenize", "/detokenize", "/health"):
+        assert path in spec["paths"]
+    chat = spec["paths"]["/v1/chat/completions"]["post"]["requestBody"]["content"]
+    props = chat["application/json"]["schema"]["properties"]
+    from edgeinfer.protocol import CHAT_FIELDS
+    assert set(props) == CHAT_FIELDS  # the spec and the parser accept the same fields
+
+
+def test_too_long_prompt_is_a_plain_400_even_when_streaming(server: ServerProcess) -> None:
+    body = {"model": "default", "stream": True,
+            "messages": [{"role": "user", "content": "word " * 9000}]}
+    with httpx.stream("POST", f"{server.base_url}/v1/chat/completions", json=body,
+                      timeout=60) as r:
+        assert r.status_code == 400
+        assert r.headers["content-type"].startswith("application/json")
+        err = json.loads(r.read())["error"]
+    assert err["code"] == "context_length_exceeded" and "8192" in err["message"]
+
+
+def test_logit_bias_and_penalties_change_the_output(client: openai.OpenAI) -> None:
+    prompt = "1, 2, 3, 4,"
+    base = client.completions.create(model="default", prompt=prompt, max_tokens=12,
+                                     temperature=0, logprobs=1)
+    assert base.choices[0].logprobs is not None
+    first_token = base.choices[0].logprobs.tokens[0]  # type: ignore[index]
+    tok_id = httpx.post(f"{str(client.base_url).removesuffix('/v1/')}/tokenize",
+                        json={"content": first_token}).json()["tokens"]
+    assert len(tok_id) == 1
+    banned = client.completions.create(model="default", prompt=prompt, max_tokens=12,
+                                       temperature=0, logprobs=1,
+                                       logit_bias={str(tok_id[0]): -100})
+    assert banned.choices[0].logprobs is not None
+    assert banned.choices[0].logprobs.tokens[0] != first_token  # type: ignore[index]
+    penalized = client.completions.create(model="default", prompt=prompt, max_tokens=12,
+                                          temperature=0, frequency_penalty=2.0,
+                                          presence_penalty=2.0)
+    assert penalized.choices[0].text != base.choices[0].text

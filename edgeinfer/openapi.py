@@ -1,0 +1,133 @@
+"""The OpenAPI description of the HTTP API, served at /openapi.json."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from edgeinfer import __version__
+
+_NUM = {"type": "number"}
+_INT = {"type": "integer"}
+_STR = {"type": "string"}
+_BOOL = {"type": "boolean"}
+_TOKENS = {"type": "array", "items": {"type": "integer", "minimum": 0}, "minItems": 1}
+_STOP = {"oneOf": [_STR, {"type": "array", "items": _STR, "maxItems": 16}]}
+
+_SAMPLING: dict[str, Any] = {
+    "model": _STR,
+    "max_tokens": {"type": "integer", "minimum": 1},
+    "temperature": {"type": "number", "minimum": 0, "maximum": 2},
+    "top_p": {"type": "number", "minimum": 0, "maximum": 1},
+    "top_k": {"type": "integer", "minimum": 0},
+    "min_p": {"type": "number", "minimum": 0, "maximum": 1},
+    "presence_penalty": {"type": "number", "minimum": -2, "maximum": 2},
+    "frequency_penalty": {"type": "number", "minimum": -2, "maximum": 2},
+    "repeat_penalty": {"type": "number", "minimum": 0.01, "maximum": 10},
+    "repeat_last_n": {"type": "integer", "minimum": 0, "maximum": 65536},
+    "seed": _INT,
+    "stop": _STOP,
+    "n": {"type": "integer", "minimum": 1, "maximum": 16},
+    "logit_bias": {"type": "object", "additionalProperties": {
+        "type": "number", "minimum": -100, "maximum": 100}},
+    "stream": _BOOL,
+    "stream_options": {"type": "object", "properties": {"include_usage": _BOOL}},
+    "user": _STR,
+    "ignore_eos": _BOOL,
+    "cache_prompt": _BOOL,
+    "metadata": {"type": "object"},
+    "store": _BOOL,
+    "service_tier": _STR,
+}
+
+_MESSAGE = {
+    "type": "object", "required": ["role"],
+    "properties": {
+        "role": {"enum": ["system", "developer", "user", "assistant", "tool"]},
+        "content": {"oneOf": [_STR, {"type": "null"}, {"type": "array", "items": {
+            "type": "object", "required": ["type", "text"],
+            "properties": {"type": {"const": "text"}, "text": _STR}}}]},
+        "name": _STR,
+    },
+}
+
+_ERROR = {"type": "object", "required": ["error"], "properties": {"error": {
+    "type": "object", "required": ["message", "type", "param", "code"],
+    "properties": {"message": _STR, "type": _STR, "param": {"type": ["string", "null"]},
+                   "code": {"type": ["string", "null"]}}}}}
+
+
+def _body(props: dict[str, Any], required: list[str]) -> dict[str, Any]:
+    return {"required": True, "content": {"application/json": {"schema": {
+        "type": "object", "properties": props, "required": required,
+        "additionalProperties": False}}}}
+
+
+def _responses(desc: str, stream: bool = False) -> dict[str, Any]:
+    ok: dict[str, Any] = {"application/json": {"schema": {"type": "object"}}}
+    if stream:
+        ok["text/event-stream"] = {"schema": {"type": "string"}}
+    err = {"content": {"application/json": {"schema": {"$ref": "#/components/schemas/Error"}}}}
+    return {"200": {"description": desc, "content": ok},
+            **{code: {"description": what, **err} for code, what in [
+                ("400", "invalid request (names the field)"), ("401", "missing or wrong API key"),
+                ("404", "unknown model or route"), ("413", "body too large"),
+                ("429", "queue full; see Retry-After"), ("500", "internal error"),
+                ("503", "model unavailable")]}}
+
+
+def _post(summary: str, body: dict[str, Any], stream: bool = False) -> dict[str, Any]:
+    return {"post": {"summary": summary, "requestBody": body,
+                     "responses": _responses(summary, stream)}}
+
+
+def _get(summary: str) -> dict[str, Any]:
+    return {"get": {"summary": summary, "responses": _responses(summary)}}
+
+
+def openapi_spec() -> dict[str, Any]:
+    chat = {**_SAMPLING, "messages": {"type": "array", "items": _MESSAGE, "minItems": 1},
+            "max_completion_tokens": {"type": "integer", "minimum": 1},
+            "logprobs": _BOOL, "top_logprobs": {"type": "integer", "minimum": 0, "maximum": 20},
+            "response_format": {"type": "object"}, "tools": {"type": "array"},
+            "tool_choice": {}, "parallel_tool_calls": _BOOL}
+    completion = {**_SAMPLING, "prompt": {"oneOf": [
+        _STR, _TOKENS, {"type": "array", "items": {"oneOf": [_STR, _TOKENS]}, "minItems": 1}]},
+        "logprobs": {"type": "integer", "minimum": 0, "maximum": 20}, "echo": _BOOL,
+        "best_of": {"type": "integer", "minimum": 1, "maximum": 1}, "suffix": _STR}
+    embed = {"model": _STR, "input": {"oneOf": [_STR, _TOKENS, {"type": "array", "items": {
+        "oneOf": [_STR, _TOKENS]}, "minItems": 1}]},
+        "encoding_format": {"enum": ["float", "base64"]}, "dimensions": _INT, "user": _STR}
+    return {
+        "openapi": "3.1.0",
+        "info": {"title": "edgeinfer", "version": __version__,
+                 "description": "OpenAI-style API of a local llama.cpp server."},
+        "paths": {
+            "/v1/chat/completions": _post("Chat completion", _body(chat, ["model", "messages"]),
+                                          stream=True),
+            "/v1/completions": _post("Text completion", _body(completion, ["model", "prompt"]),
+                                     stream=True),
+            "/v1/embeddings": _post("Embeddings", _body(embed, ["model", "input"])),
+            "/v1/models": _get("List the models"),
+            "/v1/models/{model_id}": {"get": {
+                "summary": "One model", "parameters": [{"name": "model_id", "in": "path",
+                                                        "required": True, "schema": _STR}],
+                "responses": _responses("One model")}},
+            "/tokenize": _post("Text to token ids", _body({
+                "model": _STR, "content": _STR, "add_special": _BOOL, "parse_special": _BOOL,
+                "with_pieces": _BOOL}, ["content"])),
+            "/detokenize": _post("Token ids to text", _body({
+                "model": _STR, "tokens": {"type": "array", "items": {
+                    "type": "integer", "minimum": 0}}}, ["tokens"])),
+            "/v1/cache": _get("Prefix cache statistics"),
+            "/v1/cache/pin": _post("Keep a prefix resident", _body({
+                "model": _STR, "messages": {"type": "array", "items": _MESSAGE},
+                "prompt": _STR}, ["model"])),
+            "/v1/cache/pins": {"delete": {
+                "summary": "Unpin a model's prefixes",
+                "parameters": [{"name": "model", "in": "query", "required": True,
+                                "schema": _STR}],
+                "responses": _responses("Unpinned")}},
+            "/health": _get("Liveness and engine counters"),
+        },
+        "components": {"schemas": {"Error": _ERROR}},
+    }
