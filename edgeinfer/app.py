@@ -23,6 +23,13 @@ from starlette.routing import Route
 from edgeinfer.completion import CompletionMeta, Usage, collect, merge, sse_chunks
 from edgeinfer.config import ServerConfig
 from edgeinfer.errors import APIError, InvalidRequest, NotFound
+from edgeinfer.grammar import (
+    check_gbnf,
+    check_generated,
+    json_object_gbnf,
+    schema_to_gbnf,
+    tool_calls_gbnf,
+)
 from edgeinfer.guard import Guard
 from edgeinfer.openapi import openapi_spec
 from edgeinfer.pool import ModelPool, ServedModel
@@ -36,6 +43,7 @@ from edgeinfer.protocol import (
     parse_tokenize,
 )
 from edgeinfer.sequence import SamplingParams
+from edgeinfer.tools import TOOL_CALL_TRIGGER, prepare_messages
 
 log = logging.getLogger("edgeinfer.app")
 
@@ -82,7 +90,7 @@ async def _read_json(request: Request) -> Any:
     try:
         return json.loads(body)
     except (ValueError, RecursionError):
-        raise InvalidRequest("the request body is not valid JSON") from None
+        raise InvalidRequest("the request body is not valid JSON (or nests too deeply)") from None
 
 
 def _pool(request: Request) -> ModelPool:
@@ -118,6 +126,33 @@ def _choice_params(params: SamplingParams, i: int) -> SamplingParams:
     return replace(params, seed=params.seed + i)
 
 
+def _constraint(served: ServedModel, req: GenerationRequest) -> tuple[str | None, tuple[str, ...]]:
+    """The grammar (and lazy triggers) a request's output must follow, checked by llama.cpp.
+
+    Blocking (schema conversion, grammar parsing): call it off the event loop.
+    """
+    vocab = served.runtime.vocab
+    if req.grammar is not None:
+        check_gbnf(vocab, req.grammar)
+        return req.grammar, ()
+    if req.json_schema is not None:
+        gbnf = schema_to_gbnf(req.json_schema, "response_format.json_schema.schema")
+    elif req.json_object:
+        gbnf = json_object_gbnf()
+    elif req.tool_choice != "none":
+        named = [t for t in req.tools if t.name == req.tool_choice]
+        chosen = named or list(req.tools)
+        # parallel: at most one call per tool (a small model repeats a lone call endlessly)
+        calls = min(4, len(chosen)) if req.parallel_tool_calls and not named else 1
+        gbnf = tool_calls_gbnf([(t.name, t.parameters) for t in chosen], calls)
+        check_generated(vocab, gbnf, "tools")
+        return gbnf, ((TOOL_CALL_TRIGGER,) if req.tool_choice == "auto" else ())
+    else:
+        return None, ()
+    check_generated(vocab, gbnf, "response_format")
+    return gbnf, ()
+
+
 async def _respond(
     request: Request, served: ServedModel, req: GenerationRequest, prompts: list[list[int]],
     kind: str,
@@ -125,7 +160,11 @@ async def _respond(
     """Run n choices per prompt (prompt computed once, via the prefix cache) and answer."""
     for p in prompts:
         served.check_fits(len(p), req.params.max_tokens)
-    meta = CompletionMeta(kind, served.cfg.id, served.runtime.piece)
+    gbnf, triggers = await asyncio.to_thread(_constraint, served, req)
+    if gbnf is not None:
+        req = replace(req, params=replace(req.params, grammar=gbnf, grammar_triggers=triggers))
+    meta = CompletionMeta(kind, served.cfg.id, served.runtime.piece,
+                          tools=req.tool_choice != "none")
     jobs = [(pi, prompt, _choice_params(req.params, i))
             for pi, prompt in enumerate(prompts) for i in range(req.n)]
     usage = Usage([pi for pi, _, _ in jobs], [len(p) for p in prompts])
@@ -155,8 +194,11 @@ async def chat_completions(request: Request) -> Response:
     served = _model_for(request, body)
     req = parse_chat(body, served.runtime.info.n_vocab)
     assert req.messages is not None
+    tools = req.tools if req.tool_choice != "none" else ()
+    messages, extra = prepare_messages([dict(m) for m in req.messages], tools,
+                                       native=served.template.takes_tools)
     # rendering (time-budgeted) and tokenizing run off the event loop
-    text = await asyncio.to_thread(served.template.render, [dict(m) for m in req.messages])
+    text = await asyncio.to_thread(served.template.render, messages, **extra)
     prompt = await asyncio.to_thread(served.tokenize_chat, text)
     return await _respond(request, served, req, [prompt], "chat")
 

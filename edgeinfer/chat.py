@@ -86,6 +86,11 @@ class ChatTemplate:
         except TemplateError as exc:
             raise ValueError(f"invalid chat template: {exc}") from None
 
+    @property
+    def takes_tools(self) -> bool:
+        """Whether the template renders a ``tools`` variable (native tool support)."""
+        return "tools" in self.source
+
     def render(self, messages: list[dict[str, Any]], *, add_generation_prompt: bool = True,
                **extra: Any) -> str:
         """The prompt for ``messages``; ``add_generation_prompt=False`` renders them as a

@@ -20,6 +20,7 @@ from typing import Any
 from edgeinfer.engine import Delta
 from edgeinfer.errors import EngineError
 from edgeinfer.logprobs import TokenLogprob
+from edgeinfer.tools import Event, ToolCallStream, parse_tool_calls
 
 
 @dataclass(slots=True)
@@ -29,6 +30,7 @@ class CompletionMeta:
     kind: str  # "chat" or "text"
     model: str
     piece: Callable[[int], bytes] = field(default=lambda t: b"")  # token -> its bytes
+    tools: bool = False  # parse tool calls out of the text (chat)
     id: str = ""
     created: int = field(default_factory=lambda: int(time.time()))
 
@@ -130,6 +132,20 @@ def _choice(meta: CompletionMeta, index: int, text: str | None, finish: str | No
     return {"index": index, "text": text or "", "logprobs": logprobs, "finish_reason": finish}
 
 
+def _tool_delta(e: Event) -> dict[str, Any]:
+    if e[0] == "content":
+        return {"content": e[1]}
+    if e[0] == "call":
+        return {"tool_calls": [{"index": e[1], "id": e[2], "type": "function",
+                                "function": {"name": e[3], "arguments": ""}}]}
+    return {"tool_calls": [{"index": e[1], "function": {"arguments": e[2]}}]}
+
+
+def _chat_choice(index: int, delta: dict[str, Any], finish: str | None,
+                 logprobs: dict[str, Any] | None = None) -> dict[str, Any]:
+    return {"index": index, "delta": delta, "logprobs": logprobs, "finish_reason": finish}
+
+
 def error_body(message: str, status_type: str = "server_error") -> dict[str, Any]:
     return {"error": {"message": message, "type": status_type, "param": None, "code": None}}
 
@@ -152,19 +168,29 @@ async def sse_chunks(
         for i in range(n):
             yield event(_choice(meta, i, "", None, first=True))
     offsets = [0] * n
+    parsers = [ToolCallStream() for _ in range(n)] if meta.tools else []
     try:
         async for i, d in events:
             if d.finish_reason == "error":
                 yield {"data": json.dumps(error_body(d.error or "generation failed"))}
                 break
-            if d.text or d.logprob:
+            if parsers:
+                found = parsers[i].feed(d.text)
+                if d.finish_reason is not None:
+                    found += parsers[i].finish()
+                for e in found:
+                    yield event(_chat_choice(i, _tool_delta(e), None))
+            elif d.text or d.logprob:
                 lps = logprobs_body(meta, [d.logprob] if d.logprob else [], offsets[i])
                 yield event(_choice(meta, i, d.text, None, logprobs=lps))
                 offsets[i] += len(d.text)
             if d.finish_reason is not None:
                 usage.add(i, d)
                 extra = {"timings": d.timings} if d.timings else {}
-                yield event(_choice(meta, i, None, d.finish_reason), **extra)
+                reason = d.finish_reason
+                if parsers and parsers[i].num_calls and reason == "stop":
+                    reason = "tool_calls"
+                yield event(_choice(meta, i, None, reason), **extra)
         else:
             if include_usage:
                 yield {"data": json.dumps({**meta.base(obj), "choices": [],
@@ -199,8 +225,16 @@ async def collect(meta: CompletionMeta, events: AsyncIterator[tuple[int, Delta]]
     for i in range(n):
         text = "".join(parts[i])
         if meta.kind == "chat":
-            choices.append({"index": i, "message": {"role": "assistant", "content": text},
-                            "logprobs": logprobs_body(meta, lps[i]), "finish_reason": finish[i]})
+            message: dict[str, Any] = {"role": "assistant", "content": text}
+            reason = finish[i]
+            if meta.tools:
+                content, calls = parse_tool_calls(text)
+                if calls:
+                    message = {"role": "assistant", "content": content,
+                               "tool_calls": [c.openai() for c in calls]}
+                    reason = "tool_calls" if reason == "stop" else reason
+            choices.append({"index": i, "message": message,
+                            "logprobs": logprobs_body(meta, lps[i]), "finish_reason": reason})
         else:
             choices.append({"index": i, "text": text, "logprobs": logprobs_body(meta, lps[i]),
                             "finish_reason": finish[i]})

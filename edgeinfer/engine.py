@@ -239,7 +239,8 @@ class Engine:
     def _admit(self, seq: Sequence) -> None:
         try:
             bans = self._eog() if seq.params.ignore_eos else ()
-            seq.sampler = SamplerChain(seq.params, self.runtime.info.n_vocab, bans)
+            seq.sampler = SamplerChain(seq.params, self.runtime.info.n_vocab, bans,
+                                       self.runtime.vocab)
         except (ValueError, MemoryError) as exc:
             log.warning("request %s: sampler setup failed: %s", seq.request_id, exc)
             self._outbox.append((seq, Delta("", finish_reason="error", error=str(exc))))

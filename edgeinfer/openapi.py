@@ -89,11 +89,12 @@ def openapi_spec() -> dict[str, Any]:
             "max_completion_tokens": {"type": "integer", "minimum": 1},
             "logprobs": _BOOL, "top_logprobs": {"type": "integer", "minimum": 0, "maximum": 20},
             "response_format": {"type": "object"}, "tools": {"type": "array"},
-            "tool_choice": {}, "parallel_tool_calls": _BOOL}
+            "tool_choice": {}, "parallel_tool_calls": _BOOL, "grammar": _STR}
     completion = {**_SAMPLING, "prompt": {"oneOf": [
         _STR, _TOKENS, {"type": "array", "items": {"oneOf": [_STR, _TOKENS]}, "minItems": 1}]},
         "logprobs": {"type": "integer", "minimum": 0, "maximum": 20}, "echo": _BOOL,
-        "best_of": {"type": "integer", "minimum": 1, "maximum": 1}, "suffix": _STR}
+        "best_of": {"type": "integer", "minimum": 1, "maximum": 1}, "suffix": _STR,
+        "grammar": _STR}
     embed = {"model": _STR, "input": {"oneOf": [_STR, _TOKENS, {"type": "array", "items": {
         "oneOf": [_STR, _TOKENS]}, "minItems": 1}]},
         "encoding_format": {"enum": ["float", "base64"]}, "dimensions": _INT, "user": _STR}

@@ -7,11 +7,13 @@ before anything reaches the tokenizer or the engine.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+import re
+from dataclasses import dataclass, field
 from typing import Any
 
 from edgeinfer.errors import InvalidRequest
 from edgeinfer.sequence import SamplingParams
+from edgeinfer.tools import ToolSpec
 
 MAX_TOKENS_LIMIT = 1 << 20
 MAX_STOP = 16
@@ -27,8 +29,10 @@ _COMMON = {
     "n", "logit_bias", "user", "ignore_eos", "metadata", "store", "service_tier", "cache_prompt",
 }
 CHAT_FIELDS = _COMMON | {"messages", "max_completion_tokens", "response_format", "logprobs",
-                         "top_logprobs", "tools", "tool_choice", "parallel_tool_calls"}
-COMPLETION_FIELDS = _COMMON | {"prompt", "echo", "logprobs", "best_of", "suffix"}
+                         "top_logprobs", "tools", "tool_choice", "parallel_tool_calls", "grammar"}
+MAX_TOOLS = 128
+_TOOL_NAME = re.compile(r"^[a-zA-Z0-9_-]{1,64}$")
+COMPLETION_FIELDS = _COMMON | {"prompt", "echo", "logprobs", "best_of", "suffix", "grammar"}
 ROLES = {"system", "developer", "user", "assistant", "tool"}
 
 
@@ -43,6 +47,13 @@ class GenerationRequest:
     messages: tuple[dict[str, Any], ...] | None = None  # chat
     prompts: tuple[str | list[int], ...] = ()  # completions: one choice set per prompt
     n: int = 1
+    # constrained output (at most one kind per request)
+    grammar: str | None = None  # raw GBNF
+    json_schema: dict[str, Any] | None = None
+    json_object: bool = False
+    tools: tuple[ToolSpec, ...] = field(default=())
+    tool_choice: str = "none"  # "none" | "auto" | "required" | a function name
+    parallel_tool_calls: bool = True
     cache_prompt: bool = True  # reuse cached prompt prefixes (llama-server's field)
 
 
@@ -228,6 +239,87 @@ def _content(msg: dict[str, Any], i: int) -> str:
     return "".join(parts)
 
 
+def _past_calls(calls: Any, i: int) -> list[dict[str, Any]]:
+    where = f"messages[{i}].tool_calls"
+    if not isinstance(calls, list):
+        raise InvalidRequest(f"'{where}' must be a list", param=where)
+    out = []
+    for j, c in enumerate(calls):
+        fn = c.get("function") if isinstance(c, dict) else None
+        if not isinstance(fn, dict) or not isinstance(fn.get("name"), str) or not isinstance(
+                fn.get("arguments", ""), str):
+            raise InvalidRequest(f"'{where}[{j}]' must be a function call with a name and "
+                                 "string arguments", param=f"{where}[{j}]")
+        out.append({"id": str(c.get("id", "")), "type": "function",
+                    "function": {"name": fn["name"], "arguments": fn.get("arguments", "")}})
+    return out
+
+
+def _tools(b: _Body) -> tuple[tuple[ToolSpec, ...], str, bool]:
+    raw = b.body.get("tools")
+    tools: list[ToolSpec] = []
+    if raw is not None:
+        if not isinstance(raw, list) or len(raw) > MAX_TOOLS:
+            raise InvalidRequest(f"'tools' must be a list of at most {MAX_TOOLS} tools",
+                                 param="tools")
+        for j, t in enumerate(raw):
+            fn = t.get("function") if isinstance(t, dict) else None
+            if not isinstance(t, dict) or t.get("type") != "function" or not isinstance(fn, dict):
+                raise InvalidRequest(f"'tools[{j}]' must be {{'type': 'function', 'function': "
+                                     "{...}}", param=f"tools[{j}]")
+            name = fn.get("name")
+            if not isinstance(name, str) or not _TOOL_NAME.match(name):
+                raise InvalidRequest(f"'tools[{j}].function.name' must be 1-64 letters, digits, "
+                                     "_ or -", param=f"tools[{j}].function.name")
+            params = fn.get("parameters", {"type": "object", "properties": {}})
+            if not isinstance(params, dict):
+                raise InvalidRequest(f"'tools[{j}].function.parameters' must be a JSON schema "
+                                     "object", param=f"tools[{j}].function.parameters")
+            desc = fn.get("description", "")
+            tools.append(ToolSpec(name, desc if isinstance(desc, str) else "", params,
+                                  bool(fn.get("strict", False))))
+        if len({t.name for t in tools}) != len(tools):
+            raise InvalidRequest("tool names must be unique", param="tools")
+    choice_raw = b.body.get("tool_choice")
+    if choice_raw is None:
+        choice = "auto" if tools else "none"
+    elif choice_raw in ("none", "auto", "required"):
+        choice = str(choice_raw)
+    elif isinstance(choice_raw, dict) and choice_raw.get("type") == "function" and isinstance(
+            choice_raw.get("function"), dict) and isinstance(
+            choice_raw["function"].get("name"), str):
+        choice = choice_raw["function"]["name"]
+        if choice not in {t.name for t in tools}:
+            raise InvalidRequest(f"'tool_choice' names {choice!r}, which is not in 'tools'",
+                                 param="tool_choice")
+    else:
+        raise InvalidRequest("'tool_choice' must be 'none', 'auto', 'required' or "
+                             "{'type': 'function', 'function': {'name': ...}}",
+                             param="tool_choice")
+    if choice != "none" and not tools:
+        raise InvalidRequest("'tool_choice' needs 'tools'", param="tool_choice")
+    return tuple(tools), choice, b.boolean("parallel_tool_calls", True)
+
+
+def _response_format(b: _Body) -> tuple[dict[str, Any] | None, bool]:
+    rf = b.body.get("response_format")
+    if rf is None:
+        return None, False
+    kind = rf.get("type") if isinstance(rf, dict) else None
+    if kind == "text":
+        return None, False
+    if kind == "json_object":
+        return None, True
+    if kind == "json_schema":
+        js = rf.get("json_schema")
+        if not isinstance(js, dict) or not isinstance(js.get("schema"), dict):
+            raise InvalidRequest("'response_format.json_schema.schema' must be a JSON schema "
+                                 "object", param="response_format.json_schema.schema")
+        return js["schema"], False
+    raise InvalidRequest("'response_format.type' must be 'text', 'json_object' or 'json_schema'",
+                         param="response_format")
+
+
 def _messages(b: _Body) -> tuple[dict[str, Any], ...]:
     msgs = b.body.get("messages")
     if not isinstance(msgs, list) or not msgs:
@@ -246,6 +338,13 @@ def _messages(b: _Body) -> tuple[dict[str, Any], ...]:
                                "content": _content(m, i)}
         if isinstance(m.get("name"), str):
             msg["name"] = m["name"]
+        if role == "assistant" and m.get("tool_calls") is not None:
+            msg["tool_calls"] = _past_calls(m["tool_calls"], i)
+        if role == "tool":
+            if not isinstance(m.get("tool_call_id"), str):
+                raise InvalidRequest(f"'messages[{i}].tool_call_id' is required for tool messages",
+                                     param=f"messages[{i}].tool_call_id")
+            msg["tool_call_id"] = m["tool_call_id"]
         out.append(msg)
     return tuple(out)
 
@@ -266,21 +365,19 @@ def parse_chat(body: Any, n_vocab: int) -> GenerationRequest:
     b = _Body(body, CHAT_FIELDS)
     model = b.string("model", required=True)
     messages = _messages(b)
-    _unsupported(b, ("tools",))
     logprobs = None
     if b.boolean("logprobs"):
         logprobs = b.integer("top_logprobs", 0, 20, 0)
     elif b.present("top_logprobs"):
         raise InvalidRequest("'top_logprobs' requires 'logprobs' to be true",
                              param="top_logprobs")
-    tc = b.body.get("tool_choice")
-    if tc not in (None, "none"):
-        raise InvalidRequest("'tool_choice' is not supported by this server yet",
-                             param="tool_choice")
-    rf = b.body.get("response_format")
-    if rf is not None and rf != {"type": "text"}:
-        raise InvalidRequest("only response_format {'type': 'text'} is supported yet",
-                             param="response_format")
+    tools, tool_choice, parallel = _tools(b)
+    json_schema, json_object = _response_format(b)
+    grammar = b.string("grammar")
+    forced = tool_choice not in ("none", "auto")
+    if sum((grammar is not None, json_schema is not None or json_object, forced)) > 1:
+        raise InvalidRequest("use only one of 'grammar', a JSON 'response_format' and a forced "
+                             "'tool_choice'", param="grammar" if grammar else "response_format")
     max_tokens = b.integer("max_completion_tokens", 1, MAX_TOKENS_LIMIT, None)
     if max_tokens is None:
         max_tokens = b.integer("max_tokens", 1, MAX_TOKENS_LIMIT, None)
@@ -289,7 +386,9 @@ def parse_chat(body: Any, n_vocab: int) -> GenerationRequest:
     return GenerationRequest(model, stream, include_usage,
                              _params(b, n_vocab, max_tokens, logprobs), messages=messages,
                              cache_prompt=b.boolean("cache_prompt", True),
-                             n=int(b.integer("n", 1, MAX_CHOICES, 1) or 1))
+                             n=int(b.integer("n", 1, MAX_CHOICES, 1) or 1), grammar=grammar,
+                             json_schema=json_schema, json_object=json_object, tools=tools,
+                             tool_choice=tool_choice, parallel_tool_calls=parallel)
 
 
 def parse_completion(body: Any, n_vocab: int) -> GenerationRequest:
@@ -309,7 +408,8 @@ def parse_completion(body: Any, n_vocab: int) -> GenerationRequest:
                              param="n")
     return GenerationRequest(model, stream, include_usage,
                              _params(b, n_vocab, max_tokens, logprobs), prompts=prompts,
-                             cache_prompt=b.boolean("cache_prompt", True), n=n)
+                             cache_prompt=b.boolean("cache_prompt", True), n=n,
+                             grammar=b.string("grammar"))
 
 
 MAX_EMBED_INPUTS = 256

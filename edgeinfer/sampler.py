@@ -2,11 +2,34 @@
 
 from __future__ import annotations
 
+import ctypes
+from typing import Any
+
 import llama_cpp
+import numpy as np
 
 from edgeinfer.sequence import SamplingParams
 
 LLAMA_DEFAULT_SEED = 0xFFFFFFFF
+_TOKEN_DATA = np.dtype([("id", "<i4"), ("logit", "<f4"), ("p", "<f4")])
+assert _TOKEN_DATA.itemsize == ctypes.sizeof(llama_cpp.llama_token_data)
+
+
+def grammar_sampler(vocab: Any, gbnf: str, triggers: tuple[str, ...] = ()) -> Any:
+    """A llama.cpp grammar sampler (lazy when ``triggers`` are given); ValueError if invalid.
+
+    A lazy grammar lets the model write freely until a trigger pattern matches;
+    from the pattern's first group on, the output follows the grammar.
+    """
+    if not triggers:
+        smpl = llama_cpp.llama_sampler_init_grammar(vocab, gbnf.encode(), b"root")
+    else:
+        pats = (ctypes.c_char_p * len(triggers))(*(t.encode() for t in triggers))
+        smpl = llama_cpp.llama_sampler_init_grammar_lazy_patterns(
+            vocab, gbnf.encode(), b"root", pats, len(triggers), None, 0)
+    if not smpl:
+        raise ValueError("llama.cpp cannot parse the grammar")
+    return smpl
 
 
 class SamplerChain:
@@ -15,14 +38,21 @@ class SamplerChain:
     Created and used only on the engine thread; call close() exactly once.
     """
 
-    def __init__(self, params: SamplingParams, n_vocab: int, eog_bans: tuple[int, ...] = ()):
+    def __init__(self, params: SamplingParams, n_vocab: int, eog_bans: tuple[int, ...] = (),
+                 vocab: Any = None):
         sparams = llama_cpp.llama_sampler_chain_default_params()
         sparams.no_perf = True
+        self._grammar: Any = None
         self._chain = llama_cpp.llama_sampler_chain_init(sparams)
         if not self._chain:
             raise MemoryError("llama_sampler_chain_init failed")
         try:
             self._build(params, n_vocab, eog_bans)
+            if params.grammar is not None:
+                self._grammar = grammar_sampler(vocab, params.grammar, params.grammar_triggers)
+                self._cur = np.zeros(n_vocab, dtype=_TOKEN_DATA)
+                self._ids = np.arange(n_vocab, dtype=np.int32)
+                self._one = np.zeros(1, dtype=_TOKEN_DATA)
         except BaseException:
             self.close()
             raise
@@ -59,9 +89,47 @@ class SamplerChain:
         self._add(llama_cpp.llama_sampler_init_dist(seed))
 
     def sample(self, ctx: llama_cpp.llama_context_p, batch_index: int) -> int:
-        return int(llama_cpp.llama_sampler_sample(self._chain, ctx, batch_index))
+        if self._grammar is None:
+            return int(llama_cpp.llama_sampler_sample(self._chain, ctx, batch_index))
+        return self._sample_constrained(ctx, batch_index)
+
+    def _apply(self, smpl: Any, arr: np.ndarray) -> int:
+        cur = llama_cpp.llama_token_data_array(
+            data=arr.ctypes.data_as(llama_cpp.llama_token_data_p), size=arr.shape[0],
+            selected=-1, sorted=False)
+        llama_cpp.llama_sampler_apply(smpl, ctypes.byref(cur))
+        return int(cur.selected)
+
+    def _fill(self, ctx: llama_cpp.llama_context_p, batch_index: int) -> None:
+        ptr = llama_cpp.llama_get_logits_ith(ctx, batch_index)
+        cur = self._cur
+        cur["id"] = self._ids
+        cur["logit"] = np.ctypeslib.as_array(ptr, shape=(cur.shape[0],))
+        cur["p"] = 0.0
+
+    def _sample_constrained(self, ctx: llama_cpp.llama_context_p, batch_index: int) -> int:
+        """llama.cpp's common sampler recipe: sample freely, check the one token against the
+        grammar, and only when it is rejected apply the grammar to the whole vocabulary and
+        sample again. Most tokens pass, so a grammar costs little per step."""
+        self._fill(ctx, batch_index)
+        sel = self._apply(self._chain, self._cur)
+        token = int(self._cur["id"][sel])
+        one = self._one
+        one["id"], one["logit"], one["p"] = token, 1.0, 0.0
+        self._apply(self._grammar, one)
+        if not np.isfinite(one["logit"][0]):
+            self._fill(ctx, batch_index)
+            self._apply(self._grammar, self._cur)
+            sel = self._apply(self._chain, self._cur)
+            token = int(self._cur["id"][sel])
+        llama_cpp.llama_sampler_accept(self._grammar, token)
+        llama_cpp.llama_sampler_accept(self._chain, token)
+        return token
 
     def close(self) -> None:
+        if self._grammar:
+            llama_cpp.llama_sampler_free(self._grammar)
+            self._grammar = None
         if self._chain:
             llama_cpp.llama_sampler_free(self._chain)
             self._chain = None

@@ -57,6 +57,8 @@ class SamplingParams:
     ignore_eos: bool = False
     logit_bias: tuple[tuple[int, float], ...] = ()
     logprobs: int | None = None  # None: off; k: the sampled token's and the top k
+    grammar: str | None = None  # GBNF constraining the output (root rule "root")
+    grammar_triggers: tuple[str, ...] = ()  # lazy grammar: active from the first match on
 
 
     @property

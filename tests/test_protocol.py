@@ -28,7 +28,8 @@ def test_chat_defaults_and_fields() -> None:
     ("max_tokens", 1.5), ("presence_penalty", 3), ("frequency_penalty", float("nan")),
     ("stop", [1]), ("stop", ["a"] * 17), ("logit_bias", {"999999": 1}),
     ("logit_bias", {"1": 500}), ("n", 17), ("n", 0), ("top_k", -1), ("seed", True),
-    ("stream_options", {"include_usage": True}), ("tools", [{"type": "function"}]),
+    ("stream_options", {"include_usage": True}), ("tools", {"type": "function"}),
+    ("tool_choice", "required"), ("response_format", {"type": "xml"}), ("grammar", 5),
     ("logprobs", "yes"), ("top_logprobs", 3), ("bogus_field", 1),
 ])
 def test_bad_fields_are_named(field: str, value: object) -> None:

@@ -1,0 +1,270 @@
+"""Constrained output: JSON schemas and tool calls turned into GBNF, checked before use.
+
+Schemas become GBNF with llama-cpp-python's own converter
+(``llama_cpp.llama_grammar.json_schema_to_gbnf``), cached by schema text. What
+the converter or llama.cpp cannot take safely is refused here with a 400
+naming the problem: a schema that is not an object, an unsupported keyword, a
+recursive ``$ref``, nesting too deep, a grammar llama.cpp cannot parse.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+from functools import lru_cache
+from typing import Any
+
+import llama_cpp
+from llama_cpp.llama_grammar import json_schema_to_gbnf
+
+from edgeinfer.errors import InvalidRequest
+from edgeinfer.intrange import int_range_gbnf
+
+MAX_SCHEMA_DEPTH = 32
+MAX_SCHEMA_BYTES = 64 * 1024
+MAX_GBNF_BYTES = 64 * 1024
+MAX_GBNF_NESTING = 64
+# Arrays without maxItems get this bound: a small model that keeps adding items
+# could otherwise loop until max_tokens and leave JSON that does not parse.
+DEFAULT_MAX_ITEMS = 10
+# Strings without maxLength (nor enum, pattern, format) get this bound, for the same reason.
+DEFAULT_MAX_LENGTH = 400
+
+TOOL_CALL_OPEN = "<tool_call>"
+TOOL_CALL_CLOSE = "</tool_call>"
+
+_SUPPORTED = {
+    "type", "properties", "required", "additionalProperties", "items", "prefixItems",
+    "minItems", "maxItems", "enum", "const", "anyOf", "oneOf", "allOf", "$ref", "$defs",
+    "definitions", "pattern", "format", "minLength", "maxLength", "minimum", "maximum",
+    "exclusiveMinimum", "exclusiveMaximum",
+    # annotations, no effect on the grammar
+    "title", "description", "default", "examples", "$schema", "$id", "$comment", "strict",
+    "deprecated", "readOnly", "writeOnly", "discriminator",
+}
+_SCHEMA_MAPS = {"properties", "$defs", "definitions"}
+_SCHEMA_LISTS = {"anyOf", "oneOf", "allOf", "prefixItems"}
+
+
+def _check_schema(schema: Any, param: str) -> None:
+    """Walk a schema: supported keywords only, bounded depth, no recursive $ref."""
+    if not isinstance(schema, dict):
+        raise InvalidRequest("the JSON schema must be an object", param=param)
+    defs: dict[str, Any] = {}
+    for key in ("$defs", "definitions"):
+        if isinstance(schema.get(key), dict):
+            defs.update({f"#/{key}/{k}": v for k, v in schema[key].items()})
+
+    def walk(node: Any, depth: int, refs: tuple[str, ...]) -> None:
+        if depth > MAX_SCHEMA_DEPTH:
+            raise InvalidRequest(f"the JSON schema nests deeper than {MAX_SCHEMA_DEPTH} levels",
+                                 param=param)
+        if isinstance(node, bool):
+            return
+        if not isinstance(node, dict):
+            raise InvalidRequest("every sub-schema must be an object", param=param)
+        for key, value in node.items():
+            if key not in _SUPPORTED:
+                raise InvalidRequest(f"unsupported JSON schema keyword: {key!r}", param=param)
+            if key in _SCHEMA_MAPS:
+                if not isinstance(value, dict):
+                    raise InvalidRequest(f"'{key}' must be an object", param=param)
+                if key == "properties":
+                    for sub in value.values():
+                        walk(sub, depth + 1, refs)
+            elif key in _SCHEMA_LISTS:
+                if not isinstance(value, list):
+                    raise InvalidRequest(f"'{key}' must be a list", param=param)
+                for sub in value:
+                    walk(sub, depth + 1, refs)
+            elif key in ("items", "additionalProperties") and isinstance(value, dict):
+                walk(value, depth + 1, refs)
+        ref = node.get("$ref")
+        if ref is not None:
+            if ref in refs:
+                raise InvalidRequest(f"recursive $ref is not supported: {ref}", param=param)
+            if ref not in defs:
+                raise InvalidRequest(f"unresolvable $ref: {ref!r} (only local #/$defs/...)",
+                                     param=param)
+            walk(defs[ref], depth + 1, (*refs, ref))
+
+    walk(schema, 0, ())
+
+
+# The converter's string character class admits raw control characters (a newline
+# inside a string), which JSON forbids and strict parsers (json, pydantic) reject.
+_LOOSE_CHAR = re.compile(r'^(char ::= )\[\^"\\\\\]', re.MULTILINE)
+_STRICT_CHAR = r'[^"\\\x7F\x00-\x1F]'
+
+
+@lru_cache(maxsize=256)
+def _schema_gbnf(schema_text: str, prop_order: tuple[str, ...]) -> str:
+    ints: dict[str, str] = {}
+    tight = _bound(json.loads(schema_text), ints)
+    gbnf = json_schema_to_gbnf(json.dumps(tight), list(prop_order))
+    gbnf = _LOOSE_CHAR.sub(lambda m: m.group(1) + _STRICT_CHAR, gbnf)
+    for key, expr in ints.items():
+        gbnf = gbnf.replace(f'"\\"{key}\\""', expr)
+    return gbnf
+
+
+def _int_bounds(node: dict[str, Any]) -> tuple[int | None, int | None]:
+    lo = hi = None
+    if isinstance(node.get("minimum"), int | float):
+        lo = math.ceil(node["minimum"])
+        if node.get("exclusiveMinimum") is True and lo == node["minimum"]:
+            lo += 1
+    if isinstance(node.get("exclusiveMinimum"), int | float) and not isinstance(
+            node["exclusiveMinimum"], bool):
+        lo = max(lo if lo is not None else -(10 ** 20), math.floor(node["exclusiveMinimum"]) + 1)
+    if isinstance(node.get("maximum"), int | float):
+        hi = math.floor(node["maximum"])
+        if node.get("exclusiveMaximum") is True and hi == node["maximum"]:
+            hi -= 1
+    if isinstance(node.get("exclusiveMaximum"), int | float) and not isinstance(
+            node["exclusiveMaximum"], bool):
+        hi = min(hi if hi is not None else 10 ** 20, math.ceil(node["exclusiveMaximum"]) - 1)
+    return lo, hi
+
+
+_BOUNDS = ("minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum")
+
+
+def _bound(node: Any, ints: dict[str, str]) -> Any:
+    """A copy of the schema where arrays and strings without an upper bound get one, and
+    bounded integers become placeholders for their range grammar (collected in ``ints``).
+
+    With every array and string bounded, any output the grammar allows ends
+    after a bounded number of tokens, so it cannot run into max_tokens halfway
+    (as a small model that repeats itself otherwise does).
+    """
+    if isinstance(node, list):
+        return [_bound(x, ints) for x in node]
+    if not isinstance(node, dict):
+        return node
+    if node.get("type") == "integer" and any(k in node for k in _BOUNDS):
+        try:
+            expr = int_range_gbnf(*_int_bounds(node))
+        except ValueError as exc:
+            raise InvalidRequest(f"invalid integer bounds: {exc}", param="schema") from None
+        key = f"__edgeinfer_int_{len(ints)}__"
+        ints[key] = expr
+        return {"const": key}
+    out = {k: _bound(v, ints) for k, v in node.items()}
+    if (out.get("type") == "array" or "items" in out) and "maxItems" not in out:
+        out["maxItems"] = max(DEFAULT_MAX_ITEMS, int(out.get("minItems", 0) or 0))
+    if out.get("type") == "string" and not {"maxLength", "enum", "const", "pattern",
+                                            "format"} & set(out):
+        out["maxLength"] = max(DEFAULT_MAX_LENGTH, int(out.get("minLength", 0) or 0))
+    return out
+
+
+def schema_to_gbnf(schema: Any, param: str, prop_order: tuple[str, ...] = ()) -> str:
+    """GBNF for a JSON schema (root rule ``root``); 400 for what cannot be converted."""
+    _check_schema(schema, param)  # first: it bounds the depth that json.dumps recurses
+    text = json.dumps(schema, sort_keys=False)
+    if len(text) > MAX_SCHEMA_BYTES:
+        raise InvalidRequest(f"the JSON schema is larger than {MAX_SCHEMA_BYTES} bytes",
+                             param=param)
+    try:
+        return _schema_gbnf(text, prop_order)
+    except InvalidRequest as exc:
+        raise InvalidRequest(exc.message, param=param) from None
+    except (ValueError, AssertionError, KeyError, TypeError, RecursionError) as exc:
+        raise InvalidRequest(f"cannot turn the JSON schema into a grammar: {exc}",
+                             param=param) from None
+
+
+JSON_OBJECT_DEPTH = 4  # nesting of objects / arrays in json_object mode
+
+
+@lru_cache(maxsize=1)
+def json_object_gbnf() -> str:
+    """Any JSON object, with bounded nesting, members, items and whitespace.
+
+    The bounds keep a small model from nesting or repeating until max_tokens,
+    which would leave text that does not parse.
+    """
+    n = DEFAULT_MAX_ITEMS - 1
+    rules = [
+        "root ::= obj1",
+        'ws ::= " "?',
+        (r'string ::= "\"" ([^"\\\x7F\x00-\x1F] | "\\" (["\\/bfnrt] | "u" [0-9a-fA-F]{4}))*'
+         r' "\"" ws'),
+        'number ::= "-"? ([0-9] | [1-9] [0-9]{1,15}) ("." [0-9]{1,16})? ([eE] [-+]? [0-9]{1,3})? ws',
+        'scalar ::= string | number | ("true" | "false" | "null") ws',
+    ]
+    for d in range(1, JSON_OBJECT_DEPTH + 1):
+        inner = f"obj{d + 1} | arr{d + 1} | scalar" if d < JSON_OBJECT_DEPTH else "scalar"
+        rules += [
+            (f'obj{d} ::= "{{" ws (string ":" ws val{d} ("," ws string ":" ws val{d}){{0,{n}}})? '
+             f'"}}" ws'),
+            f'arr{d} ::= "[" ws (val{d} ("," ws val{d}){{0,{n}}})? "]" ws',
+            f"val{d} ::= {inner}",
+        ]
+    return "\n".join(rules) + "\n"
+
+
+def _rename_rules(gbnf: str, prefix: str) -> str:
+    """Prefix every rule name of a grammar so several can live in one file."""
+    names = {m.group(1) for m in re.finditer(r"^([a-zA-Z0-9-]+)\s*::=", gbnf, re.MULTILINE)}
+    if not names:
+        return gbnf
+    pattern = re.compile(r'"(?:[^"\\]|\\.)*"|\[(?:[^\]\\]|\\.)*\]|\b(' + "|".join(
+        sorted(map(re.escape, names), key=len, reverse=True)) + r")\b(?![-])")
+    return pattern.sub(lambda m: f"{prefix}{m.group(1)}" if m.group(1) else m.group(0), gbnf)
+
+
+def tool_calls_gbnf(tools: list[tuple[str, dict[str, Any]]], max_calls: int,
+                    param: str = "tools") -> str:
+    """GBNF of one to ``max_calls`` calls ``<tool_call>{"name": .., "arguments": ..}</tool_call>``."""
+    alts = []
+    parts = []
+    for i, (name, parameters) in enumerate(tools):
+        schema = {"type": "object", "properties": {"name": {"const": name},
+                                                   "arguments": parameters},
+                  "required": ["name", "arguments"], "additionalProperties": False}
+        if "$defs" in parameters or "definitions" in parameters:  # keep refs resolvable
+            for key in ("$defs", "definitions"):
+                if key in parameters:
+                    schema[key] = parameters[key]
+        gbnf = schema_to_gbnf(schema, param, ("name", "arguments"))
+        parts.append(_rename_rules(gbnf, f"t{i}-"))
+        alts.append(f"t{i}-root")
+    call = f'"{TOOL_CALL_OPEN}" "\\n"? ({" | ".join(alts)}) "\\n"? "{TOOL_CALL_CLOSE}"'
+    more = f' ("\\n" call){{0,{max_calls - 1}}}' if max_calls > 1 else ""
+    return f"root ::= call{more}\ncall ::= {call}\n" + "\n".join(parts)
+
+
+def check_generated(vocab: Any, gbnf: str, param: str) -> None:
+    """400 unless llama.cpp parses a grammar we generated from a schema."""
+    if not _parses(vocab, gbnf):
+        raise InvalidRequest("llama.cpp cannot parse the grammar made from this schema",
+                             param=param)
+
+
+def check_gbnf(vocab: Any, gbnf: str, param: str = "grammar") -> None:
+    """400 unless a client's GBNF is small, shallow, and parsed by llama.cpp (which returns
+    a null sampler for a grammar it cannot parse)."""
+    if len(gbnf) > MAX_GBNF_BYTES:
+        raise InvalidRequest(f"the grammar is larger than {MAX_GBNF_BYTES} bytes", param=param)
+    depth = deepest = 0
+    for ch in re.sub(r'"(?:[^"\\]|\\.)*"|\[(?:[^\]\\]|\\.)*\]', "", gbnf):
+        depth += ch == "("
+        depth -= ch == ")"
+        deepest = max(deepest, depth)
+    if deepest > MAX_GBNF_NESTING:
+        raise InvalidRequest(f"the grammar nests deeper than {MAX_GBNF_NESTING} groups",
+                             param=param)
+    if not _parses(vocab, gbnf):
+        raise InvalidRequest("llama.cpp cannot parse this grammar (GBNF)", param=param)
+
+
+@lru_cache(maxsize=256)
+def _parses(vocab: Any, gbnf: str) -> bool:
+    smpl = llama_cpp.llama_sampler_init_grammar(vocab, gbnf.encode(), b"root")
+    if not smpl:
+        return False
+    llama_cpp.llama_sampler_free(smpl)
+    return True

@@ -1,0 +1,235 @@
+"""Structured output and function calling against the real server, with the official SDK."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+from enum import Enum
+
+import httpx
+import jsonschema
+import openai
+import pytest
+from conftest import ServerProcess
+from pydantic import BaseModel
+
+
+class Color(str, Enum):
+    red = "red"
+    green = "green"
+    blue = "blue"
+
+
+class City(BaseModel):
+    name: str
+    country: str
+    population: int
+
+
+class Book(BaseModel):
+    title: str
+    author: str
+    year: int
+    genres: list[str]
+
+
+class Pet(BaseModel):
+    name: str
+    species: str
+    age: float
+    nickname: str | None = None
+
+
+class Address(BaseModel):
+    street: str
+    city: str
+    zip: str
+
+
+class Person(BaseModel):
+    name: str
+    age: int
+    address: Address
+    favorite: Color
+
+
+class Order(BaseModel):
+    item: str
+    quantity: int
+    urgent: bool
+    notes: list[str]
+
+
+CASES: list[tuple[str, type[BaseModel]]] = [
+    ("Describe Paris as a city record.", City),
+    ("Give me data about Tokyo.", City),
+    ("A city in Brazil, as data.", City),
+    ("Tell me about the book Dune.", Book),
+    ("A classic novel, as a record.", Book),
+    ("Describe a fantasy book.", Book),
+    ("My dog Rex is 3 years old.", Pet),
+    ("Describe a cat.", Pet),
+    ("A parrot called Polly, 12.5 years old, nicknamed Pol.", Pet),
+    ("Alice is 30, lives at 1 Main St, Springfield 12345, and loves blue.", Person),
+    ("Describe a person who likes green.", Person),
+    ("Invent a person.", Person),
+    ("Order 3 pizzas, urgently, no onions.", Order),
+    ("I need 10 pencils, not urgent.", Order),
+    ("Order one laptop with notes: fast, silver.", Order),
+    ("Describe Rome.", City),
+    ("A science book from 1990.", Book),
+    ("A goldfish named Bubbles.", Pet),
+    ("Bob, 45, likes red, lives in Oslo.", Person),
+    ("Order 2 chairs.", Order),
+]
+
+
+def test_parse_returns_a_parsed_object_every_time(aclient: openai.AsyncOpenAI) -> None:
+    async def one(prompt: str, model: type[BaseModel]) -> BaseModel | None:
+        r = await aclient.chat.completions.parse(
+            model="default", messages=[{"role": "user", "content": prompt}],
+            response_format=model)  # no max_tokens, as most users
+        return r.choices[0].message.parsed
+
+    async def main() -> list[BaseModel | None]:
+        return await asyncio.gather(*(one(p, m) for p, m in CASES))
+
+    parsed = asyncio.run(main())
+    assert len(parsed) == 20
+    for (_, model), obj in zip(CASES, parsed, strict=True):
+        assert isinstance(obj, model)
+
+
+WEATHER = {"type": "function", "function": {
+    "name": "get_weather", "description": "Current weather of a city",
+    "parameters": {"type": "object", "properties": {
+        "city": {"type": "string"},
+        "unit": {"type": "string", "enum": ["celsius", "fahrenheit"]},
+        "days": {"type": "integer", "minimum": 1, "maximum": 7}},
+        "required": ["city", "unit"], "additionalProperties": False}}}
+EMAIL = {"type": "function", "function": {
+    "name": "send_email", "description": "Send an email",
+    "parameters": {"type": "object", "properties": {
+        "to": {"type": "string"}, "subject": {"type": "string"},
+        "cc": {"type": "array", "items": {"type": "string"}}},
+        "required": ["to", "subject"]}}}
+TOOLS = [WEATHER, EMAIL]
+SCHEMAS = {t["function"]["name"]: t["function"]["parameters"] for t in TOOLS}
+ASKS = ["What's the weather in Paris?", "Email bob@example.com about lunch.",
+        "Is it raining in Oslo?", "Tell Ann the meeting moved.", "Weather for Rome, 3 days.",
+        "Send a note to ops@corp.com", "How hot is Cairo in fahrenheit?",
+        "Mail the team about the release.", "Forecast for Lima", "Write to sam@x.org"]
+
+
+def test_required_and_named_tool_calls_always_validate(aclient: openai.AsyncOpenAI) -> None:
+    async def one(ask: str, choice: object) -> list[tuple[str, dict[str, object]]]:
+        r = await aclient.chat.completions.create(
+            model="default", messages=[{"role": "user", "content": ask}], tools=TOOLS,
+            tool_choice=choice)  # type: ignore[arg-type]
+        c = r.choices[0]
+        assert c.finish_reason == "tool_calls" and c.message.tool_calls
+        return [(t.function.name, json.loads(t.function.arguments))  # type: ignore[union-attr]
+                for t in c.message.tool_calls]
+
+    async def main() -> list[list[tuple[str, dict[str, object]]]]:
+        jobs = [one(a, "required") for a in ASKS]
+        jobs += [one(a, {"type": "function", "function": {"name": "get_weather"}}) for a in ASKS]
+        return await asyncio.gather(*jobs)
+
+    results = asyncio.run(main())
+    assert len(results) == 20
+    for k, calls in enumerate(results):
+        for name, args in calls:
+            jsonschema.validate(args, SCHEMAS[name])
+        if k >= 10:  # named: exactly that function
+            assert [n for n, _ in calls] == ["get_weather"]
+
+
+def test_streamed_tool_call_equals_the_non_streamed_one(client: openai.OpenAI) -> None:
+    kw = {"model": "default", "messages": [{"role": "user", "content": "Weather in Berlin?"}],
+          "tools": TOOLS, "tool_choice": "required", "max_tokens": 200, "temperature": 0,
+          "seed": 5, "extra_body": {"cache_prompt": False}}
+    whole = client.chat.completions.create(**kw)  # type: ignore[call-overload]
+    with client.chat.completions.stream(**kw) as stream:  # type: ignore[arg-type]
+        for _ in stream:
+            pass
+        streamed = stream.get_final_completion()
+    a, b = whole.choices[0].message.tool_calls, streamed.choices[0].message.tool_calls
+    assert a and b and len(a) == len(b)
+    for x, y in zip(a, b, strict=True):
+        assert (x.function.name, x.function.arguments) == (  # type: ignore[union-attr]
+            y.function.name, y.function.arguments)  # type: ignore[union-attr]
+    assert streamed.choices[0].finish_reason == "tool_calls"
+
+
+def test_streamed_tool_call_deltas_have_the_openai_shape(server: ServerProcess) -> None:
+    body = {"model": "default", "stream": True, "max_tokens": 200, "tools": TOOLS,
+            "tool_choice": {"type": "function", "function": {"name": "send_email"}},
+            "messages": [{"role": "user", "content": "Email joe@example.com: hi"}]}
+    with httpx.stream("POST", f"{server.base_url}/v1/chat/completions", json=body,
+                      timeout=60) as r:
+        chunks = [json.loads(ln[6:]) for ln in r.iter_lines()
+                  if ln.startswith("data: ") and ln != "data: [DONE]"]
+    calls = [c["choices"][0]["delta"]["tool_calls"][0] for c in chunks
+             if c["choices"] and c["choices"][0]["delta"].get("tool_calls")]
+    first, rest = calls[0], calls[1:]
+    assert first["index"] == 0 and first["id"].startswith("call_") and first["type"] == "function"
+    assert first["function"]["name"] == "send_email"
+    assert rest and all(set(c) == {"index", "function"} and set(c["function"]) == {"arguments"}
+                        for c in rest)  # then the arguments, in fragments
+    args = json.loads("".join(c["function"]["arguments"] for c in calls))
+    jsonschema.validate(args, SCHEMAS["send_email"])
+    assert chunks[-1]["choices"][0]["finish_reason"] == "tool_calls"
+
+
+def test_round_trip_call_result_answer(client: openai.OpenAI) -> None:
+    messages: list[dict[str, object]] = [
+        {"role": "user", "content": "What's the weather in Madrid?"}]
+    r = client.chat.completions.create(model="default", messages=messages, tools=TOOLS,
+                                       tool_choice="required", max_tokens=200)
+    call = r.choices[0].message.tool_calls[0]  # type: ignore[index]
+    messages.append(r.choices[0].message.model_dump(exclude_none=True))
+    messages.append({"role": "tool", "tool_call_id": call.id,
+                     "content": json.dumps({"temperature": 24, "sky": "sunny"})})
+    final = client.chat.completions.create(model="default", messages=messages, tools=TOOLS,
+                                           tool_choice="none", max_tokens=60)
+    assert final.choices[0].message.content and not final.choices[0].message.tool_calls
+
+
+@pytest.mark.parametrize(("extra", "param"), [
+    ({"grammar": "root ::= ( \"a\" "}, "grammar"),
+    ({"grammar": "root ::= " + "(" * 3000 + '"a"' + ")" * 3000}, "grammar"),
+    ({"response_format": {"type": "json_schema", "json_schema": {"name": "x", "schema": 5}}},
+     "response_format.json_schema.schema"),
+    ({"response_format": {"type": "json_schema", "json_schema": {"name": "x", "schema": {
+        "type": "object", "patternProperties": {"^a": {"type": "string"}}}}}},
+     "response_format.json_schema.schema"),
+    ({"response_format": {"type": "json_schema", "json_schema": {"name": "x", "schema": {
+        "$ref": "#/$defs/node", "$defs": {"node": {"type": "object", "properties": {
+            "next": {"$ref": "#/$defs/node"}}}}}}}}, "response_format.json_schema.schema"),
+    ({"tools": [WEATHER], "tool_choice": {"type": "function", "function": {"name": "nope"}}},
+     "tool_choice"),
+    ({"response_format": {"type": "xml"}}, "response_format"),
+])
+def test_bad_constraints_get_a_quick_400(server: ServerProcess, extra: dict[str, object],
+                                         param: str) -> None:
+    body = {"model": "default", "messages": [{"role": "user", "content": "hi"}], **extra}
+    t0 = time.monotonic()
+    r = httpx.post(f"{server.base_url}/v1/chat/completions", json=body, timeout=30)
+    assert r.status_code == 400, r.text
+    assert r.json()["error"]["param"] == param
+    assert time.monotonic() - t0 < 5
+    assert server.health()["status"] == "ok"
+
+
+def test_deeply_nested_schema_is_refused(server: ServerProcess) -> None:
+    for depth in (200, 5000):  # deeper than our limit; deeper than Python's JSON recursion
+        schema = '{"type": "array", "items": ' * depth + '{"type": "string"}' + "}" * depth
+        body = ('{"model": "default", "messages": [{"role": "user", "content": "hi"}], '
+                '"response_format": {"type": "json_schema", "json_schema": {"name": "deep", '
+                f'"schema": {schema}}}}}}}')
+        r = httpx.post(f"{server.base_url}/v1/chat/completions", content=body,
+                       headers={"content-type": "application/json"}, timeout=30)
+        assert r.status_code == 400, r.text
+    assert server.health()["status"] == "ok"

@@ -1,0 +1,64 @@
+"""Tool-call parsing and prompt preparation as pure units."""
+
+from __future__ import annotations
+
+import json
+import random
+
+from edgeinfer.tools import ToolCallStream, ToolSpec, parse_tool_calls, prepare_messages
+
+TEXT = ('I will check.\n<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris", '
+        '"opts": {"unit": "c"}}}\n</tool_call>\n<tool_call>{"name": "add", "arguments": '
+        '{"a": 1, "b": "}"}}</tool_call>')
+
+
+def test_parse_whole_text() -> None:
+    content, calls = parse_tool_calls(TEXT)
+    assert content == "I will check."
+    assert [c.name for c in calls] == ["get_weather", "add"]
+    assert json.loads(calls[0].arguments) == {"city": "Paris", "opts": {"unit": "c"}}
+    assert json.loads(calls[1].arguments) == {"a": 1, "b": "}"}
+    assert calls[0].id != calls[1].id and calls[0].id.startswith("call_")
+    assert parse_tool_calls("just text < tool") == ("just text < tool", [])
+
+
+def test_streaming_in_any_fragmentation_gives_the_same_calls() -> None:
+    rng = random.Random(3)
+    for _ in range(200):
+        stream = ToolCallStream()
+        events = []
+        i = 0
+        while i < len(TEXT):
+            n = rng.randint(1, 7)
+            events += stream.feed(TEXT[i:i + n])
+            i += n
+        events += stream.finish()
+        content = "".join(e[1] for e in events if e[0] == "content")
+        names = [e[3] for e in events if e[0] == "call"]
+        args = ["", ""]
+        for e in events:
+            if e[0] == "args":
+                args[e[1]] += e[2]
+        assert content.strip() == "I will check."
+        assert names == ["get_weather", "add"]
+        assert json.loads(args[0]) == {"city": "Paris", "opts": {"unit": "c"}}
+        assert json.loads(args[1]) == {"a": 1, "b": "}"}
+        # the name is announced before any of its arguments
+        first_args = next(k for k, e in enumerate(events) if e[0] == "args")
+        assert events[first_args - 1][0] == "call"
+
+
+def test_generic_prompt_renders_tools_calls_and_results() -> None:
+    tools = (ToolSpec("get_weather", "Weather of a city", {"type": "object"}),)
+    msgs = [{"role": "user", "content": "Weather in Paris?"},
+            {"role": "assistant", "content": None, "tool_calls": [
+                {"id": "call_1", "type": "function",
+                 "function": {"name": "get_weather", "arguments": '{"city": "Paris"}'}}]},
+            {"role": "tool", "tool_call_id": "call_1", "content": "21 C"}]
+    out, extra = prepare_messages(msgs, tools, native=False)
+    assert extra == {}
+    assert out[0]["role"] == "system" and "get_weather" in out[0]["content"]
+    assert '"arguments": {"city": "Paris"}' in out[2]["content"]
+    assert out[3] == {"role": "user", "content": "<tool_response>\n21 C\n</tool_response>"}
+    native, extra = prepare_messages(msgs, tools, native=True)
+    assert native == msgs and extra["tools"][0]["function"]["name"] == "get_weather"
