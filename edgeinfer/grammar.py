@@ -139,8 +139,6 @@ def _bound(node: Any, ints: dict[str, str]) -> Any:
     after a bounded number of tokens, so it cannot run into max_tokens halfway
     (as a small model that repeats itself otherwise does).
     """
-    if isinstance(node, list):
-        return [_bound(x, ints) for x in node]
     if not isinstance(node, dict):
         return node
     if node.get("type") == "integer" and any(k in node for k in _BOUNDS):
@@ -151,7 +149,16 @@ def _bound(node: Any, ints: dict[str, str]) -> Any:
         key = f"__edgeinfer_int_{len(ints)}__"
         ints[key] = expr
         return {"const": key}
-    out = {k: _bound(v, ints) for k, v in node.items()}
+    out: dict[str, Any] = {}
+    for k, v in node.items():  # recurse into sub-schemas only, never into data (enum, const)
+        if k in _SCHEMA_MAPS and isinstance(v, dict):
+            out[k] = {name: _bound(sub, ints) for name, sub in v.items()}
+        elif k in _SCHEMA_LISTS and isinstance(v, list):
+            out[k] = [_bound(sub, ints) for sub in v]
+        elif k in ("items", "additionalProperties"):
+            out[k] = _bound(v, ints)
+        else:
+            out[k] = v
     if (out.get("type") == "array" or "items" in out) and "maxItems" not in out:
         out["maxItems"] = max(DEFAULT_MAX_ITEMS, int(out.get("minItems", 0) or 0))
     if out.get("type") == "string" and not {"maxLength", "enum", "const", "pattern",
@@ -171,7 +178,8 @@ def schema_to_gbnf(schema: Any, param: str, prop_order: tuple[str, ...] = ()) ->
         return _schema_gbnf(text, prop_order)
     except InvalidRequest as exc:
         raise InvalidRequest(exc.message, param=param) from None
-    except (ValueError, AssertionError, KeyError, TypeError, RecursionError) as exc:
+    except (ValueError, AssertionError, KeyError, TypeError, AttributeError,
+            RecursionError) as exc:
         raise InvalidRequest(f"cannot turn the JSON schema into a grammar: {exc}",
                              param=param) from None
 

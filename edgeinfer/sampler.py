@@ -11,6 +11,7 @@ import numpy as np
 from edgeinfer.sequence import SamplingParams
 
 LLAMA_DEFAULT_SEED = 0xFFFFFFFF
+SUBSET = 256  # candidates a grammar-constrained step checks before the whole vocabulary
 _TOKEN_DATA = np.dtype([("id", "<i4"), ("logit", "<f4"), ("p", "<f4")])
 assert _TOKEN_DATA.itemsize == ctypes.sizeof(llama_cpp.llama_token_data)
 
@@ -50,8 +51,11 @@ class SamplerChain:
             self._build(params, n_vocab, eog_bans)
             if params.grammar is not None:
                 self._grammar = grammar_sampler(vocab, params.grammar, params.grammar_triggers)
+                self._n_vocab = n_vocab
+                self._subset = max(SUBSET, params.top_k)
                 self._cur = np.zeros(n_vocab, dtype=_TOKEN_DATA)
                 self._ids = np.arange(n_vocab, dtype=np.int32)
+                self._sub = np.zeros(min(self._subset, n_vocab), dtype=_TOKEN_DATA)
                 self._one = np.zeros(1, dtype=_TOKEN_DATA)
         except BaseException:
             self.close()
@@ -100,28 +104,38 @@ class SamplerChain:
         llama_cpp.llama_sampler_apply(smpl, ctypes.byref(cur))
         return int(cur.selected)
 
-    def _fill(self, ctx: llama_cpp.llama_context_p, batch_index: int) -> None:
-        ptr = llama_cpp.llama_get_logits_ith(ctx, batch_index)
-        cur = self._cur
-        cur["id"] = self._ids
-        cur["logit"] = np.ctypeslib.as_array(ptr, shape=(cur.shape[0],))
-        cur["p"] = 0.0
-
     def _sample_constrained(self, ctx: llama_cpp.llama_context_p, batch_index: int) -> int:
-        """llama.cpp's common sampler recipe: sample freely, check the one token against the
-        grammar, and only when it is rejected apply the grammar to the whole vocabulary and
-        sample again. Most tokens pass, so a grammar costs little per step."""
-        self._fill(ctx, batch_index)
-        sel = self._apply(self._chain, self._cur)
-        token = int(self._cur["id"][sel])
+        """llama.cpp's common-sampler recipe, with a cheaper fallback.
+
+        1. Sample with the chain alone and check just that token against the
+           grammar: most steps stop here, and checking one token is cheap.
+        2. If the grammar rejects it: grammar first, then the chain, on the SUBSET
+           most likely tokens (checking a candidate walks the grammar, which is the
+           costly part). Exact for greedy decoding and for top-k up to SUBSET, as
+           every token outside the subset has a lower logit than every token in it;
+           with top-k disabled, this step samples among the SUBSET best tokens.
+        3. If none of those is allowed: the same on the whole vocabulary.
+        """
+        ptr = llama_cpp.llama_get_logits_ith(ctx, batch_index)
+        logits = np.ctypeslib.as_array(ptr, shape=(self._n_vocab,))
+        cur = self._cur
+        cur["id"], cur["logit"], cur["p"] = self._ids, logits, 0.0
+        token = int(cur["id"][self._apply(self._chain, cur)])
         one = self._one
         one["id"], one["logit"], one["p"] = token, 1.0, 0.0
         self._apply(self._grammar, one)
         if not np.isfinite(one["logit"][0]):
-            self._fill(ctx, batch_index)
-            self._apply(self._grammar, self._cur)
-            sel = self._apply(self._chain, self._cur)
-            token = int(self._cur["id"][sel])
+            k = min(self._subset, self._n_vocab)
+            top = np.argpartition(logits, -k)[-k:]
+            sub = self._sub
+            sub["id"], sub["logit"], sub["p"] = top, logits[top], 0.0
+            self._apply(self._grammar, sub)
+            if np.isfinite(sub["logit"]).any():
+                token = int(sub["id"][self._apply(self._chain, sub)])
+            else:
+                cur["id"], cur["logit"], cur["p"] = self._ids, logits, 0.0
+                self._apply(self._grammar, cur)
+                token = int(cur["id"][self._apply(self._chain, cur)])
         llama_cpp.llama_sampler_accept(self._grammar, token)
         llama_cpp.llama_sampler_accept(self._chain, token)
         return token

@@ -130,11 +130,22 @@ class Server:
         self.log.close()
 
 
+# A JSON array of strings that never closes: the constrained streams run to max_tokens
+# like the free ones, so the two workloads generate the same number of tokens.
+LIST_GBNF = r"""root ::= "[" items
+items ::= item "," " "? items
+item ::= "\"" [^"\\\x00-\x1F]{1,40} "\""
+"""
+
+
 async def one_stream(client: httpx.AsyncClient, url: str, prompt: str, tokens: int,
-                     model: str) -> tuple[int, float]:
-    body = {"model": model, "messages": [{"role": "user", "content": prompt}],
-            "max_tokens": tokens, "temperature": 0, "stream": True,
-            "logit_bias": {str(EOS_ID): -100}}
+                     model: str, constrained: bool = False) -> tuple[int, float]:
+    body: dict[str, object] = {
+        "model": model, "messages": [{"role": "user", "content": prompt}],
+        "max_tokens": tokens, "temperature": 0, "stream": True,
+        "logit_bias": {str(EOS_ID): -100}}
+    if constrained:
+        body["grammar"] = LIST_GBNF
     t0 = time.perf_counter()
     ttft = 0.0
     n = 0
@@ -162,6 +173,17 @@ async def measure(server: Server, level: int, tokens: int, model: str) -> Result
     return Result(server.name, level, sum(n for n, _ in outs), dt, [t for _, t in outs])
 
 
+async def measure_mixed(server: Server, tokens: int, model: str,
+                        constrained: int) -> Result:
+    """8 streams at once, ``constrained`` of them with a JSON-schema grammar."""
+    async with httpx.AsyncClient(timeout=600) as client:
+        t0 = time.perf_counter()
+        outs = await asyncio.gather(*(one_stream(client, server.url, PROMPTS[i], tokens, model,
+                                                 constrained=i < constrained) for i in range(8)))
+        dt = time.perf_counter() - t0
+    return Result(server.name, 8, sum(n for n, _ in outs), dt, [t for _, t in outs])
+
+
 def engine_times(server: Server) -> tuple[float, float] | None:
     """edgeinfer's cumulative (decode seconds, step seconds), from /health."""
     try:
@@ -178,6 +200,8 @@ def main() -> int:
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--levels", default="1,4,8")
     ap.add_argument("--skip-peer", action="store_true", help="measure edgeinfer only")
+    ap.add_argument("--skip-grammar", action="store_true",
+                    help="skip the grammar-constrained streams measurement")
     args = ap.parse_args()
     levels = [int(x) for x in args.levels.split(",")]
     slots = max(levels)
@@ -206,6 +230,7 @@ def main() -> int:
 
     results: list[Result] = []
     shares: dict[str, float | None] = {}
+    grammar_line = ""
     for name, cmd, port in specs:
         env = llama_server_env(Path(cmd[0])) if name == "llama-server" else None
         server = Server(name, cmd, int(port), log_dir, env)
@@ -222,6 +247,13 @@ def main() -> int:
                 print(f"{name:>17} x{level}: {res.tps:7.1f} tok/s  ttft p50 "
                       f"{res.ttft(0.5) * 1000:6.0f} ms  p95 {res.ttft(0.95) * 1000:6.0f} ms",
                       flush=True)
+            if name == "edgeinfer" and not args.skip_grammar:
+                free = asyncio.run(measure_mixed(server, args.tokens, model, 0))
+                mixed = asyncio.run(measure_mixed(server, args.tokens, model, 4))
+                grammar_line = (f"edgeinfer, 4 grammar-constrained + 4 free streams: "
+                                f"{mixed.tps:.1f} tok/s; 8 free streams: {free.tps:.1f} tok/s "
+                                f"(ratio {mixed.tps / free.tps:.2f}x)")
+                print(grammar_line, flush=True)
         finally:
             server.stop()
 
@@ -234,6 +266,8 @@ def main() -> int:
         ratio = "" if r.name == "edgeinfer" else f"{ours[r.level].tps / r.tps:.2f}x"
         print(f"| {r.name} | {r.level} | {r.tps:.1f} | {r.ttft(0.5) * 1000:.0f} | "
               f"{r.ttft(0.95) * 1000:.0f} | {ratio} |")
+    if grammar_line:
+        print(grammar_line)
     for key, share in shares.items():
         if share is not None:
             print(f"edgeinfer {key}: share of engine step time inside llama_decode: {share:.1%}")

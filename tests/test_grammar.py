@@ -1,0 +1,33 @@
+"""Schema -> GBNF conversion and its guards, as units (no model needed)."""
+
+from __future__ import annotations
+
+import pytest
+
+from edgeinfer.errors import InvalidRequest
+from edgeinfer.grammar import schema_to_gbnf
+
+
+def test_property_names_that_are_keywords_are_data_not_schema() -> None:
+    schema = {"type": "object", "properties": {
+        "items": {"type": "array", "items": {"type": "string", "maxLength": 5}, "maxItems": 3},
+        "type": {"enum": ["a", "b"]}, "maxItems": {"type": "integer"}}}
+    gbnf = schema_to_gbnf(schema, "s")
+    assert '"\\"items\\""' in gbnf and '"\\"maxItems\\""' in gbnf
+
+
+def test_unbounded_arrays_and_strings_get_bounds() -> None:
+    gbnf = schema_to_gbnf({"type": "array", "items": {"type": "string"}}, "s")
+    assert "*" not in gbnf.split("root ::=")[1].splitlines()[0]  # no open-ended repetition
+    assert "char*" not in gbnf
+
+
+@pytest.mark.parametrize("schema", [
+    5, {"type": "object", "properties": {"a": 5}}, {"not": {"type": "string"}},
+    {"$ref": "#/$defs/x"}, {"$ref": "#/$defs/a", "$defs": {"a": {"$ref": "#/$defs/a"}}},
+    {"type": "integer", "minimum": 5, "maximum": 1},
+])
+def test_bad_schemas_are_400(schema: object) -> None:
+    with pytest.raises(InvalidRequest) as info:
+        schema_to_gbnf(schema, "response_format")
+    assert info.value.param == "response_format"
