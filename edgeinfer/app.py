@@ -77,6 +77,10 @@ async def _internal_error(request: Request, exc: Exception) -> Response:
 
 
 async def _read_json(request: Request) -> Any:
+    ctype = request.headers.get("content-type", "application/json").split(";")[0].strip().lower()
+    if ctype not in ("application/json", ""):
+        raise APIError(f"the request body must be application/json, not {ctype}", status=415,
+                       code="unsupported_media_type")
     declared = request.headers.get("content-length")
     if declared is not None and declared.isdigit() and int(declared) > MAX_BODY_BYTES:
         raise APIError(f"request body exceeds {MAX_BODY_BYTES} bytes", status=413,
@@ -229,8 +233,10 @@ def _model_card(served: ServedModel) -> dict[str, Any]:
 
 async def list_models(request: Request) -> Response:
     pool = _pool(request)
-    return JSONResponse({"object": "list",
-                         "data": [_model_card(m) for m in pool.models.values()]})
+    data = [_model_card(m) for m in pool.models.values()]
+    data += [{"id": mid, "object": "model", "created": 0, "owned_by": "edgeinfer",
+              "state": "failed", "error": err} for mid, err in pool.failed.items()]
+    return JSONResponse({"object": "list", "data": data})
 
 
 async def get_model(request: Request) -> Response:

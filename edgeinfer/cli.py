@@ -6,8 +6,10 @@ import argparse
 import logging
 import os
 import sys
+import threading
 from dataclasses import replace
 from pathlib import Path
+from typing import Any
 
 from edgeinfer import __version__
 from edgeinfer.config import (
@@ -41,6 +43,13 @@ def _serve_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[type
     p.add_argument("--batch", type=int, default=None,
                    help="token budget of one engine step (chunked prefill)")
     p.add_argument("--gpu-layers", type=int, default=None, help="layers to offload to the GPU")
+    p.add_argument("--max-queue", type=int, default=None,
+                   help="requests waiting for a slot per model before new ones get 429")
+    p.add_argument("--request-timeout", type=float, default=None,
+                   help="seconds a request may take, waiting included (default 600)")
+    p.add_argument("--shutdown-grace", type=float, default=10.0,
+                   help="on SIGTERM/SIGINT, seconds running requests get to finish before they "
+                   "end with an error (a second signal exits at once)")
     p.add_argument("--api-key-file", type=Path, default=None,
                    help="file with API keys, one per line (also: EDGEINFER_API_KEYS=k1,k2)")
     p.add_argument("--allow-unauthenticated-network", action="store_true",
@@ -64,7 +73,8 @@ def _select(config: ServerConfig, args: argparse.Namespace) -> ServerConfig:
             models = tuple(chosen)
     models = tuple(
         override_model(m, slots=args.slots, context=args.context, threads=args.threads,
-                       batch=args.batch, gpu_layers=args.gpu_layers)
+                       batch=args.batch, gpu_layers=args.gpu_layers, max_queue=args.max_queue,
+                       request_timeout=args.request_timeout)
         for m in models
     )
     keys = list(config.api_keys)
@@ -80,6 +90,42 @@ def _select(config: ServerConfig, args: argparse.Namespace) -> ServerConfig:
                    models=models, api_keys=tuple(keys))
 
 
+def _graceful_server(uv_config: Any, app: Any, grace: float) -> Any:
+    """A uvicorn server whose first signal drains and whose second one exits at once.
+
+    First SIGTERM/SIGINT: stop accepting, let running requests finish for ``grace``
+    seconds, then end the rest with an error event; exit status 0. Second signal:
+    exit now.
+    """
+    import uvicorn
+    from sse_starlette.sse import AppStatus
+
+    # sse-starlette would cut every stream at the first signal; we drain instead
+    AppStatus.disable_automatic_graceful_drain()
+
+    class Server(uvicorn.Server):
+        def handle_exit(self, sig: int, frame: Any) -> None:
+            if self.should_exit:
+                log.warning("second signal: exiting now")
+                self.force_exit = True
+                return
+            self.should_exit = True
+            log.info("shutting down: running requests have %gs to finish", grace)
+            timer = threading.Timer(grace, self._deadline)
+            timer.daemon = True
+            timer.start()
+
+        def _deadline(self) -> None:
+            pool = getattr(app.state, "pool", None)
+            for served in list(pool.models.values()) if pool else []:
+                served.engine.fail_all("the server is shutting down")
+            backstop = threading.Timer(3.0, setattr, (AppStatus, "should_exit", True))
+            backstop.daemon = True  # streams still open after their error event: close them
+            backstop.start()
+
+    return Server(uv_config)
+
+
 def serve(args: argparse.Namespace) -> int:
     import uvicorn
 
@@ -93,8 +139,9 @@ def serve(args: argparse.Namespace) -> int:
              ", ".join(m.id for m in config.models), config.host, config.port,
              f" ({len(config.api_keys)} API keys)" if config.api_keys else "")
     uv = uvicorn.Config(app, host=config.host, port=config.port, log_level=args.log_level,
-                        access_log=args.log_level == "debug", lifespan="on")
-    server = uvicorn.Server(uv)
+                        access_log=args.log_level == "debug", lifespan="on",
+                        timeout_graceful_shutdown=int(args.shutdown_grace) + 5)
+    server = _graceful_server(uv, app, args.shutdown_grace)
     server.run()
     return 0 if getattr(server, "started", False) else 1
 

@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from edgeinfer.engine import Delta
-from edgeinfer.errors import EngineError
+from edgeinfer.errors import APIError, EngineError
 from edgeinfer.logprobs import TokenLogprob
 from edgeinfer.tools import Event, ToolCallStream, parse_tool_calls
 
@@ -146,8 +146,14 @@ def _chat_choice(index: int, delta: dict[str, Any], finish: str | None,
     return {"index": index, "delta": delta, "logprobs": logprobs, "finish_reason": finish}
 
 
-def error_body(message: str, status_type: str = "server_error") -> dict[str, Any]:
-    return {"error": {"message": message, "type": status_type, "param": None, "code": None}}
+def delta_error(d: Delta) -> APIError:
+    """The API error for a request the engine ended with an error."""
+    message = d.error or "generation failed"
+    if d.error_code == "timeout":
+        return APIError(message, code="timeout", status=504)
+    if d.error_code == "shutdown":
+        return APIError(message, code="server_shutting_down", status=503)
+    return EngineError(message, code=d.error_code)
 
 
 async def sse_chunks(
@@ -172,7 +178,7 @@ async def sse_chunks(
     try:
         async for i, d in events:
             if d.finish_reason == "error":
-                yield {"data": json.dumps(error_body(d.error or "generation failed"))}
+                yield {"data": json.dumps(delta_error(d).to_dict())}
                 break
             if parsers:
                 found = parsers[i].feed(d.text)
@@ -211,7 +217,7 @@ async def collect(meta: CompletionMeta, events: AsyncIterator[tuple[int, Delta]]
     try:
         async for i, d in events:
             if d.finish_reason == "error":
-                raise EngineError(d.error or "generation failed")
+                raise delta_error(d)
             parts[i].append(d.text)
             if d.logprob:
                 lps[i].append(d.logprob)

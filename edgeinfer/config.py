@@ -34,6 +34,7 @@ _SERVER_KEYS = {"host", "port", "api_keys", "api_key_file", "allowed_hosts", "co
 _MODEL_KEYS = {
     "id", "aliases", "path", "source", "context", "slots", "threads", "gpu_layers", "batch",
     "chat_template", "max_tokens", "prefix_cache", "cache_entries", "pinned_prompts", "max_queue",
+    "request_timeout",
 }
 
 
@@ -63,6 +64,7 @@ class ModelConfig:
     cache_entries: int = 32  # finished sequences kept in the KV cache for reuse
     pinned_prompts: tuple[str, ...] = ()  # system prompts kept resident, never evicted
     max_queue: int = 64  # requests waiting for a slot before new ones get 429
+    request_timeout: float = 600.0  # seconds a request may take, queue time included
 
     def __post_init__(self) -> None:
         if (self.path is None) == (self.source is None):
@@ -70,6 +72,9 @@ class ModelConfig:
         for name in ("context", "slots", "threads", "batch"):
             if getattr(self, name) < 1:
                 raise ConfigError(f"model {self.id!r}: {name} must be >= 1")
+        if self.max_queue < 0 or self.request_timeout <= 0:
+            raise ConfigError(f"model {self.id!r}: max_queue must be >= 0 and "
+                              "request_timeout > 0")
         if self.batch < self.slots:
             raise ConfigError(f"model {self.id!r}: batch must be >= slots")
         if self.cache_entries < 0 or self.slots + self.cache_entries > 256:

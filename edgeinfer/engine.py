@@ -51,6 +51,7 @@ class Delta:
     cached_tokens: int = 0
     timings: dict[str, float] | None = None
     logprob: TokenLogprob | None = None  # of the token in ``tokens``, when asked for
+    error_code: str | None = None  # with finish_reason "error": "timeout", "shutdown", ...
 
 
 @dataclass(frozen=True, slots=True)
@@ -73,7 +74,12 @@ class Unpin:
     pass
 
 
-Message = Submit | Abort | Stop | Unpin
+@dataclass(frozen=True, slots=True)
+class FailAll:
+    reason: str
+
+
+Message = Submit | Abort | Stop | Unpin | FailAll
 
 
 @dataclass(slots=True)
@@ -153,6 +159,10 @@ class Engine:
     def abort(self, request_id: str) -> None:
         self._inbox.put(Abort(request_id))
 
+    def fail_all(self, reason: str) -> None:
+        """End every running and waiting request with an error (shutdown deadline)."""
+        self._inbox.put(FailAll(reason))
+
     def unpin_all(self) -> None:
         """Let pinned prefixes be evicted again (they stay cached until then)."""
         self._inbox.put(Unpin())
@@ -224,6 +234,8 @@ class Engine:
                 return False
             if isinstance(msg, Submit):
                 self._admit(msg.seq)
+            elif isinstance(msg, FailAll):
+                self._fail_all(msg.reason)
             elif isinstance(msg, Unpin):
                 log.info("unpinned %d cached prefixes", self.cache.unpin_all())
             elif isinstance(msg, Abort):
@@ -290,8 +302,21 @@ class Engine:
                 self.cache.stats.hit_tokens += got - seq.num_computed
                 seq.num_computed = seq.num_cached = got
 
+    def _expire(self) -> None:
+        """End requests past the time limit, waiting or running: no slot is held forever."""
+        limit = self.runtime.cfg.request_timeout
+        now = time.perf_counter()
+        for seq in [*self.scheduler.running, *self.scheduler.waiting]:
+            timing = self._timing.get(seq.request_id)
+            if timing is not None and now - timing.submitted > limit:
+                self._finish(seq, SequenceStatus.FINISHED_ERROR,
+                             f"the request exceeded the time limit of {limit:g} s", "timeout")
+
     def _step(self) -> None:
         t0 = time.perf_counter()
+        self._expire()
+        if not self.scheduler.has_work():
+            return
         for seq in self.scheduler.admit():
             self._attach(seq)
         self._resume_waiters()
@@ -320,13 +345,20 @@ class Engine:
                     continue
                 if is_prompt:
                     self._timing[seq.request_id].prompt_done = t2
-                token = seq.sampler.sample(ctx, out_index[k])
-                lp = None
-                if seq.params.logprobs is not None:
-                    row = self.runtime.logits_row(out_index[k])
-                    lp = token_logprob(row, token, seq.params.logprobs)
+                index = out_index[k]
                 k += 1
-                self._on_token(seq, token, t2, lp)
+                try:
+                    token = seq.sampler.sample(ctx, index)
+                    lp = None
+                    if seq.params.logprobs is not None:
+                        row = self.runtime.logits_row(index)
+                        lp = token_logprob(row, token, seq.params.logprobs)
+                    self._on_token(seq, token, t2, lp)
+                except Exception:  # a failure of one request ends that request only
+                    log.exception("request %s: sampling failed", seq.request_id)
+                    if seq.status is SequenceStatus.RUNNING:
+                        self._finish(seq, SequenceStatus.FINISHED_ERROR,
+                                     "internal error while sampling")
         t3 = time.perf_counter()
         st = self.stats
         st.steps += 1
@@ -359,7 +391,8 @@ class Engine:
         self._outbox.append((seq, Delta(text, (token,), logprob=lp)))
 
     def _finish(
-        self, seq: Sequence, status: SequenceStatus, error: str | None = None
+        self, seq: Sequence, status: SequenceStatus, error: str | None = None,
+        code: str | None = None,
     ) -> None:
         was_running = seq.status is SequenceStatus.RUNNING
         slot = self.scheduler.finish(seq, status)
@@ -378,7 +411,7 @@ class Engine:
         self._outbox.append((seq, Delta(
             tail, finish_reason=status.finish_reason, error=error,
             prompt_tokens=seq.num_prompt, completion_tokens=seq.num_generated,
-            cached_tokens=seq.num_cached, timings=timings,
+            cached_tokens=seq.num_cached, timings=timings, error_code=code,
         )))
         log.info(
             "request %s finished: %s, slot %s, prompt %d, generated %d%s",
@@ -409,9 +442,9 @@ class Engine:
         for seq in {id(c.seq): c.seq for c in chunks}.values():
             self._finish(seq, SequenceStatus.FINISHED_ERROR, msg)
 
-    def _fail_all(self, msg: str) -> None:
+    def _fail_all(self, msg: str, code: str = "shutdown") -> None:
         for seq in list(self.scheduler.running) + list(self.scheduler.waiting):
-            self._finish(seq, SequenceStatus.FINISHED_ERROR, msg)
+            self._finish(seq, SequenceStatus.FINISHED_ERROR, msg, code)
 
     def _flush(self) -> None:
         if self._outbox and self._loop is not None:

@@ -26,7 +26,7 @@ from edgeinfer.errors import (
 )
 from edgeinfer.native import LlamaRuntime, gpu_offload_supported
 from edgeinfer.sequence import SamplingParams
-from edgeinfer.source import resolve_model_path
+from edgeinfer.source import check_gguf, resolve_model_path
 
 PIN_PARAMS = SamplingParams(temperature=0, max_tokens=1)
 
@@ -114,6 +114,7 @@ class ServedModel:
 def load_model(cfg: ModelConfig) -> ServedModel:
     """Load one model and create its engine (blocking; run it off the event loop)."""
     path = resolve_model_path(cfg)
+    check_gguf(path, cfg.id)
     if cfg.gpu_layers and not gpu_offload_supported():
         log.warning("model %s: this llama-cpp-python build has no GPU support; running on the CPU",
                     cfg.id)

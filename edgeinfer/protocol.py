@@ -34,6 +34,9 @@ MAX_TOOLS = 128
 _TOOL_NAME = re.compile(r"^[a-zA-Z0-9_-]{1,64}$")
 COMPLETION_FIELDS = _COMMON | {"prompt", "echo", "logprobs", "best_of", "suffix", "grammar"}
 ROLES = {"system", "developer", "user", "assistant", "tool"}
+# what the SDK may send back from an earlier response; everything else is refused
+MESSAGE_KEYS = {"role", "content", "name", "tool_calls", "tool_call_id", "refusal",
+                "function_call", "audio", "annotations", "reasoning_content"}
 
 
 @dataclass(frozen=True, slots=True)
@@ -330,6 +333,10 @@ def _messages(b: _Body) -> tuple[dict[str, Any], ...]:
     for i, m in enumerate(msgs):
         if not isinstance(m, dict):
             raise InvalidRequest(f"'messages[{i}]' must be an object", param=f"messages[{i}]")
+        for key in m:
+            if key not in MESSAGE_KEYS:
+                raise InvalidRequest(f"unrecognized message field: {key}",
+                                     param=f"messages[{i}].{key}")
         role = m.get("role")
         if role not in ROLES:
             raise InvalidRequest(f"'messages[{i}].role' must be one of {sorted(ROLES)}",

@@ -187,7 +187,7 @@ def test_round_trip_call_result_answer(client: openai.OpenAI) -> None:
     messages: list[dict[str, object]] = [
         {"role": "user", "content": "What's the weather in Madrid?"}]
     r = client.chat.completions.create(model="default", messages=messages, tools=TOOLS,
-                                       tool_choice="required", max_tokens=200)
+                                       tool_choice="required")
     call = r.choices[0].message.tool_calls[0]  # type: ignore[index]
     messages.append(r.choices[0].message.model_dump(exclude_none=True))
     messages.append({"role": "tool", "tool_call_id": call.id,

