@@ -9,15 +9,17 @@ import json
 import logging
 from collections.abc import AsyncIterator
 from dataclasses import replace
+from pathlib import Path
 from typing import Any
 
 import numpy as np
+from prometheus_client import CONTENT_TYPE_LATEST
 from sse_starlette.sse import EventSourceResponse
 from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
 from starlette.middleware import Middleware
 from starlette.requests import Request
-from starlette.responses import JSONResponse, Response
+from starlette.responses import HTMLResponse, JSONResponse, Response
 from starlette.routing import Route
 
 from edgeinfer.completion import CompletionMeta, Usage, collect, merge, sse_chunks
@@ -31,6 +33,7 @@ from edgeinfer.grammar import (
     tool_calls_gbnf,
 )
 from edgeinfer.guard import Guard
+from edgeinfer.metrics import Metrics
 from edgeinfer.openapi import openapi_spec
 from edgeinfer.pool import ModelPool, ServedModel
 from edgeinfer.protocol import (
@@ -46,6 +49,8 @@ from edgeinfer.sequence import SamplingParams
 from edgeinfer.tools import TOOL_CALL_TRIGGER, prepare_messages
 
 log = logging.getLogger("edgeinfer.app")
+
+CHAT_PAGE = Path(__file__).resolve().parent / "static" / "chat.html"
 
 MAX_BODY_BYTES = 8 * 1024 * 1024
 
@@ -322,20 +327,89 @@ async def openapi(request: Request) -> Response:
     return JSONResponse(openapi_spec())
 
 
-def create_app(config: ServerConfig) -> Starlette:
-    """The ASGI app serving ``config``'s models; models load in its lifespan."""
+async def metrics(request: Request) -> Response:
+    return Response(request.app.state.metrics.render(), media_type=CONTENT_TYPE_LATEST)
+
+
+async def slots(request: Request) -> Response:
+    pool = _pool(request)
+    return JSONResponse({"object": "list", "data": [
+        {"model": mid, "slots": m.engine.slots_snapshot()} for mid, m in pool.models.items()]})
+
+
+async def chat_page(request: Request) -> Response:
+    return HTMLResponse(CHAT_PAGE.read_text(encoding="utf-8"))
+
+
+class _Latency:
+    """Feeds one model's latencies into the app's histograms (engine thread)."""
+
+    def __init__(self, metrics: Metrics, model: str) -> None:
+        self._ttft = metrics.ttft.labels(model)
+        self._itl = metrics.itl.labels(model)
+
+    def ttft(self, seconds: float) -> None:
+        self._ttft.observe(seconds)
+
+    def itl(self, seconds: float) -> None:
+        self._itl.observe(seconds)
+
+
+class _CountRequests:
+    """ASGI middleware: requests by route and status, for /metrics."""
+
+    def __init__(self, app: Any, metrics: Metrics, routes: set[str]) -> None:
+        self.app, self.metrics, self.routes = app, metrics, routes
+
+    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        status = [500]
+
+        async def wrapped(message: Any) -> None:
+            if message["type"] == "http.response.start":
+                status[0] = message["status"]
+            await send(message)
+
+        try:
+            await self.app(scope, receive, wrapped)
+        finally:
+            route = scope["path"] if scope["path"] in self.routes else "other"
+            self.metrics.requests.labels(route, str(status[0])).inc()
+
+
+def create_app(config: ServerConfig, pool: ModelPool | None = None) -> Starlette:
+    """The ASGI app serving ``config``'s models.
+
+    Without ``pool`` the app owns one: models load in its lifespan and are freed
+    at shutdown. With a started ``pool`` (see ``edgeinfer.embed``), the app only
+    serves it, so it can be mounted inside another app whose lifespan it cannot use.
+    """
+    own = pool is None
+    the_pool = pool if pool is not None else ModelPool(config)
+    app_metrics = Metrics(lambda: {mid: m.engine.stats_snapshot()
+                                   for mid, m in list(the_pool.models.items())})
+
+    def observe() -> None:
+        for mid, served in the_pool.models.items():
+            served.engine.observer = _Latency(app_metrics, mid)
 
     @contextlib.asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
-        pool = ModelPool(config)
-        app.state.pool = pool
-        await pool.start()
+        if own:
+            await the_pool.start()
+        observe()
         try:
             yield
         finally:
-            await pool.stop()
+            if own:
+                await the_pool.stop()
 
     routes = [
+        Route("/", chat_page, methods=["GET"]),
+        Route("/metrics", metrics, methods=["GET"]),
+        Route("/slots", slots, methods=["GET"]),
         Route("/health", health, methods=["GET"]),
         Route("/openapi.json", openapi, methods=["GET"]),
         Route("/v1/models", list_models, methods=["GET"]),
@@ -352,5 +426,12 @@ def create_app(config: ServerConfig) -> Starlette:
     handlers = {APIError: _api_error, HTTPException: _http_error, Exception: _internal_error}
     guard = Middleware(Guard, api_keys=config.api_keys, cors_origins=config.cors_origins,
                        allowed_hosts=(*config.allowed_hosts, config.host))
-    return Starlette(routes=routes, exception_handlers=handlers,  # type: ignore[arg-type]
-                     lifespan=lifespan, middleware=[guard])
+    count = Middleware(_CountRequests, metrics=app_metrics,
+                       routes={r.path for r in routes if "{" not in r.path})
+    app = Starlette(routes=routes, exception_handlers=handlers,  # type: ignore[arg-type]
+                    lifespan=lifespan, middleware=[count, guard])
+    app.state.pool = the_pool
+    app.state.metrics = app_metrics
+    if not own:
+        observe()
+    return app

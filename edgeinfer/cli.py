@@ -1,4 +1,4 @@
-"""The ``edgeinfer`` command."""
+"""The ``edgeinfer`` command: serve, models, quantize, chat."""
 
 from __future__ import annotations
 
@@ -6,10 +6,8 @@ import argparse
 import logging
 import os
 import sys
-import threading
 from dataclasses import replace
 from pathlib import Path
-from typing import Any
 
 from edgeinfer import __version__
 from edgeinfer.config import (
@@ -24,18 +22,26 @@ from edgeinfer.errors import ConfigError, ModelLoadError
 log = logging.getLogger("edgeinfer")
 
 LOOPBACK_BIND = frozenset({"127.0.0.1", "localhost", "::1"})
+Sub = argparse._SubParsersAction  # type: ignore[type-arg]
 
 
-def _serve_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
-    p = sub.add_parser("serve", help="serve the configured models over HTTP",
-                       description="Serve models from models.toml (or one GGUF file) with an "
-                       "OpenAI-style API.")
+def _common(p: argparse.ArgumentParser) -> None:
     p.add_argument("--config", type=Path, default=None,
                    help="models.toml to read (default: the one beside the package)")
+    p.add_argument("--log-level", default="info",
+                   choices=["debug", "info", "warning", "error"], help="logging verbosity")
+
+
+def _serve_parser(sub: Sub) -> None:
+    p = sub.add_parser("serve", help="serve the configured models over HTTP",
+                       description="Serve models from models.toml (or one GGUF file) with an "
+                       "OpenAI-style API and a chat page at /.")
+    _common(p)
     p.add_argument("--model", "-m", default=None,
                    help="serve only this model: an id or alias from the config, or a .gguf path")
     p.add_argument("--host", default=None, help="address to bind (default 127.0.0.1)")
-    p.add_argument("--port", type=int, default=None, help="port to listen on (default 8080)")
+    p.add_argument("--port", type=int, default=None,
+                   help="port to listen on (default 8080; 0 picks a free one)")
     p.add_argument("--slots", type=int, default=None, help="requests decoded together per model")
     p.add_argument("--context", "-c", type=int, default=None,
                    help="KV cells per model context, shared by its slots")
@@ -50,13 +56,54 @@ def _serve_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[type
     p.add_argument("--shutdown-grace", type=float, default=10.0,
                    help="on SIGTERM/SIGINT, seconds running requests get to finish before they "
                    "end with an error (a second signal exits at once)")
+    p.add_argument("--ready-file", type=Path, default=None,
+                   help='write {"url", "pid"} as JSON here once the server answers '
+                   "(a line 'EDGEINFER_READY {...}' also goes to stdout)")
+    p.add_argument("--parent-pid", type=int, default=None,
+                   help="shut down when the process with this id exits (for desktop apps)")
     p.add_argument("--api-key-file", type=Path, default=None,
                    help="file with API keys, one per line (also: EDGEINFER_API_KEYS=k1,k2)")
     p.add_argument("--allow-unauthenticated-network", action="store_true",
                    help="let --host bind a non-loopback address without API keys: anyone who "
                    "can reach the address can use the server")
-    p.add_argument("--log-level", default="info",
+    p.set_defaults(func=serve)
+
+
+def _models_parser(sub: Sub) -> None:
+    p = sub.add_parser("models", help="list the configured models",
+                       description="List the models of the config: where each file is, its "
+                       "architecture and quantization (from the GGUF metadata), its size on disk "
+                       "and the memory needed to serve it (weights plus the KV cache).")
+    _common(p)
+    p.add_argument("--json", action="store_true", help="print JSON instead of a table")
+    p.set_defaults(func=models)
+
+
+def _quantize_parser(sub: Sub) -> None:
+    p = sub.add_parser("quantize", help="write a re-quantized copy of a GGUF file",
+                       description="Write DST, a copy of the model SRC (a path or a model id "
+                       "from the config) quantized to TYPE with llama.cpp's quantizer.")
+    _common(p)
+    p.add_argument("src", help="a .gguf path or a model id / alias from the config")
+    p.add_argument("dst", type=Path, help="the file to write")
+    p.add_argument("--type", default="q8_0", help="q8_0 (default), q4_0, q4_1, q4_k_m, q5_k_m, "
+                   "q6_k, f16")
+    p.add_argument("--threads", "-t", type=int, default=0, help="threads (0: all cores)")
+    p.set_defaults(func=quantize)
+
+
+def _chat_parser(sub: Sub) -> None:
+    p = sub.add_parser("chat", help="chat in the terminal with a running server",
+                       description="An interactive chat against a running edgeinfer (or any "
+                       "OpenAI-style) server. Empty line or Ctrl-D to quit.")
+    p.add_argument("--url", default="http://127.0.0.1:8080", help="the server's address")
+    p.add_argument("--model", "-m", default="default", help="model id or alias")
+    p.add_argument("--system", default=None, help="a system prompt")
+    p.add_argument("--api-key", default=os.environ.get("EDGEINFER_API_KEY"),
+                   help="API key, if the server needs one (also: EDGEINFER_API_KEY)")
+    p.add_argument("--log-level", default="warning",
                    choices=["debug", "info", "warning", "error"], help="logging verbosity")
+    p.set_defaults(func=chat)
 
 
 def _select(config: ServerConfig, args: argparse.Namespace) -> ServerConfig:
@@ -90,78 +137,78 @@ def _select(config: ServerConfig, args: argparse.Namespace) -> ServerConfig:
                    models=models, api_keys=tuple(keys))
 
 
-def _graceful_server(uv_config: Any, app: Any, grace: float) -> Any:
-    """A uvicorn server whose first signal drains and whose second one exits at once.
-
-    First SIGTERM/SIGINT: stop accepting, let running requests finish for ``grace``
-    seconds, then end the rest with an error event; exit status 0. Second signal:
-    exit now.
-    """
-    import uvicorn
-    from sse_starlette.sse import AppStatus
-
-    # sse-starlette would cut every stream at the first signal; we drain instead
-    AppStatus.disable_automatic_graceful_drain()
-
-    class Server(uvicorn.Server):
-        def handle_exit(self, sig: int, frame: Any) -> None:
-            if self.should_exit:
-                log.warning("second signal: exiting now")
-                self.force_exit = True
-                return
-            self.should_exit = True
-            log.info("shutting down: running requests have %gs to finish", grace)
-            timer = threading.Timer(grace, self._deadline)
-            timer.daemon = True
-            timer.start()
-
-        def _deadline(self) -> None:
-            pool = getattr(app.state, "pool", None)
-            for served in list(pool.models.values()) if pool else []:
-                served.engine.fail_all("the server is shutting down")
-            backstop = threading.Timer(3.0, setattr, (AppStatus, "should_exit", True))
-            backstop.daemon = True  # streams still open after their error event: close them
-            backstop.start()
-
-    return Server(uv_config)
-
-
 def serve(args: argparse.Namespace) -> int:
     import uvicorn
 
     from edgeinfer.app import create_app
+    from edgeinfer.server import EdgeServer
 
     config = _select(load_config(args.config), args)
-    if config.models and any(m.batch < m.slots for m in config.models):
-        raise ConfigError("--batch must be at least --slots")
     app = create_app(config)
-    log.info("edgeinfer %s: serving %s on http://%s:%d/v1%s", __version__,
+    log.info("edgeinfer %s: loading %s for http://%s:%d%s", __version__,
              ", ".join(m.id for m in config.models), config.host, config.port,
              f" ({len(config.api_keys)} API keys)" if config.api_keys else "")
     uv = uvicorn.Config(app, host=config.host, port=config.port, log_level=args.log_level,
                         access_log=args.log_level == "debug", lifespan="on",
                         timeout_graceful_shutdown=int(args.shutdown_grace) + 5)
-    server = _graceful_server(uv, app, args.shutdown_grace)
+    server = EdgeServer(uv, app, args.shutdown_grace, args.ready_file, args.parent_pid)
     server.run()
-    return 0 if getattr(server, "started", False) else 1
+    return 0 if server.started else 1
+
+
+def models(args: argparse.Namespace) -> int:
+    from edgeinfer.modelinfo import describe, render_table
+
+    rows = [describe(m) for m in load_config(args.config).models]
+    if args.json:
+        import json
+        sys.stdout.write(json.dumps(rows, indent=2) + "\n")
+    else:
+        sys.stdout.write(render_table(rows) + "\n")
+    return 0
+
+
+def quantize(args: argparse.Namespace) -> int:
+    from edgeinfer.modelinfo import quantize_file
+    from edgeinfer.source import resolve_model_path
+
+    src = Path(args.src).expanduser()
+    if not src.is_file():
+        chosen = [m for m in load_config(args.config).models if args.src in m.names]
+        if not chosen:
+            raise ConfigError(f"{args.src!r} is neither a file nor a configured model")
+        src = resolve_model_path(chosen[0])
+    quantize_file(src, args.dst, args.type, args.threads)
+    return 0
+
+
+def chat(args: argparse.Namespace) -> int:
+    from edgeinfer.terminal import chat_loop
+
+    return chat_loop(args.url, args.model, args.system, args.api_key)
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="edgeinfer", description="A local LLM server on "
-                                     "llama.cpp with continuous batching.")
+                                     "llama.cpp with continuous batching. With no command: "
+                                     "serve.")
     parser.add_argument("--version", action="version", version=f"edgeinfer {__version__}")
-    sub = parser.add_subparsers(dest="command")
-    _serve_parser(sub)
+    sub = parser.add_subparsers(dest="command", metavar="{serve,models,quantize,chat}")
+    for add in (_serve_parser, _models_parser, _quantize_parser, _chat_parser):
+        add(sub)
+    argv = sys.argv[1:] if argv is None else argv
+    if not argv or argv[0].startswith("-") and argv[0] not in ("-h", "--help", "--version"):
+        argv = ["serve", *argv]
     args = parser.parse_args(argv)
-    if args.command is None:
-        args = parser.parse_args(["serve", *(argv or [])])
     logging.basicConfig(level=getattr(logging, args.log_level.upper()),
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     try:
-        return serve(args)
+        return int(args.func(args))
     except (ConfigError, ModelLoadError) as exc:
         log.error("%s", exc)
         return 2
+    except KeyboardInterrupt:
+        return 130
 
 
 if __name__ == "__main__":

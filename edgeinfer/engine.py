@@ -19,6 +19,7 @@ import threading
 import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
+from typing import Protocol
 
 from edgeinfer import native
 from edgeinfer.errors import EngineError
@@ -108,7 +109,16 @@ class EngineStats:
 class _Timing:
     submitted: float = field(default_factory=time.perf_counter)
     first_token: float = 0.0
+    last_token: float = 0.0
     prompt_done: float = 0.0
+
+
+class LatencyObserver(Protocol):
+    """Receives latencies from the engine thread (must be thread-safe and quick)."""
+
+    def ttft(self, seconds: float) -> None: ...
+
+    def itl(self, seconds: float) -> None: ...
 
 
 class Engine:
@@ -131,6 +141,7 @@ class Engine:
         self._outbox: list[tuple[Sequence, Delta]] = []
         self._eog_tokens: tuple[int, ...] | None = None
         self._timing: dict[str, _Timing] = {}
+        self.observer: LatencyObserver | None = None
 
     # -- event-loop side -------------------------------------------------
     def start(self, loop: asyncio.AbstractEventLoop) -> None:
@@ -373,6 +384,11 @@ class Engine:
         timing = self._timing[seq.request_id]
         if not timing.first_token:
             timing.first_token = now
+            if self.observer is not None:
+                self.observer.ttft(now - timing.submitted)
+        elif self.observer is not None:
+            self.observer.itl(now - timing.last_token)
+        timing.last_token = now
         rt = self.runtime
         if rt.is_eog(token) and not seq.params.ignore_eos:
             self._finish(seq, SequenceStatus.FINISHED_STOPPED)
@@ -453,6 +469,23 @@ class Engine:
                 self._loop.call_soon_threadsafe(self._deliver, items)
             except RuntimeError:  # loop closed during shutdown
                 pass
+
+    def slots_snapshot(self) -> list[dict[str, object]]:
+        """Each slot's state, for GET /slots (read off the engine thread: a snapshot)."""
+        busy = {seq.slot: seq for seq in list(self.scheduler.running)}
+        out: list[dict[str, object]] = []
+        for slot in range(self.scheduler.num_slots):
+            seq = busy.get(slot)
+            if seq is None:
+                out.append({"id": slot, "state": "idle"})
+                continue
+            state = ("waiting_for_prefix" if seq.waiting_on is not None
+                     else "prefilling" if seq.is_prefilling else "generating")
+            out.append({"id": slot, "state": state, "request_id": seq.request_id,
+                        "prompt_tokens": seq.num_prompt, "cached_tokens": seq.num_cached,
+                        "computed_tokens": seq.num_computed, "generated_tokens": seq.num_generated,
+                        "max_tokens": seq.max_tokens})
+        return out
 
     def stats_snapshot(self) -> dict[str, object]:
         s: dict[str, object] = dict(self.stats.snapshot())

@@ -29,7 +29,7 @@ MAX_GBNF_NESTING = 64
 # could otherwise loop until max_tokens and leave JSON that does not parse.
 DEFAULT_MAX_ITEMS = 10
 # Strings without maxLength (nor enum, pattern, format) get this bound, for the same reason.
-DEFAULT_MAX_LENGTH = 400
+DEFAULT_MAX_LENGTH = 200
 
 TOOL_CALL_OPEN = "<tool_call>"
 TOOL_CALL_CLOSE = "</tool_call>"

@@ -11,6 +11,7 @@ from __future__ import annotations
 import ctypes
 import logging
 import threading
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -29,11 +30,17 @@ _LEVELS = {1: logging.DEBUG, 2: logging.DEBUG, 3: logging.WARNING, 4: logging.ER
 _last_level = logging.DEBUG
 
 
+# Optional extra reader of llama.cpp's log lines (quantization progress, for one).
+log_listener: Callable[[str], None] | None = None
+
+
 @llama_cpp.llama_log_callback  # type: ignore[misc]
 def _log_callback(level: int, text: bytes, user_data: ctypes.c_void_p) -> None:
     global _last_level
     lvl = _last_level if level == 5 else _LEVELS.get(level, logging.DEBUG)
     _last_level = lvl
+    if log_listener is not None:
+        log_listener(text.decode("utf-8", "replace"))
     if log.isEnabledFor(lvl):
         msg = text.decode("utf-8", "replace").rstrip()
         if msg:
@@ -226,6 +233,15 @@ class LlamaRuntime:
     def meta(self, key: str) -> str | None:
         """A GGUF metadata value as text (None when absent)."""
         return self._meta(key)
+
+    def memory_bytes(self) -> int:
+        """Weights plus the KV cache of the context (f16 K and V)."""
+        m = self._model
+        n_head = max(1, llama_cpp.llama_model_n_head(m))
+        head_dim = llama_cpp.llama_model_n_embd(m) // n_head
+        kv_per_token = (2 * llama_cpp.llama_model_n_layer(m) * llama_cpp.llama_model_n_head_kv(m)
+                        * head_dim * 2)
+        return int(self.info.size_bytes + kv_per_token * self.info.n_ctx)
 
     # -- context (engine thread only) -----------------------------------
     @property

@@ -1,0 +1,97 @@
+"""edgeinfer inside your own process: the same engines and batching, no separate server.
+
+    from edgeinfer.inprocess import EdgeInfer
+
+    async with EdgeInfer.from_config() as ei:            # the default models.toml
+        async for text in ei.chat("default", [{"role": "user", "content": "Hi"}]):
+            print(text, end="")
+        app = ei.asgi_app()   # mount it in your Starlette / FastAPI app: the same HTTP API
+
+Many ``chat`` / ``complete`` calls may run at once; they are batched together
+exactly as HTTP requests are.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import uuid
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any, Self
+
+from starlette.applications import Starlette
+
+from edgeinfer.config import ServerConfig, load_config, override_model
+from edgeinfer.errors import EngineError
+from edgeinfer.pool import ModelPool, ServedModel
+from edgeinfer.sequence import SamplingParams
+
+
+class EdgeInfer:
+    """A started pool of models with a small async API; see the module docstring."""
+
+    def __init__(self, config: ServerConfig) -> None:
+        self.config = config
+        self.pool = ModelPool(config)
+        self._started = False
+
+    @classmethod
+    def from_config(cls, path: Path | str | None = None, **overrides: Any) -> EdgeInfer:
+        """From a models.toml (default: the package's); overrides apply to every model
+        (slots=, context=, threads=, ...)."""
+        cfg = load_config(Path(path) if path else None)
+        models = tuple(override_model(m, **overrides) for m in cfg.models)
+        return cls(ServerConfig(host=cfg.host, port=cfg.port, models=models))
+
+    async def start(self) -> Self:
+        if not self._started:
+            await self.pool.start()
+            self._started = True
+        return self
+
+    async def close(self) -> None:
+        if self._started:
+            await self.pool.stop()
+            self._started = False
+
+    async def __aenter__(self) -> Self:
+        return await self.start()
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.close()
+
+    async def chat(self, model: str, messages: list[dict[str, Any]],
+                   **sampling: Any) -> AsyncIterator[str]:
+        """Stream the assistant's reply to ``messages`` as text pieces.
+
+        ``sampling``: any SamplingParams field (temperature, max_tokens, top_p,
+        stop, seed, ...). Breaking out of the loop cancels the generation.
+        """
+        served = self.pool.get(model)
+        text = await asyncio.to_thread(served.template.render, messages)
+        tokens = await asyncio.to_thread(served.tokenize_chat, text)
+        async for piece in self._generate(served, tokens, sampling):
+            yield piece
+
+    async def complete(self, model: str, prompt: str, **sampling: Any) -> AsyncIterator[str]:
+        """Stream a plain text completion of ``prompt``."""
+        served = self.pool.get(model)
+        tokens = await asyncio.to_thread(served.tokenize_text, prompt)
+        async for piece in self._generate(served, tokens, sampling):
+            yield piece
+
+    async def _generate(self, served: ServedModel, tokens: list[int],
+                        sampling: dict[str, Any]) -> AsyncIterator[str]:
+        params = SamplingParams(**sampling)
+        served.check_fits(len(tokens), params.max_tokens)
+        async for d in served.generate(f"local-{uuid.uuid4().hex[:12]}", tokens, params):
+            if d.finish_reason == "error":
+                raise EngineError(d.error or "generation failed")
+            if d.text:
+                yield d.text
+
+    def asgi_app(self) -> Starlette:
+        """The HTTP API over this pool, to mount in another ASGI app (start() first)."""
+        from edgeinfer.app import create_app
+
+        return create_app(self.config, pool=self.pool)

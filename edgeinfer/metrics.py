@@ -1,0 +1,78 @@
+"""Prometheus metrics (prometheus_client), one registry per app.
+
+Counters and gauges that the engines already keep (tokens, queue, slots, KV
+cells, prefix-cache hits) are read at scrape time by a collector, so nothing
+is counted twice; latencies are histograms the engines observe as tokens come.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from typing import Any
+
+from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+
+LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
+
+
+class EngineCollector:
+    """Reads each engine's counters when Prometheus scrapes."""
+
+    def __init__(self, snapshots: Callable[[], dict[str, dict[str, Any]]]) -> None:
+        self._snapshots = snapshots
+
+    def collect(self) -> Iterator[Metric]:
+        snaps = self._snapshots()
+
+        def family(kind: type, name: str, doc: str, key: Callable[[dict[str, Any]], float]
+                   ) -> Metric:
+            fam = kind(name, doc, labels=["model"])
+            for model, s in snaps.items():
+                fam.add_metric([model], float(key(s)))
+            return fam
+
+        yield family(CounterMetricFamily, "edgeinfer_prompt_tokens",
+                     "Prompt tokens computed (cache hits excluded)", lambda s: s["prompt_tokens"])
+        yield family(CounterMetricFamily, "edgeinfer_generated_tokens", "Tokens generated",
+                     lambda s: s["generated_tokens"])
+        yield family(CounterMetricFamily, "edgeinfer_engine_steps", "Engine steps",
+                     lambda s: s["steps"])
+        yield family(CounterMetricFamily, "edgeinfer_decode_seconds",
+                     "Seconds spent inside llama_decode", lambda s: s["decode_seconds"])
+        yield family(GaugeMetricFamily, "edgeinfer_queue_depth", "Requests waiting for a slot",
+                     lambda s: s["queued"])
+        yield family(GaugeMetricFamily, "edgeinfer_slots_busy", "Slots running a request",
+                     lambda s: s["slots_busy"])
+        yield family(GaugeMetricFamily, "edgeinfer_slots_total", "Slots", lambda s: s["slots_total"])
+        yield family(GaugeMetricFamily, "edgeinfer_kv_cells_used",
+                     "KV cells holding tokens (running and cached)",
+                     lambda s: s["prefix_cache"]["cells_used"])
+        yield family(GaugeMetricFamily, "edgeinfer_kv_cells_total", "KV cells of the context",
+                     lambda s: s["n_ctx"])
+        yield family(CounterMetricFamily, "edgeinfer_prefix_cache_hits",
+                     "Requests that reused a cached prefix", lambda s: s["prefix_cache"]["hits"])
+        yield family(CounterMetricFamily, "edgeinfer_prefix_cache_hit_tokens",
+                     "Prompt tokens reused from the cache",
+                     lambda s: s["prefix_cache"]["hit_tokens"])
+        yield family(CounterMetricFamily, "edgeinfer_prefix_cache_evictions",
+                     "Cached prefixes evicted", lambda s: s["prefix_cache"]["evictions"])
+
+
+class Metrics:
+    """The app's registry: HTTP requests by status, latency histograms, engine counters."""
+
+    def __init__(self, snapshots: Callable[[], dict[str, dict[str, Any]]]) -> None:
+        self.registry = CollectorRegistry()
+        self.requests = Counter("edgeinfer_http_requests", "HTTP requests by route and status",
+                                ["route", "status"], registry=self.registry)
+        self.ttft = Histogram("edgeinfer_time_to_first_token_seconds",
+                              "Time from submission to the first generated token", ["model"],
+                              buckets=LATENCY_BUCKETS, registry=self.registry)
+        self.itl = Histogram("edgeinfer_inter_token_latency_seconds",
+                             "Time between two generated tokens of a request", ["model"],
+                             buckets=LATENCY_BUCKETS, registry=self.registry)
+        self.registry.register(EngineCollector(snapshots))  # type: ignore[arg-type]
+
+    def render(self) -> bytes:
+        return generate_latest(self.registry)

@@ -1,0 +1,124 @@
+"""Running the app under uvicorn: graceful shutdown, start-up summary, ready signal.
+
+For desktop apps that start edgeinfer as their backend: ``--port 0`` picks a
+free port; once the server answers, one line goes to stdout::
+
+    EDGEINFER_READY {"url": "http://127.0.0.1:54321", "pid": 4242}
+
+(and the same JSON to ``--ready-file`` if given); ``--parent-pid`` makes the
+server shut down when that process is gone.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import sys
+import threading
+from pathlib import Path
+from typing import Any
+
+import psutil
+import uvicorn
+from sse_starlette.sse import AppStatus
+
+from edgeinfer import __version__
+
+log = logging.getLogger("edgeinfer")
+
+READY_PREFIX = "EDGEINFER_READY "
+
+
+def _summary(app: Any, url: str) -> str:
+    pool = app.state.pool
+    lines = [f"edgeinfer {__version__} ready at {url}/v1  (chat page: {url}/)"]
+    for served in pool.models.values():
+        info, cfg = served.runtime.info, served.cfg
+        where = f"GPU ({cfg.gpu_layers} layers)" if cfg.gpu_layers else "CPU"
+        aliases = f" ({', '.join(cfg.aliases)})" if cfg.aliases else ""
+        lines.append(f"  {cfg.id}{aliases}: {info.description}, {where}, {cfg.slots} slots, "
+                     f"{info.n_ctx} KV cells, {cfg.threads} threads, "
+                     f"~{served.runtime.memory_bytes() >> 20} MiB")
+    for mid, err in pool.failed.items():
+        lines.append(f"  {mid}: FAILED - {err}")
+    lines.append(f"  try: curl {url}/v1/chat/completions -H 'content-type: application/json' "
+                 """-d '{"model": "default", "messages": [{"role": "user", "content": "Hi"}]}'""")
+    return "\n".join(lines)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
+    except psutil.Error:  # gone (NoSuchProcess) or not ours to see
+        return False
+
+
+class EdgeServer(uvicorn.Server):
+    """uvicorn's server with edgeinfer's shutdown and start-up behaviour.
+
+    First SIGTERM/SIGINT: stop accepting, let running requests finish for
+    ``grace`` seconds, then end the rest with an error event; exit status 0.
+    Second signal: exit now.
+    """
+
+    def __init__(self, config: uvicorn.Config, app: Any, grace: float,
+                 ready_file: Path | None = None, parent_pid: int | None = None) -> None:
+        super().__init__(config)
+        self.app = app
+        self.grace = grace
+        self.ready_file = ready_file
+        self.parent_pid = parent_pid
+        # sse-starlette would cut every stream at the first signal; we drain instead
+        AppStatus.disable_automatic_graceful_drain()
+
+    async def startup(self, sockets: Any = None) -> None:
+        await super().startup(sockets)
+        if not self.started or not self.servers:
+            return
+        host, port = self.servers[0].sockets[0].getsockname()[:2]
+        shown = self.config.host if self.config.host not in ("0.0.0.0", "::") else host
+        shown = f"[{shown}]" if ":" in shown else shown
+        url = f"http://{shown}:{port}"
+        log.info("%s", _summary(self.app, url))
+        ready = json.dumps({"url": url, "pid": os.getpid()})
+        if self.ready_file is not None:
+            tmp = self.ready_file.with_suffix(".tmp")
+            tmp.write_text(ready + "\n", encoding="utf-8")
+            tmp.replace(self.ready_file)  # appears whole, never half-written
+        sys.stdout.write(READY_PREFIX + ready + "\n")
+        sys.stdout.flush()
+        if self.parent_pid is not None:
+            threading.Thread(target=self._watch_parent, daemon=True, name="parent").start()
+
+    async def shutdown(self, sockets: Any = None) -> None:
+        await super().shutdown(sockets)
+        if self.ready_file is not None:
+            self.ready_file.unlink(missing_ok=True)
+
+    def _watch_parent(self) -> None:
+        while not self.should_exit:
+            if not _alive(self.parent_pid or 0):
+                log.info("parent process %s is gone: shutting down", self.parent_pid)
+                self.handle_exit(15, None)
+                return
+            threading.Event().wait(0.5)
+
+    def handle_exit(self, sig: int, frame: Any) -> None:
+        if self.should_exit:
+            log.warning("second signal: exiting now")
+            self.force_exit = True
+            return
+        self.should_exit = True
+        log.info("shutting down: running requests have %gs to finish", self.grace)
+        timer = threading.Timer(self.grace, self._deadline)
+        timer.daemon = True
+        timer.start()
+
+    def _deadline(self) -> None:
+        pool = getattr(self.app.state, "pool", None)
+        for served in list(pool.models.values()) if pool else []:
+            served.engine.fail_all("the server is shutting down")
+        backstop = threading.Timer(3.0, setattr, (AppStatus, "should_exit", True))
+        backstop.daemon = True  # streams still open after their error event: close them
+        backstop.start()

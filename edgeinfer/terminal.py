@@ -1,0 +1,56 @@
+"""``edgeinfer chat``: a terminal chat against a running server, streaming."""
+
+from __future__ import annotations
+
+import json
+import sys
+
+import httpx
+
+
+def chat_loop(url: str, model: str, system: str | None, api_key: str | None) -> int:
+    """Read a line, stream the answer, repeat; an empty line or end of input quits."""
+    headers = {"authorization": f"Bearer {api_key}"} if api_key else {}
+    messages: list[dict[str, str]] = [{"role": "system", "content": system}] if system else []
+    with httpx.Client(base_url=url, headers=headers, timeout=600) as client:
+        try:
+            client.get("/health").raise_for_status()
+        except httpx.HTTPError as exc:
+            sys.stderr.write(f"cannot reach {url}: {exc}\n")
+            return 1
+        while True:
+            sys.stdout.write("you> ")
+            sys.stdout.flush()
+            line = sys.stdin.readline()
+            if not line.strip():
+                return 0
+            messages.append({"role": "user", "content": line.strip()})
+            reply = _stream(client, model, messages)
+            if reply is None:
+                messages.pop()
+                continue
+            messages.append({"role": "assistant", "content": reply})
+
+
+def _stream(client: httpx.Client, model: str, messages: list[dict[str, str]]) -> str | None:
+    body = {"model": model, "messages": messages, "stream": True}
+    parts: list[str] = []
+    with client.stream("POST", "/v1/chat/completions", json=body) as r:
+        if r.status_code != 200:
+            sys.stderr.write(f"error: {json.loads(r.read()).get('error', {}).get('message')}\n")
+            return None
+        sys.stdout.write("assistant> ")
+        for line in r.iter_lines():
+            if not line.startswith("data: ") or line == "data: [DONE]":
+                continue
+            chunk = json.loads(line[6:])
+            if "error" in chunk:
+                sys.stderr.write(f"\nerror: {chunk['error'].get('message')}\n")
+                return None
+            for choice in chunk.get("choices", []):
+                text = (choice.get("delta") or {}).get("content") or ""
+                parts.append(text)
+                sys.stdout.write(text)
+                sys.stdout.flush()
+    sys.stdout.write("\n")
+    return "".join(parts)
