@@ -7,7 +7,6 @@ import time
 from pathlib import Path
 
 import pytest
-
 from conftest import ROOT, ServerProcess
 
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
