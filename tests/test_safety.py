@@ -149,17 +149,22 @@ def test_hostile_chat_templates_are_contained(hostile_server: ServerProcess, nam
 @pytest.fixture(scope="module")
 def small_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
     srv = start_server(tmp_path_factory.mktemp("small"), "--slots", "4", "--max-queue", "16",
-                       "--context", "2048", "--request-timeout", "10")
+                       "--context", "2048")
     yield srv
     stop_server(srv)
 
 
-def test_time_limit_frees_the_slot(small_server: ServerProcess) -> None:
-    r = httpx.post(f"{small_server.base_url}{CHAT}", json={
-        "model": "default", "messages": HI, "max_tokens": 1900, "ignore_eos": True}, timeout=60)
-    assert r.status_code == 504 and r.json()["error"]["code"] == "timeout"
-    assert small_server.engine_stats()["slots_busy"] == 0
-    ok_afterwards(small_server)
+def test_time_limit_frees_the_slot(tmp_path: Path) -> None:
+    srv = start_server(tmp_path, "--slots", "2", "--request-timeout", "3")
+    try:
+        r = httpx.post(f"{srv.base_url}{CHAT}", json={
+            "model": "default", "messages": HI, "max_tokens": 3000, "ignore_eos": True},
+            timeout=60)
+        assert r.status_code == 504 and r.json()["error"]["code"] == "timeout"
+        assert srv.engine_stats()["slots_busy"] == 0
+        ok_afterwards(srv)
+    finally:
+        stop_server(srv)
 
 
 def test_64_streams_against_4_slots_and_a_queue_of_16(small_server: ServerProcess) -> None:
