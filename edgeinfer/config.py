@@ -30,28 +30,42 @@ from edgeinfer.errors import ConfigError
 
 DEFAULT_CONFIG = Path(__file__).resolve().parent.parent / "models.toml"
 
-_SERVER_KEYS = {"host", "port", "api_keys", "api_key_file", "allowed_hosts", "cors_origins"}
+_SERVER_KEYS = {"host", "port", "api_keys", "api_key_file", "allowed_hosts", "cors_origins",
+                "memory_budget_mb"}
+ROUTING_WHEN = ("tools", "code", "long", "default")
 _MODEL_KEYS = {
     "id", "aliases", "path", "source", "context", "slots", "threads", "gpu_layers", "batch",
     "chat_template", "max_tokens", "prefix_cache", "cache_entries", "pinned_prompts", "max_queue",
-    "request_timeout",
+    "request_timeout", "tags", "preload", "ttl", "fallback",
 }
+TAGS = {"chat", "completion", "code", "tools", "reasoning"}
 
 
 @dataclass(frozen=True, slots=True)
 class PackageSource:
-    """A GGUF file shipped inside an installed Python package."""
+    """A GGUF file from an installed Python package: a file inside it, or one that the
+    package's ``assemble(path)`` writes (models split into several packages)."""
 
     package: str
-    file: str
+    file: str | None = None
     pip_name: str | None = None  # distribution name, if it differs from the import name
+    assemble: bool = False
+    pip_deps: bool = False  # install the package's dependencies too (its chunk packages)
+
+
+@dataclass(frozen=True, slots=True)
+class DerivedSource:
+    """Another configured model's file, re-quantized (written once to the cache folder)."""
+
+    base: str
+    quantize: str
 
 
 @dataclass(frozen=True, slots=True)
 class ModelConfig:
     id: str
     path: Path | None = None
-    source: PackageSource | None = None
+    source: PackageSource | DerivedSource | None = None
     aliases: tuple[str, ...] = ()
     context: int = 8192
     slots: int = 8
@@ -63,6 +77,10 @@ class ModelConfig:
     prefix_cache: bool = True
     cache_entries: int = 32  # finished sequences kept in the KV cache for reuse
     pinned_prompts: tuple[str, ...] = ()  # system prompts kept resident, never evicted
+    tags: tuple[str, ...] = ("chat",)  # what the router may send here
+    preload: bool = False  # load at start-up (the first model always is)
+    ttl: float | None = None  # seconds idle before it is unloaded (None: never)
+    fallback: tuple[str, ...] = ()  # models to try when this one is saturated or failed
     max_queue: int = 64  # requests waiting for a slot before new ones get 429
     request_timeout: float = 600.0  # seconds a request may take, queue time included
 
@@ -80,6 +98,8 @@ class ModelConfig:
         if self.cache_entries < 0 or self.slots + self.cache_entries > 256:
             raise ConfigError(f"model {self.id!r}: slots plus cache_entries must be at most 256 "
                               "(llama.cpp's sequence limit)")
+        if not set(self.tags) <= TAGS:
+            raise ConfigError(f"model {self.id!r}: tags must be among {sorted(TAGS)}")
         if self.context < 16:
             raise ConfigError(f"model {self.id!r}: context must be >= 16")
 
@@ -94,8 +114,21 @@ class ServerConfig:
     port: int = 8080
     models: tuple[ModelConfig, ...] = ()
     api_keys: tuple[str, ...] = ()
+    memory_budget_mb: int | None = None  # models loaded at once stay under this (and free RAM)
+    routing: tuple[tuple[str, str], ...] = ()  # (when, model) rules for model "auto"
     allowed_hosts: tuple[str, ...] = ()  # Host header values besides loopback ("*": any)
     cors_origins: tuple[str, ...] = ()  # browser origins besides http(s)://localhost[:port]
+
+
+def _source(src: Any, model_id: str) -> PackageSource | DerivedSource:
+    if isinstance(src, dict) and "base" in src:
+        return DerivedSource(str(src["base"]), str(src.get("quantize", "q8_0")))
+    if not isinstance(src, dict) or "package" not in src or not (
+            "file" in src or src.get("assemble")):
+        raise ConfigError(f"model {model_id!r}: source needs 'package' and 'file' (or "
+                          "'assemble = true'), or 'base' and 'quantize'")
+    return PackageSource(src["package"], src.get("file"), src.get("pip"),
+                         bool(src.get("assemble", False)), bool(src.get("deps", False)))
 
 
 def _model_from_table(table: dict[str, Any], base: Path) -> ModelConfig:
@@ -109,11 +142,10 @@ def _model_from_table(table: dict[str, Any], base: Path) -> ModelConfig:
         p = Path(os.path.expanduser(str(kwargs["path"])))
         kwargs["path"] = p if p.is_absolute() else (base / p)
     if "source" in kwargs:
-        src = kwargs["source"]
-        if not isinstance(src, dict) or "package" not in src or "file" not in src:
-            raise ConfigError(f"model {table['id']!r}: source needs 'package' and 'file'")
-        kwargs["source"] = PackageSource(src["package"], src["file"], src.get("pip"))
-    kwargs["aliases"] = tuple(kwargs.get("aliases", ()))
+        kwargs["source"] = _source(kwargs["source"], table["id"])
+    for key in ("aliases", "tags", "fallback"):
+        if key in kwargs:
+            kwargs[key] = tuple(kwargs[key])
     kwargs["pinned_prompts"] = tuple(kwargs.get("pinned_prompts", ()))
     try:
         return ModelConfig(**kwargs)
@@ -151,7 +183,23 @@ def load_config(path: Path | None = None) -> ServerConfig:
         models=models, api_keys=tuple(keys),
         allowed_hosts=tuple(server.get("allowed_hosts", ())),
         cors_origins=tuple(server.get("cors_origins", ())),
+        memory_budget_mb=server.get("memory_budget_mb"),
+        routing=_routing(data.get("routing", {}), seen),
     )
+
+
+def _routing(table: Any, names: set[str]) -> tuple[tuple[str, str], ...]:
+    """[routing] when = "model": which model answers requests for model "auto"."""
+    if not isinstance(table, dict):
+        raise ConfigError("[routing] must be a table of when = model")
+    rules = []
+    for when, model in table.items():
+        if when not in ROUTING_WHEN:
+            raise ConfigError(f"[routing] {when!r}: use one of {', '.join(ROUTING_WHEN)}")
+        if model not in names:
+            raise ConfigError(f"[routing] {when} names an unknown model {model!r}")
+        rules.append((when, str(model)))
+    return tuple(rules)
 
 
 def read_api_key_file(path: Path) -> list[str]:

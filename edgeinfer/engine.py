@@ -180,7 +180,7 @@ class Engine:
 
     async def generate(
         self, request_id: str, prompt: list[int], params: SamplingParams, *,
-        use_cache: bool = True, pin: bool = False,
+        use_cache: bool = True, pin: bool = False, priority: int = 0,
     ) -> AsyncIterator[Delta]:
         """Run one request; yields deltas until (and including) the finishing one.
 
@@ -195,7 +195,7 @@ class Engine:
         max_tokens = room if params.max_tokens is None else min(params.max_tokens, room)
         sink: asyncio.Queue[Delta] = asyncio.Queue()
         seq = Sequence(request_id, prompt, params, max_tokens, sink=sink, use_cache=use_cache,
-                       pin=pin)
+                       pin=pin, priority=priority)
         self.submit(seq)
         done = False
         try:
@@ -270,7 +270,7 @@ class Engine:
             return
         seq.text = TextStream(seq.params.stop)
         self._timing[seq.request_id] = _Timing()
-        self.scheduler.add(seq)
+        self.scheduler.add(seq, time.monotonic())
 
     def _eog(self) -> tuple[int, ...]:
         if self._eog_tokens is None:
@@ -328,7 +328,7 @@ class Engine:
         self._expire()
         if not self.scheduler.has_work():
             return
-        for seq in self.scheduler.admit():
+        for seq in self.scheduler.admit(time.monotonic()):
             self._attach(seq)
         self._resume_waiters()
         chunks = self.scheduler.schedule()

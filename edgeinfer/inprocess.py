@@ -67,7 +67,7 @@ class EdgeInfer:
         ``sampling``: any SamplingParams field (temperature, max_tokens, top_p,
         stop, seed, ...). Breaking out of the loop cancels the generation.
         """
-        served = self.pool.get(model)
+        served = await self.pool.acquire(model)
         text = await asyncio.to_thread(served.template.render, messages)
         tokens = await asyncio.to_thread(served.tokenize_chat, text)
         async for piece in self._generate(served, tokens, sampling):
@@ -75,7 +75,7 @@ class EdgeInfer:
 
     async def complete(self, model: str, prompt: str, **sampling: Any) -> AsyncIterator[str]:
         """Stream a plain text completion of ``prompt``."""
-        served = self.pool.get(model)
+        served = await self.pool.acquire(model)
         tokens = await asyncio.to_thread(served.tokenize_text, prompt)
         async for piece in self._generate(served, tokens, sampling):
             yield piece

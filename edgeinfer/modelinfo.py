@@ -13,9 +13,9 @@ import llama_cpp
 from gguf import GGUFReader, GGUFValueType, LlamaFileType
 
 from edgeinfer import native
-from edgeinfer.config import ModelConfig
+from edgeinfer.config import DerivedSource, ModelConfig, PackageSource
 from edgeinfer.errors import ConfigError, EdgeInferError, ModelLoadError
-from edgeinfer.source import check_gguf, resolve_model_path
+from edgeinfer.source import cache_dir, check_gguf, resolve_model_path
 
 log = logging.getLogger("edgeinfer.models")
 
@@ -57,12 +57,20 @@ def gguf_facts(path: Path) -> dict[str, Any]:
             "name": _value(reader, "general.name")}
 
 
-def describe(cfg: ModelConfig) -> dict[str, Any]:
+def describe(cfg: ModelConfig, models: dict[str, ModelConfig] | None = None) -> dict[str, Any]:
     """A row of ``edgeinfer models``."""
     row: dict[str, Any] = {"id": cfg.id, "aliases": list(cfg.aliases), "slots": cfg.slots,
                            "context": cfg.context}
+    src = cfg.source
+    if isinstance(src, DerivedSource) or (isinstance(src, PackageSource) and src.assemble):
+        made = (cache_dir() / f"{cfg.id}.{src.quantize}.gguf" if isinstance(src, DerivedSource)
+                else cache_dir() / f"{cfg.id}.gguf")
+        if not made.is_file():  # listing never writes files
+            what = (f"a {src.quantize} copy of {src.base}" if isinstance(src, DerivedSource)
+                    else f"assembled from {src.package}")
+            return {**row, "status": "made on first use", "error": what}
     try:
-        path = resolve_model_path(cfg)
+        path = resolve_model_path(cfg, models)
         check_gguf(path, cfg.id)
         facts = gguf_facts(path)
     except (ModelLoadError, ValueError, OSError) as exc:

@@ -8,9 +8,13 @@ import math
 import time
 import uuid
 from collections import deque
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
+from enum import StrEnum
+from pathlib import Path
 from typing import Any
+
+import psutil
 
 from edgeinfer.chat import ChatTemplate
 from edgeinfer.config import ModelConfig, ServerConfig
@@ -111,9 +115,9 @@ class ServedModel:
             )
 
 
-def load_model(cfg: ModelConfig) -> ServedModel:
+def load_model(cfg: ModelConfig, path: Path | None = None) -> ServedModel:
     """Load one model and create its engine (blocking; run it off the event loop)."""
-    path = resolve_model_path(cfg)
+    path = path or resolve_model_path(cfg)
     check_gguf(path, cfg.id)
     if cfg.gpu_layers and not gpu_offload_supported():
         log.warning("model %s: this llama-cpp-python build has no GPU support; running on the CPU",
@@ -133,46 +137,184 @@ def load_model(cfg: ModelConfig) -> ServedModel:
     return ServedModel(cfg, runtime, Engine(runtime), template, Embedder(runtime))
 
 
+class ModelState(StrEnum):
+    UNLOADED = "unloaded"
+    LOADING = "loading"
+    LOADED = "loaded"
+    FAILED = "failed"
+
+
+@dataclass(slots=True)
+class PoolEntry:
+    """One configured model and where it stands; transitions happen in ModelPool only."""
+
+    cfg: ModelConfig
+    state: ModelState = ModelState.UNLOADED
+    served: ServedModel | None = None
+    error: str | None = None
+    task: asyncio.Task[None] | None = None
+    last_used: float = field(default_factory=time.monotonic)
+
+    def idle_for(self, now: float) -> float:
+        if self.served is None or self.served.inflight:
+            return 0.0
+        done = self.served._finished_at
+        return now - max(self.last_used, done[-1] if done else 0.0)
+
+
+MEMORY_RESERVE = 512 << 20  # left free for the OS and the server itself
+REAP_SECONDS = 1.0
+
+
 class ModelPool:
-    """All configured models; ``get`` resolves a request's ``model`` field."""
+    """All configured models: loaded at start (``preload``) or on first use, unloaded when
+    idle past their ``ttl`` or to make room for another within the memory budget.
+
+    ``acquire`` resolves a request's ``model`` (id or alias) and waits for the model to
+    load; a model that fails to load fails alone. A busy model is never unloaded.
+    """
 
     def __init__(self, config: ServerConfig) -> None:
         self.config = config
-        self.models: dict[str, ServedModel] = {}
-        self.failed: dict[str, str] = {}
+        self.entries: dict[str, PoolEntry] = {m.id: PoolEntry(m) for m in config.models}
         self._names: dict[str, str] = {n: m.id for m in config.models for n in m.names}
+        self._reaper: asyncio.Task[None] | None = None
+        self.on_load: list[Callable[[str, ServedModel], None]] = []
 
-    async def start(self) -> None:
-        loop = asyncio.get_running_loop()
-        for cfg in self.config.models:
-            try:
-                served = await asyncio.to_thread(load_model, cfg)
-            except ModelLoadError as exc:
-                log.error("%s", exc)
-                self.failed[cfg.id] = str(exc)
-                continue
-            served.engine.start(loop)
-            self.models[cfg.id] = served
-            for text in cfg.pinned_prompts:
-                n = await served.pin(served.system_prefix([{"role": "system", "content": text}]))
-                log.info("model %s: pinned a %d-token system prompt", cfg.id, n)
-        if not self.models:
-            raise ModelLoadError("; ".join(self.failed.values()) or "no model configured")
+    # -- views ------------------------------------------------------------------------
+    @property
+    def models(self) -> dict[str, ServedModel]:
+        """The loaded models."""
+        return {mid: e.served for mid, e in self.entries.items()
+                if e.state is ModelState.LOADED and e.served is not None}
 
-    async def stop(self) -> None:
-        for served in self.models.values():
-            await asyncio.to_thread(served.embedder.close)  # before the model is freed
-            await asyncio.to_thread(served.engine.stop)
-        self.models.clear()
+    @property
+    def failed(self) -> dict[str, str]:
+        return {mid: e.error or "" for mid, e in self.entries.items()
+                if e.state is ModelState.FAILED}
 
-    def get(self, name: str) -> ServedModel:
+    def resolve(self, name: str) -> str:
         model_id = self._names.get(name)
         if model_id is None:
             raise NotFound(f"The model '{name}' does not exist. Available: "
                            f"{', '.join(sorted(self._names))}", param="model",
                            code="model_not_found")
-        served = self.models.get(model_id)
-        if served is None:
-            raise APIError(f"the model '{name}' failed to load: {self.failed.get(model_id)}",
-                           param="model", code="model_unavailable", status=503)
-        return served
+        return model_id
+
+    def get(self, name: str) -> ServedModel:
+        """A loaded model, now (no waiting): 503 for one that is not loaded."""
+        entry = self.entries[self.resolve(name)]
+        if entry.state is ModelState.LOADED and entry.served is not None:
+            entry.last_used = time.monotonic()
+            return entry.served
+        raise self._unavailable(entry)
+
+    def _unavailable(self, entry: PoolEntry) -> APIError:
+        if entry.state is ModelState.FAILED:
+            return APIError(f"the model '{entry.cfg.id}' failed to load: {entry.error}",
+                            param="model", code="model_unavailable", status=503)
+        return APIError(f"the model '{entry.cfg.id}' is {entry.state.value}; retry shortly",
+                        param="model", code="model_loading", status=503,
+                        headers={"Retry-After": "2"})
+
+    # -- lifecycle --------------------------------------------------------------------
+    async def start(self) -> None:
+        """Load the preloaded models (the first one always) and start the idle reaper."""
+        for i, cfg in enumerate(self.config.models):
+            if cfg.preload or i == 0:
+                await self._ensure(self.entries[cfg.id])
+        if not self.models and all(e.state is ModelState.FAILED for e in self.entries.values()):
+            raise ModelLoadError("; ".join(self.failed.values()) or "no model configured")
+        self._reaper = asyncio.ensure_future(self._reap())
+
+    async def stop(self) -> None:
+        if self._reaper is not None:
+            self._reaper.cancel()
+        for mid in list(self.models):
+            await self.unload(mid)
+
+    async def acquire(self, name: str, wait: bool = True) -> ServedModel:
+        """The model named by a request, loading it first if needed (``wait``), else 503."""
+        entry = self.entries[self.resolve(name)]
+        if entry.state is not ModelState.LOADED and wait:
+            await self._ensure(entry)
+        elif entry.state is ModelState.UNLOADED:
+            self._start_loading(entry)
+        return self.get(name)
+
+    def _start_loading(self, entry: PoolEntry) -> asyncio.Task[None]:
+        if entry.task is None or entry.task.done():
+            entry.task = asyncio.ensure_future(self._load(entry))
+        return entry.task
+
+    async def _ensure(self, entry: PoolEntry) -> None:
+        if entry.state in (ModelState.UNLOADED, ModelState.LOADING):
+            await asyncio.shield(self._start_loading(entry))
+
+    async def _load(self, entry: PoolEntry) -> None:
+        cfg = entry.cfg
+        entry.state = ModelState.LOADING
+        try:
+            path = await asyncio.to_thread(resolve_model_path, cfg, self._configs())
+            await self._make_room(cfg.id, path.stat().st_size)
+            served = await asyncio.to_thread(load_model, cfg, path)
+        except ModelLoadError as exc:
+            log.error("%s", exc)
+            entry.state, entry.error = ModelState.FAILED, str(exc)
+            return
+        served.engine.start(asyncio.get_running_loop())
+        entry.served, entry.state, entry.error = served, ModelState.LOADED, None
+        entry.last_used = time.monotonic()
+        for hook in self.on_load:
+            hook(cfg.id, served)
+        for text in cfg.pinned_prompts:
+            n = await served.pin(served.system_prefix([{"role": "system", "content": text}]))
+            log.info("model %s: pinned a %d-token system prompt", cfg.id, n)
+
+    async def unload(self, model_id: str) -> bool:
+        """Free a loaded model (False if it is busy or not loaded)."""
+        entry = self.entries[self.resolve(model_id)]
+        served = entry.served
+        if entry.state is not ModelState.LOADED or served is None or served.inflight:
+            return False
+        entry.state, entry.served = ModelState.UNLOADED, None
+        await asyncio.to_thread(served.embedder.close)  # before the model is freed
+        await asyncio.to_thread(served.engine.stop)
+        log.info("model %s unloaded", entry.cfg.id)
+        return True
+
+    def _configs(self) -> dict[str, ModelConfig]:
+        return {e.cfg.id: e.cfg for e in self.entries.values()}
+
+    async def _make_room(self, model_id: str, file_size: int) -> None:
+        """Unload idle models, least recently used first, until the new one fits."""
+        need = int(file_size * 1.3) + (64 << 20)
+        budget = self.config.memory_budget_mb << 20 if self.config.memory_budget_mb else None
+
+        def fits() -> bool:
+            loaded = sum(m.runtime.memory_bytes() for m in self.models.values())
+            free = psutil.virtual_memory().available - MEMORY_RESERVE
+            return need <= free and (budget is None or loaded + need <= budget)
+
+        while not fits():
+            now = time.monotonic()
+            idle = [e for e in self.entries.values()
+                    if e.state is ModelState.LOADED and e.idle_for(now) > 0.5]
+            if not idle:
+                raise ModelLoadError(f"model {model_id!r}: not enough memory to load it "
+                                     f"(~{need >> 20} MiB) and no idle model to unload")
+            victim = min(idle, key=lambda e: e.last_used)
+            log.info("unloading %s to make room for %s", victim.cfg.id, model_id)
+            await self.unload(victim.cfg.id)
+
+    async def _reap(self) -> None:
+        """Unload models idle past their ttl."""
+        while True:
+            await asyncio.sleep(REAP_SECONDS)
+            now = time.monotonic()
+            for entry in list(self.entries.values()):
+                ttl = entry.cfg.ttl
+                if ttl is not None and entry.state is ModelState.LOADED and (
+                        entry.idle_for(now) > ttl):
+                    log.info("model %s idle for %.0fs: unloading", entry.cfg.id, ttl)
+                    await self.unload(entry.cfg.id)

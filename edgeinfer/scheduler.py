@@ -2,7 +2,7 @@
 
 Pure Python, no llama calls. The engine calls, once per step::
 
-    scheduler.admit()                  # waiting requests take free slots
+    scheduler.admit(now)               # waiting requests take free slots
     chunks = scheduler.schedule()      # plan one batch
     ...llama_decode(batch built from chunks)...
     scheduler.commit(chunks)           # those tokens are now in the KV cache
@@ -35,6 +35,9 @@ class Chunk:
     @property
     def end(self) -> int:
         return self.start + len(self.tokens)
+
+
+AGING_SECONDS = 10.0
 
 
 class Scheduler:
@@ -76,15 +79,30 @@ class Scheduler:
         return None
 
     # -- transitions -----------------------------------------------------
-    def add(self, seq: Sequence) -> None:
+    def add(self, seq: Sequence, now: float = 0.0) -> None:
         assert seq.status is SequenceStatus.WAITING
+        seq.queued_at = now
         self.waiting.append(seq)
 
-    def admit(self) -> list[Sequence]:
-        """Move waiting sequences into free slots, in arrival order; returns them."""
+    def _next(self, now: float) -> Sequence:
+        """Highest effective priority first, then arrival order.
+
+        Effective priority = priority + seconds waited / AGING_SECONDS, so a
+        low-priority request gains a level every AGING_SECONDS and is never
+        starved by a stream of higher-priority ones.
+        """
+        if all(s.priority == self.waiting[0].priority for s in self.waiting):
+            return self.waiting.popleft()  # the common case: plain arrival order
+        best = max(self.waiting, key=lambda s: (
+            s.priority + (now - s.queued_at) / AGING_SECONDS, -s.arrival))
+        self.waiting.remove(best)
+        return best
+
+    def admit(self, now: float = 0.0) -> list[Sequence]:
+        """Move waiting sequences into free slots (see ``_next`` for the order)."""
         admitted = []
         while self.waiting and self._free_slots:
-            seq = self.waiting.popleft()
+            seq = self._next(now)
             seq.slot = self._free_slots.pop(0)
             seq.status = SequenceStatus.RUNNING
             self.running.append(seq)

@@ -89,6 +89,8 @@ class Sequence:
     status: SequenceStatus = SequenceStatus.WAITING
     arrival: int = field(default_factory=lambda: next(_arrivals))
     num_cached: int = 0  # prompt tokens taken from the prefix cache
+    priority: int = 0  # higher is admitted to a slot first (see Scheduler.admit)
+    queued_at: float = 0.0  # when it started waiting (scheduler clock)
     pin: bool = False  # keep this prompt resident in the cache when done
     use_cache: bool = True  # reuse cached prefixes for this prompt
     # (sequence, length): do not prefill; another request is computing our prefix

