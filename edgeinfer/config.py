@@ -70,7 +70,7 @@ class ModelConfig:
     context: int = 8192
     slots: int = 8
     threads: int = field(default_factory=lambda: min(8, os.cpu_count() or 1))
-    gpu_layers: int = 0
+    gpu_layers: int | str = 0  # a count, or "auto": what fits the GPU's free memory
     batch: int = 256
     chat_template: str | None = None
     max_tokens: int | None = None  # default max_tokens when a request sets none
@@ -87,6 +87,8 @@ class ModelConfig:
     def __post_init__(self) -> None:
         if (self.path is None) == (self.source is None):
             raise ConfigError(f"model {self.id!r}: give exactly one of 'path' or 'source'")
+        if self.gpu_layers != "auto" and not isinstance(self.gpu_layers, int):
+            raise ConfigError(f"model {self.id!r}: gpu_layers must be a number or \"auto\"")
         for name in ("context", "slots", "threads", "batch"):
             if getattr(self, name) < 1:
                 raise ConfigError(f"model {self.id!r}: {name} must be >= 1")

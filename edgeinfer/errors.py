@@ -64,8 +64,9 @@ class Overloaded(APIError):
     status = 429
     type = "rate_limit_error"
 
-    def __init__(self, message: str, retry_after: int) -> None:
-        super().__init__(message, code="rate_limit_exceeded",
+    def __init__(self, message: str, retry_after: int, status: int = 429,
+                 code: str = "rate_limit_exceeded") -> None:
+        super().__init__(message, code=code, status=status,
                          headers={"Retry-After": str(retry_after)})
 
 

@@ -150,7 +150,7 @@ class LlamaRuntime:
     def _load(self) -> None:
         cfg = self.cfg
         mparams = llama_cpp.llama_model_default_params()
-        mparams.n_gpu_layers = cfg.gpu_layers
+        mparams.n_gpu_layers = cfg.gpu_layers if isinstance(cfg.gpu_layers, int) else 0
         progress = _LoadProgress(cfg.id)
         mparams.progress_callback = progress.callback
         self._model = llama_cpp.llama_model_load_from_file(str(self.path).encode(), mparams)

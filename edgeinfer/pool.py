@@ -9,7 +9,7 @@ import time
 import uuid
 from collections import deque
 from collections.abc import AsyncIterator, Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from enum import StrEnum
 from pathlib import Path
 from typing import Any
@@ -28,7 +28,9 @@ from edgeinfer.errors import (
     NotFound,
     Overloaded,
 )
+from edgeinfer.modelinfo import gguf_facts
 from edgeinfer.native import LlamaRuntime, gpu_offload_supported
+from edgeinfer.offload import gpu_free_bytes, plan_gpu_layers, warn_cpu_only_once
 from edgeinfer.sequence import SamplingParams
 from edgeinfer.source import check_gguf, resolve_model_path
 
@@ -119,9 +121,14 @@ def load_model(cfg: ModelConfig, path: Path | None = None) -> ServedModel:
     """Load one model and create its engine (blocking; run it off the event loop)."""
     path = path or resolve_model_path(cfg)
     check_gguf(path, cfg.id)
-    if cfg.gpu_layers and not gpu_offload_supported():
-        log.warning("model %s: this llama-cpp-python build has no GPU support; running on the CPU",
-                    cfg.id)
+    if cfg.gpu_layers:
+        supported = gpu_offload_supported()
+        if not supported:
+            warn_cpu_only_once(cfg.id)
+        free = gpu_free_bytes() if supported and cfg.gpu_layers == "auto" else None
+        n_layers = int(gguf_facts(path)["layers"]) if free else 0
+        layers = plan_gpu_layers(cfg.gpu_layers, supported, n_layers, path.stat().st_size, free)
+        cfg = replace(cfg, gpu_layers=layers)
     t0 = time.perf_counter()
     runtime = LlamaRuntime(cfg, path)
     info = runtime.info
@@ -258,6 +265,9 @@ class ModelPool:
             path = await asyncio.to_thread(resolve_model_path, cfg, self._configs())
             await self._make_room(cfg.id, path.stat().st_size)
             served = await asyncio.to_thread(load_model, cfg, path)
+        except Overloaded:
+            entry.state = ModelState.UNLOADED  # no room now; a later request tries again
+            raise
         except ModelLoadError as exc:
             log.error("%s", exc)
             entry.state, entry.error = ModelState.FAILED, str(exc)
@@ -301,8 +311,9 @@ class ModelPool:
             idle = [e for e in self.entries.values()
                     if e.state is ModelState.LOADED and e.idle_for(now) > 0.5]
             if not idle:
-                raise ModelLoadError(f"model {model_id!r}: not enough memory to load it "
-                                     f"(~{need >> 20} MiB) and no idle model to unload")
+                raise Overloaded(f"not enough memory to load model {model_id!r} "
+                                 f"(~{need >> 20} MiB) while the other models are busy",
+                                 retry_after=10, status=503, code="insufficient_memory")
             victim = min(idle, key=lambda e: e.last_used)
             log.info("unloading %s to make room for %s", victim.cfg.id, model_id)
             await self.unload(victim.cfg.id)

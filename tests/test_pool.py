@@ -27,6 +27,11 @@ def test_three_models_answer_and_auto_routes_by_the_rules(server: ServerProcess,
         assert r.model == model_id and r.choices[0].text
     states = {m.id: m.state for m in client.models.list().data}  # type: ignore[attr-defined]
     assert set(states.values()) == {"loaded"}
+    # Gemma's sliding-window KV cannot share prefixes: detected, its cache is off
+    caches = {c["model"]: c["enabled"]
+              for c in httpx.get(f"{server.base_url}/v1/cache").json()["data"]}
+    assert caches == {"smollm2-135m-instruct": True, "smollm2-135m-instruct-q8": True,
+                      "gemma-3-270m": False}
 
     def auto(**kw: object) -> str:
         r = client.chat.completions.create(model="auto", max_tokens=2, **kw)  # type: ignore
@@ -181,3 +186,40 @@ def test_models_command_lists_three(tmp_path: Path) -> None:
     rows = {r["id"]: r for r in json.loads(out)}
     assert rows["smollm2-135m-instruct"]["quant"] == "Q4_1"
     assert rows["gemma-3-270m"]["arch"] == "gemma3"
+
+
+def test_memory_budget_unloads_idle_models_never_busy_ones(tmp_path: Path) -> None:
+    cfg = tmp_path / "models.toml"
+    models = "\n".join(f'[[models]]\nid = "{m}"\n{SMOL}\nslots = 1\ncontext = 1024\nbatch = 64\n'
+                       for m in ("a", "b"))
+    # one SmolLM2 fits in 300 MiB, two do not
+    cfg.write_text(f"[server]\nmemory_budget_mb = 300\n{models}")
+    srv = start_server(tmp_path, "--config", str(cfg))
+    base = srv.base_url
+    try:
+        def states() -> dict[str, str]:
+            return {m["id"]: m["state"] for m in httpx.get(f"{base}/v1/models").json()["data"]}
+
+        assert states() == {"a": "loaded", "b": "unloaded"}
+        time.sleep(1)
+        assert _chat(base, "b", 2).status_code == 200
+        assert states() == {"a": "unloaded", "b": "loaded"}  # a was idle: unloaded for b
+
+        async def busy_then_other() -> tuple[int, int]:
+            async with httpx.AsyncClient(timeout=120) as c:
+                body = {"model": "b", "max_tokens": 300, "ignore_eos": True,
+                        "messages": [{"role": "user", "content": "Tell a story."}]}
+                long_run = asyncio.ensure_future(c.post(f"{base}/v1/chat/completions", json=body))
+                await asyncio.sleep(1.0)
+                other = await c.post(f"{base}/v1/chat/completions",
+                                     json={**body, "model": "a", "max_tokens": 2})
+                return (await long_run).status_code, other.status_code
+
+        busy, other = asyncio.run(busy_then_other())
+        assert busy == 200 and other == 503  # b was busy: not unloaded, a waits for room
+        assert states()["b"] == "loaded"
+        time.sleep(1)  # a model counts as idle half a second after its last request
+        assert _chat(base, "a", 2).status_code == 200  # b idle again: now a gets its room
+        assert states() == {"a": "loaded", "b": "unloaded"}
+    finally:
+        stop_server(srv)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import math
 import time
 
 import httpx
@@ -245,6 +246,7 @@ def test_logprobs_chat_and_completions(client: openai.OpenAI) -> None:
     assert content and len(content) <= 5
     for item in content:
         assert len(item.top_logprobs) == 3 and item.logprob <= 0
+        assert sum(math.exp(t.logprob) for t in item.top_logprobs) <= 1 + 1e-6  # a distribution
         # greedy: the sampled token is the most likely one
         assert item.top_logprobs[0].logprob == item.logprob
     assert "".join(i.token for i in content) == r.choices[0].message.content
