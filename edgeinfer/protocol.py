@@ -196,22 +196,22 @@ def _is_tokens(v: Any) -> bool:
         isinstance(t, int) and not isinstance(t, bool) for t in v)
 
 
-def _prompts(prompt: Any, n_vocab: int) -> tuple[str | list[int], ...]:
-    """A string, a list of token ids, or a list of either: one or more prompts."""
-    if isinstance(prompt, str) or _is_tokens(prompt):
-        items: list[Any] = [prompt]
-    elif isinstance(prompt, list) and prompt and all(
-            isinstance(p, str) or _is_tokens(p) for p in prompt):
-        items = prompt
+def _texts_or_tokens(value: Any, n_vocab: int, param: str, limit: int
+                     ) -> tuple[str | list[int], ...]:
+    """A string, a list of token ids, or a non-empty list of either (at most ``limit``)."""
+    if isinstance(value, str) or _is_tokens(value):
+        items: list[Any] = [value]
+    elif isinstance(value, list) and value and all(
+            isinstance(p, str) or _is_tokens(p) for p in value):
+        items = value
     else:
-        raise InvalidRequest("'prompt' must be a string, a list of token ids, or a non-empty "
-                             "list of either", param="prompt")
-    if len(items) > MAX_PROMPTS:
-        raise InvalidRequest(f"at most {MAX_PROMPTS} prompts per request", param="prompt")
+        raise InvalidRequest(f"'{param}' must be a string, a list of token ids, or a non-empty "
+                             "list of either", param=param)
+    if len(items) > limit:
+        raise InvalidRequest(f"at most {limit} items in '{param}'", param=param)
     for p in items:
         if isinstance(p, list) and not all(0 <= t < n_vocab for t in p):
-            raise InvalidRequest(f"'prompt' token ids must be in 0..{n_vocab - 1}",
-                                 param="prompt")
+            raise InvalidRequest(f"'{param}' token ids must be in 0..{n_vocab - 1}", param=param)
     return tuple(items)
 
 
@@ -406,7 +406,7 @@ def parse_completion(body: Any, n_vocab: int) -> GenerationRequest:
     logprobs = b.integer("logprobs", 0, 20, None)
     if b.integer("best_of", 1, 1, 1) != 1:  # pragma: no cover
         raise InvalidRequest("'best_of' must be 1", param="best_of")
-    prompts = _prompts(b.body.get("prompt"), n_vocab)
+    prompts = _texts_or_tokens(b.body.get("prompt"), n_vocab, "prompt", MAX_PROMPTS)
     max_tokens = b.integer("max_tokens", 1, MAX_TOKENS_LIMIT, 16)
     stream, include_usage = _stream(b)
     assert model is not None
@@ -434,19 +434,7 @@ def parse_embeddings(body: Any, n_vocab: int) -> EmbeddingRequest:
     b = _Body(body, {"model", "input", "encoding_format", "dimensions", "user"})
     model = b.string("model", required=True)
     assert model is not None
-    raw = b.body.get("input")
-    if isinstance(raw, str) or _is_tokens(raw):
-        items: list[Any] = [raw]
-    elif isinstance(raw, list) and raw and all(isinstance(p, str) or _is_tokens(p) for p in raw):
-        items = raw
-    else:
-        raise InvalidRequest("'input' must be a string, a list of token ids, or a non-empty "
-                             "list of either", param="input")
-    if len(items) > MAX_EMBED_INPUTS:
-        raise InvalidRequest(f"at most {MAX_EMBED_INPUTS} inputs per request", param="input")
-    for p in items:
-        if isinstance(p, list) and not all(0 <= t < n_vocab for t in p):
-            raise InvalidRequest(f"'input' token ids must be in 0..{n_vocab - 1}", param="input")
+    items = _texts_or_tokens(b.body.get("input"), n_vocab, "input", MAX_EMBED_INPUTS)
     fmt = b.string("encoding_format") or "float"
     if fmt not in ("float", "base64"):
         raise InvalidRequest("'encoding_format' must be 'float' or 'base64'",
@@ -454,7 +442,7 @@ def parse_embeddings(body: Any, n_vocab: int) -> EmbeddingRequest:
     if b.present("dimensions"):
         raise InvalidRequest("'dimensions' is not supported: embeddings have the model's size",
                              param="dimensions")
-    return EmbeddingRequest(model, tuple(items), fmt == "base64")
+    return EmbeddingRequest(model, items, fmt == "base64")
 
 
 def parse_tokenize(body: Any) -> tuple[str | None, str, bool, bool]:

@@ -28,8 +28,10 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import httpx
 
@@ -139,6 +141,13 @@ item ::= "\"" [^"\\\x00-\x1F]{1,40} "\""
 """
 
 
+async def sse_json(response: httpx.Response) -> AsyncIterator[dict[str, Any]]:
+    """The JSON chunks of an OpenAI-style SSE stream."""
+    async for line in response.aiter_lines():
+        if line.startswith("data: ") and line != "data: [DONE]":
+            yield json.loads(line[6:])
+
+
 async def one_stream(client: httpx.AsyncClient, url: str, prompt: str, tokens: int,
                      model: str, constrained: bool = False) -> tuple[int, float]:
     body: dict[str, object] = {
@@ -152,10 +161,7 @@ async def one_stream(client: httpx.AsyncClient, url: str, prompt: str, tokens: i
     n = 0
     async with client.stream("POST", f"{url}/v1/chat/completions", json=body) as r:
         r.raise_for_status()
-        async for line in r.aiter_lines():
-            if not line.startswith("data: ") or line == "data: [DONE]":
-                continue
-            chunk = json.loads(line[6:])
+        async for chunk in sse_json(r):
             for choice in chunk.get("choices", []):
                 if (choice.get("delta") or {}).get("content"):
                     n += 1

@@ -25,7 +25,14 @@ from pathlib import Path
 import httpx
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from bench import Server, ensure_peer_venv, free_port, llama_server_env, model_path
+from bench import (
+    Server,
+    ensure_peer_venv,
+    free_port,
+    llama_server_env,
+    model_path,
+    sse_json,
+)
 
 RULES = ("Rule {i}: when a visitor asks about the lighthouse, answer politely, cite the museum "
          "guide, mention opening hours from nine to five, and never invent dates or names. ")
@@ -46,10 +53,7 @@ async def ttft(client: httpx.AsyncClient, url: str, model: str, system: str,
     extra: dict[str, object] = {}
     async with client.stream("POST", f"{url}/v1/chat/completions", json=body) as r:
         r.raise_for_status()
-        async for line in r.aiter_lines():
-            if not line.startswith("data: ") or line == "data: [DONE]":
-                continue
-            chunk = json.loads(line[6:])
+        async for chunk in sse_json(r):
             if not first and any((c.get("delta") or {}).get("content")
                                  for c in chunk.get("choices", [])):
                 first = time.perf_counter() - t0
