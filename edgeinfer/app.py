@@ -228,6 +228,8 @@ async def _respond(
     jobs = [(pi, prompt, _choice_params(req.params, i))
             for pi, prompt in enumerate(prompts) for i in range(req.n)]
     usage = Usage([pi for pi, _, _ in jobs], [len(p) for p in prompts])
+    # checked again here, right before submitting: _model_for's check (which picks a fallback)
+    # ran before rendering and tokenizing, while other requests kept arriving
     served.admit(len(jobs))  # 429 with Retry-After when the queue is full
     events = merge([
         served.generate(f"{meta.id}-{k}", prompt, params, use_cache=req.cache_prompt,

@@ -128,7 +128,7 @@ def _choice(meta: CompletionMeta, index: int, text: str | None, finish: str | No
             delta["role"] = "assistant"
         if text is not None:
             delta["content"] = text
-        return {"index": index, "delta": delta, "logprobs": logprobs, "finish_reason": finish}
+        return _chat_choice(index, delta, finish, logprobs)
     return {"index": index, "text": text or "", "logprobs": logprobs, "finish_reason": finish}
 
 

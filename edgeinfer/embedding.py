@@ -18,7 +18,7 @@ import llama_cpp
 import numpy as np
 
 from edgeinfer.errors import EngineError, InvalidRequest
-from edgeinfer.native import LlamaRuntime
+from edgeinfer.native import LlamaRuntime, fill_batch
 
 log = logging.getLogger("edgeinfer.embedding")
 
@@ -88,16 +88,8 @@ class Embedder:
         ctx, batch = self._ctx, self._batch
         assert ctx is not None and batch is not None
         llama_cpp.llama_memory_clear(llama_cpp.llama_get_memory(ctx), True)
-        i = 0
-        for seq_id, toks in enumerate(group):
-            for pos, t in enumerate(toks):
-                batch.token[i] = t
-                batch.pos[i] = pos
-                batch.n_seq_id[i] = 1
-                batch.seq_id[i][0] = seq_id
-                batch.logits[i] = 1
-                i += 1
-        batch.n_tokens = i
+        fill_batch(batch, [(seq_id, 0, toks, True) for seq_id, toks in enumerate(group)],
+                   every_output=True)
         rc = llama_cpp.llama_decode(ctx, batch)
         if rc != 0:
             raise EngineError(f"embedding failed (llama_decode returned {rc})")

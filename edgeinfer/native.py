@@ -108,6 +108,33 @@ class _LoadProgress:
             sys.stderr.flush()
 
 
+def fill_batch(batch: Any, entries: list[tuple[int, int, list[int], bool]],
+               every_output: bool = False) -> list[int]:
+    """Write runs of (seq_id, start_pos, tokens, wants_logits) into a llama_batch.
+
+    A run that wants logits gets them for its last token (all its tokens with
+    ``every_output``, as pooled embeddings need). Returns the batch index of each
+    run's last token that has logits.
+    """
+    token, pos, n_seq, seq_ids, logits = (
+        batch.token, batch.pos, batch.n_seq_id, batch.seq_id, batch.logits)
+    i = 0
+    out: list[int] = []
+    for seq_id, start, toks, wants in entries:
+        for k, t in enumerate(toks):
+            token[i] = t
+            pos[i] = start + k
+            n_seq[i] = 1
+            seq_ids[i][0] = seq_id
+            logits[i] = 1 if every_output else 0
+            i += 1
+        if wants:
+            logits[i - 1] = 1
+            out.append(i - 1)
+    batch.n_tokens = i
+    return out
+
+
 @dataclass(frozen=True, slots=True)
 class ModelInfo:
     n_vocab: int
@@ -178,7 +205,8 @@ class LlamaRuntime:
         self.info = self._read_info()
         self._pieces: list[bytes | None] = [None] * self.info.n_vocab
 
-    def _meta(self, key: str) -> str | None:
+    def meta(self, key: str) -> str | None:
+        """A GGUF metadata value as text (None when absent)."""
         size = 1 << 16
         buf = ctypes.create_string_buffer(size)
         n = llama_cpp.llama_model_meta_val_str(self._model, key.encode(), buf, size)
@@ -204,7 +232,7 @@ class LlamaRuntime:
             add_bos=bool(llama_cpp.llama_vocab_get_add_bos(vocab)),
             bos_text=self._token_text(bos),
             eos_text=self._token_text(eos),
-            chat_template=self._meta("tokenizer.chat_template"),
+            chat_template=self.meta("tokenizer.chat_template"),
             description=desc.value.decode("utf-8", "replace"),
             size_bytes=llama_cpp.llama_model_size(self._model),
         )
@@ -259,10 +287,6 @@ class LlamaRuntime:
     def model(self) -> Any:
         return self._model
 
-    def meta(self, key: str) -> str | None:
-        """A GGUF metadata value as text (None when absent)."""
-        return self._meta(key)
-
     def memory_bytes(self) -> int:
         """Weights plus the KV cache of the context (f16 K and V)."""
         m = self._model
@@ -283,27 +307,10 @@ class LlamaRuntime:
         Returns llama_decode's code and, per entry that wants logits, the
         batch index of its last token (the index to sample from).
         """
-        batch = self._batch
-        assert batch is not None
-        token, pos, n_seq, seq_ids, logits = (
-            batch.token, batch.pos, batch.n_seq_id, batch.seq_id, batch.logits)
-        i = 0
-        out: list[int] = []
-        for seq_id, start, toks, wants in entries:
-            for k, t in enumerate(toks):
-                token[i] = t
-                pos[i] = start + k
-                n_seq[i] = 1
-                seq_ids[i][0] = seq_id
-                logits[i] = 0
-                i += 1
-            if wants:
-                logits[i - 1] = 1
-                out.append(i - 1)
-        assert 0 < i <= self.cfg.batch
-        batch.n_tokens = i
-        rc = llama_cpp.llama_decode(self._ctx, batch)
-        return rc, out
+        assert self._batch is not None
+        out = fill_batch(self._batch, entries)
+        assert 0 < self._batch.n_tokens <= self.cfg.batch
+        return llama_cpp.llama_decode(self._ctx, self._batch), out
 
     def logits_row(self, batch_index: int) -> npt.NDArray[np.float32]:
         """The logits of one output of the last decode (a view, valid until the next)."""
