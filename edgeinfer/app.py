@@ -5,8 +5,8 @@ from __future__ import annotations
 import asyncio
 import base64
 import contextlib
-import json
 import logging
+import re
 from collections.abc import AsyncIterator
 from dataclasses import replace
 from pathlib import Path
@@ -14,7 +14,7 @@ from typing import Any
 
 import numpy as np
 from prometheus_client import CONTENT_TYPE_LATEST
-from sse_starlette.sse import EventSourceResponse
+from sse_starlette.sse import EventSourceResponse, SendTimeoutError
 from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
 from starlette.middleware import Middleware
@@ -22,6 +22,7 @@ from starlette.requests import Request
 from starlette.responses import HTMLResponse, JSONResponse, Response
 from starlette.routing import Route
 
+from edgeinfer import jsonbody
 from edgeinfer.completion import CompletionMeta, Usage, collect, merge, sse_chunks
 from edgeinfer.config import ServerConfig
 from edgeinfer.errors import APIError, InvalidRequest, NotFound
@@ -35,7 +36,7 @@ from edgeinfer.grammar import (
 from edgeinfer.guard import Guard
 from edgeinfer.metrics import Metrics
 from edgeinfer.openapi import openapi_spec
-from edgeinfer.pool import ModelPool, PoolEntry, ServedModel
+from edgeinfer.pool import Lease, ModelPool, PoolEntry, ServedModel
 from edgeinfer.protocol import (
     GenerationRequest,
     parse_chat,
@@ -47,13 +48,15 @@ from edgeinfer.protocol import (
 )
 from edgeinfer.router import Features, route
 from edgeinfer.sequence import SamplingParams
-from edgeinfer.tools import TOOL_CALL_TRIGGER, prepare_messages
+from edgeinfer.tools import TOOL_CALL_TRIGGER
 
 log = logging.getLogger("edgeinfer.app")
 
 CHAT_PAGE = Path(__file__).resolve().parent / "static" / "chat.html"
 
 MAX_BODY_BYTES = 8 * 1024 * 1024
+THREAD_PARSE_BYTES = 64 * 1024
+MAX_PIECES = 65_536  # tokens /tokenize lists with their pieces
 
 
 def _error_response(exc: APIError) -> JSONResponse:
@@ -97,10 +100,9 @@ async def _read_json(request: Request) -> Any:
         if len(body) > MAX_BODY_BYTES:
             raise APIError(f"request body exceeds {MAX_BODY_BYTES} bytes", status=413,
                            code="request_too_large")
-    try:
-        return json.loads(body)
-    except (ValueError, RecursionError):
-        raise InvalidRequest("the request body is not valid JSON (or nests too deeply)") from None
+    if len(body) > THREAD_PARSE_BYTES:  # a large body is parsed off the event loop
+        return await asyncio.to_thread(jsonbody.loads, body)
+    return jsonbody.loads(body)
 
 
 def _pool(request: Request) -> ModelPool:
@@ -126,14 +128,14 @@ def _features(body: dict[str, Any]) -> Features:
 def _priority(request: Request, body: dict[str, Any]) -> int:
     raw = body.get("priority")
     if raw is None:
-        raw = request.headers.get("x-priority")
-    if raw is None:
-        return 0
-    try:
-        value = int(raw)
-    except (TypeError, ValueError):
-        raise InvalidRequest("'priority' must be an integer", param="priority") from None
-    if isinstance(raw, bool) or not -10 <= value <= 10:
+        header = request.headers.get("x-priority")
+        if header is None:
+            return 0
+        raw = int(header.strip()) if re.fullmatch(r"\s*[-+]?\d{1,3}\s*", header) else header
+    if isinstance(raw, bool) or not isinstance(raw, int):
+        raise InvalidRequest("'priority' must be an integer", param="priority")
+    value = raw
+    if not -10 <= value <= 10:
         raise InvalidRequest("'priority' must be an integer between -10 and 10",
                              param="priority")
     return value
@@ -156,7 +158,7 @@ async def _model_for(request: Request, body: Any, choices: int = 1) -> ServedMod
         try:
             served = await pool.acquire(model_id, wait=wait)
             served.admit(choices)  # raises Overloaded when the queue is full
-            return served
+            return _hold(request, served)
         except APIError as exc:
             if exc.status not in (429, 503):
                 raise
@@ -169,7 +171,38 @@ async def _model_for(request: Request, body: Any, choices: int = 1) -> ServedMod
 
 async def _model_or_default(request: Request, name: str | None) -> ServedModel:
     pool = _pool(request)
-    return await pool.acquire(name if name is not None else pool.config.models[0].id)
+    return _hold(request, await pool.acquire(
+        name if name is not None else pool.config.models[0].id))
+
+
+LEASES = "edgeinfer.leases"
+
+
+def _hold(request: Request, served: ServedModel) -> ServedModel:
+    """Keep ``served`` loaded until this request's response has been sent (streams too):
+    the leases are given back by ``_ReleaseLeases`` once the whole exchange is over."""
+    leases: list[Lease] = request.scope[LEASES]
+    leases.append(served.lease())
+    return served
+
+
+class _ReleaseLeases:
+    """ASGI middleware: gives back the model leases a request took, after its response."""
+
+    def __init__(self, app: Any) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        leases: list[Lease] = []
+        scope[LEASES] = leases
+        try:
+            await self.app(scope, receive, send)
+        finally:
+            for lease in leases:
+                lease.release()
 
 
 async def _wait_disconnect(request: Request) -> None:
@@ -220,7 +253,7 @@ async def _respond(
     """Run n choices per prompt (prompt computed once, via the prefix cache) and answer."""
     for p in prompts:
         served.check_fits(len(p), req.params.max_tokens)
-    gbnf, triggers = await asyncio.to_thread(_constraint, served, req)
+    gbnf, triggers = await served.run(_constraint, served, req)
     if gbnf is not None:
         req = replace(req, params=replace(req.params, grammar=gbnf, grammar_triggers=triggers))
     meta = CompletionMeta(kind, served.cfg.id, served.runtime.piece,
@@ -233,11 +266,11 @@ async def _respond(
     served.admit(len(jobs))  # 429 with Retry-After when the queue is full
     events = merge([
         served.generate(f"{meta.id}-{k}", prompt, params, use_cache=req.cache_prompt,
-                        priority=priority)
+                        priority=priority, group=meta.id)
         for k, (_, prompt, params) in enumerate(jobs)])
     if req.stream:
-        return EventSourceResponse(sse_chunks(meta, events, usage, req.include_usage), ping=10,
-                                   sep="\n")
+        return _Stream(sse_chunks(meta, events, usage, req.include_usage), ping=10, sep="\n",
+                       send_timeout=request.app.state.send_timeout)
     work = asyncio.ensure_future(collect(meta, events, usage))
     watcher = asyncio.ensure_future(_wait_disconnect(request))
     try:
@@ -259,11 +292,8 @@ async def chat_completions(request: Request) -> Response:
     req = parse_chat(body, served.runtime.info.n_vocab)
     assert req.messages is not None
     tools = req.tools if req.tool_choice != "none" else ()
-    messages, extra = prepare_messages([dict(m) for m in req.messages], tools,
-                                       native=served.template.takes_tools)
     # rendering (time-budgeted) and tokenizing run off the event loop
-    text = await asyncio.to_thread(served.template.render, messages, **extra)
-    prompt = await asyncio.to_thread(served.tokenize_chat, text)
+    prompt = await served.run(served.chat_prompt, [dict(m) for m in req.messages], tools)
     return await _respond(request, served, req, [prompt], "chat", priority)
 
 
@@ -274,7 +304,7 @@ async def completions(request: Request) -> Response:
     req = parse_completion(body, served.runtime.info.n_vocab)
     prompts = []
     for p in req.prompts:
-        tokens = await asyncio.to_thread(served.tokenize_text, p) if isinstance(p, str) else p
+        tokens = await served.run(served.tokenize_text, p) if isinstance(p, str) else p
         if not tokens:
             raise InvalidRequest("'prompt' is empty", param="prompt")
         prompts.append(tokens)
@@ -333,10 +363,12 @@ async def unload_model_route(request: Request) -> Response:
     pool = _pool(request)
     model_id = pool.resolve(request.path_params["model_id"])
     entry = pool.entries[model_id]
-    if entry.served is not None and entry.served.inflight:
+    if entry.served is not None and entry.served.busy:
         raise APIError(f"the model '{model_id}' is serving requests", status=409,
                        code="model_busy")
-    await pool.unload(model_id)
+    if entry.served is not None and not await pool.unload(model_id):
+        raise APIError(f"the model '{model_id}' is serving requests", status=409,
+                       code="model_busy")
     return JSONResponse(_model_card(entry))
 
 
@@ -352,12 +384,12 @@ async def pin_prefix(request: Request) -> Response:
     """Keep a system prompt (messages) or a raw prompt resident in the prefix cache."""
     body = await _read_json(request)
     name, messages, prompt = parse_pin(body)
-    served = await _pool(request).acquire(name)
+    served = _hold(request, await _pool(request).acquire(name))
     if messages is not None:
-        tokens = await asyncio.to_thread(served.system_prefix, [dict(m) for m in messages])
+        tokens = await served.run(served.system_prefix, [dict(m) for m in messages])
     else:
         assert prompt is not None
-        tokens = await asyncio.to_thread(served.tokenize_text, prompt)
+        tokens = await served.run(served.tokenize_text, prompt)
     n = await served.pin(tokens)
     return JSONResponse({"object": "cache.pin", "model": served.cfg.id, "tokens": n})
 
@@ -378,7 +410,7 @@ async def embeddings(request: Request) -> Response:
     body = await _read_json(request)
     served = await _model_for(request, body)
     req = parse_embeddings(body, served.runtime.info.n_vocab)
-    inputs = [await asyncio.to_thread(served.tokenize_text, x) if isinstance(x, str) else x
+    inputs = [await served.run(served.tokenize_text, x) if isinstance(x, str) else x
               for x in req.inputs]
     vectors = await served.embedder.embed(inputs)
     data = []
@@ -397,21 +429,47 @@ async def tokenize(request: Request) -> Response:
     body = await _read_json(request)
     name, content, add_special, with_pieces = parse_tokenize(body)
     served = await _model_or_default(request, name)
-    tokens = await asyncio.to_thread(served.runtime.tokenize, content, add_special=add_special,
-                                     parse_special=True)
-    if not with_pieces:
-        return JSONResponse({"tokens": tokens, "model": served.cfg.id})
-    pieces = [{"id": t, "piece": served.runtime.piece(t).decode("utf-8", "replace")}
-              for t in tokens]
-    return JSONResponse({"tokens": pieces, "model": served.cfg.id})
+    rt = served.runtime
+
+    def work() -> bytes:  # tokenizing, the pieces and the JSON all off the event loop
+        tokens = rt.tokenize(content, add_special=add_special, parse_special=True)
+        if not with_pieces:
+            return _json_bytes({"tokens": tokens, "model": served.cfg.id})
+        if len(tokens) > MAX_PIECES:
+            raise InvalidRequest(f"'with_pieces' is allowed for at most {MAX_PIECES} tokens; "
+                                 f"this text has {len(tokens)}", param="with_pieces")
+        pieces = [{"id": t, "piece": rt.piece(t).decode("utf-8", "replace")} for t in tokens]
+        return _json_bytes({"tokens": pieces, "model": served.cfg.id})
+
+    return Response(await served.run(work), media_type="application/json")
+
+
+class _Stream(EventSourceResponse):
+    """Server-sent events that end (aborting the generation, freeing its slot) when the
+    client stops reading for ``send_timeout`` seconds."""
+
+    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
+        try:
+            await super().__call__(scope, receive, send)
+        except SendTimeoutError:
+            log.warning("a stream was not read for %gs: closed", self.send_timeout)
+
+
+def _json_bytes(value: Any) -> bytes:
+    return JSONResponse(value).body
 
 
 async def detokenize(request: Request) -> Response:
     body = await _read_json(request)
     name = body.get("model") if isinstance(body, dict) else None
     served = await _model_or_default(request, name if isinstance(name, str) else None)
-    _, tokens = parse_detokenize(body, served.runtime.info.n_vocab)
-    return JSONResponse({"content": served.runtime.detokenize(tokens), "model": served.cfg.id})
+    rt = served.runtime
+
+    def work() -> bytes:
+        _, tokens = parse_detokenize(body, rt.info.n_vocab)
+        return _json_bytes({"content": rt.detokenize(tokens), "model": served.cfg.id})
+
+    return Response(await served.run(work), media_type="application/json")
 
 
 async def openapi(request: Request) -> Response:
@@ -524,7 +582,8 @@ def create_app(config: ServerConfig, pool: ModelPool | None = None) -> Starlette
     count = Middleware(_CountRequests, metrics=app_metrics,
                        routes={r.path for r in routes if "{" not in r.path})
     app = Starlette(routes=routes, exception_handlers=handlers,  # type: ignore[arg-type]
-                    lifespan=lifespan, middleware=[count, guard])
+                    lifespan=lifespan, middleware=[count, guard, Middleware(_ReleaseLeases)])
     app.state.pool = the_pool
+    app.state.send_timeout = config.send_timeout
     app.state.metrics = app_metrics
     return app

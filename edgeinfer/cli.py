@@ -54,6 +54,9 @@ def _serve_parser(sub: Sub) -> None:
                    help="requests waiting for a slot per model before new ones get 429")
     p.add_argument("--request-timeout", type=float, default=None,
                    help="seconds a request may take, waiting included (default 600)")
+    p.add_argument("--send-timeout", type=float, default=None,
+                   help="seconds a streamed response may wait for a client that does not read "
+                        "before it is closed (default 30)")
     p.add_argument("--shutdown-grace", type=float, default=10.0,
                    help="on SIGTERM/SIGINT, seconds running requests get to finish before they "
                    "end with an error (a second signal exits at once)")
@@ -160,8 +163,9 @@ def _select(config: ServerConfig, args: argparse.Namespace) -> ServerConfig:
         raise ConfigError(f"refusing to bind {host} without API keys: anyone on the network could "
                           "use this server. Set keys (--api-key-file, EDGEINFER_API_KEYS) or pass "
                           "--allow-unauthenticated-network")
+    send_timeout = config.send_timeout if args.send_timeout is None else args.send_timeout
     return replace(config, host=host, port=config.port if args.port is None else args.port,
-                   models=models, api_keys=tuple(keys))
+                   models=models, api_keys=tuple(keys), send_timeout=send_timeout)
 
 
 def serve(args: argparse.Namespace) -> int:

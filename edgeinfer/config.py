@@ -31,12 +31,12 @@ from edgeinfer.errors import ConfigError
 DEFAULT_CONFIG = Path(__file__).resolve().parent.parent / "models.toml"
 
 _SERVER_KEYS = {"host", "port", "api_keys", "api_key_file", "allowed_hosts", "cors_origins",
-                "memory_budget_mb"}
+                "memory_budget_mb", "send_timeout"}
 ROUTING_WHEN = ("tools", "code", "long", "default")
 _MODEL_KEYS = {
     "id", "aliases", "path", "source", "context", "slots", "threads", "gpu_layers", "batch",
     "chat_template", "max_tokens", "prefix_cache", "cache_entries", "pinned_prompts", "max_queue",
-    "request_timeout", "tags", "preload", "ttl", "fallback",
+    "request_timeout", "tags", "preload", "ttl", "fallback", "max_slots_per_request",
 }
 TAGS = {"chat", "completion", "code", "tools", "reasoning"}
 
@@ -83,6 +83,8 @@ class ModelConfig:
     fallback: tuple[str, ...] = ()  # models to try when this one is saturated or failed
     max_queue: int = 64  # requests waiting for a slot before new ones get 429
     request_timeout: float = 600.0  # seconds a request may take, queue time included
+    # slots one request's n choices may hold at once (None: all but one)
+    max_slots_per_request: int | None = None
 
     def __post_init__(self) -> None:
         if (self.path is None) == (self.source is None):
@@ -102,6 +104,10 @@ class ModelConfig:
                               "(llama.cpp's sequence limit)")
         if not set(self.tags) <= TAGS:
             raise ConfigError(f"model {self.id!r}: tags must be among {sorted(TAGS)}")
+        if self.max_slots_per_request is not None and not (
+                1 <= self.max_slots_per_request <= self.slots):
+            raise ConfigError(f"model {self.id!r}: max_slots_per_request must be between 1 "
+                              "and slots")
         if self.context < 16:
             raise ConfigError(f"model {self.id!r}: context must be >= 16")
 
@@ -120,6 +126,7 @@ class ServerConfig:
     routing: tuple[tuple[str, str], ...] = ()  # (when, model) rules for model "auto"
     allowed_hosts: tuple[str, ...] = ()  # Host header values besides loopback ("*": any)
     cors_origins: tuple[str, ...] = ()  # browser origins besides http(s)://localhost[:port]
+    send_timeout: float = 30.0  # seconds a stream waits for a client that does not read
 
 
 def _source(src: Any, model_id: str) -> PackageSource | DerivedSource:
@@ -186,6 +193,7 @@ def load_config(path: Path | None = None) -> ServerConfig:
         allowed_hosts=tuple(server.get("allowed_hosts", ())),
         cors_origins=tuple(server.get("cors_origins", ())),
         memory_budget_mb=server.get("memory_budget_mb"),
+        send_timeout=float(server.get("send_timeout", 30.0)),
         routing=_routing(data.get("routing", {}), seen),
     )
 

@@ -127,7 +127,7 @@ class Engine:
     def __init__(self, runtime: LlamaRuntime) -> None:
         self.runtime = runtime
         cfg = runtime.cfg
-        self.scheduler = Scheduler(cfg.slots, cfg.batch)
+        self.scheduler = Scheduler(cfg.slots, cfg.batch, cfg.max_slots_per_request)
         sharing = runtime.supports_prefix_sharing
         if cfg.prefix_cache and not sharing:
             log.warning("model %s: its KV memory (sliding-window or recurrent) cannot share "
@@ -180,7 +180,7 @@ class Engine:
 
     async def generate(
         self, request_id: str, prompt: list[int], params: SamplingParams, *,
-        use_cache: bool = True, pin: bool = False, priority: int = 0,
+        use_cache: bool = True, pin: bool = False, priority: int = 0, group: str = "",
     ) -> AsyncIterator[Delta]:
         """Run one request; yields deltas until (and including) the finishing one.
 
@@ -195,7 +195,7 @@ class Engine:
         max_tokens = room if params.max_tokens is None else min(params.max_tokens, room)
         sink: asyncio.Queue[Delta] = asyncio.Queue()
         seq = Sequence(request_id, prompt, params, max_tokens, sink=sink, use_cache=use_cache,
-                       pin=pin, priority=priority)
+                       pin=pin, priority=priority, group=group)
         self.submit(seq)
         done = False
         try:
@@ -263,7 +263,7 @@ class Engine:
         try:
             bans = self._eog() if seq.params.ignore_eos else ()
             seq.sampler = SamplerChain(seq.params, self.runtime.info.n_vocab, bans,
-                                       self.runtime.vocab)
+                                       self.runtime.vocab, self.runtime.piece)
         except (ValueError, MemoryError) as exc:
             log.warning("request %s: sampler setup failed: %s", seq.request_id, exc)
             self._outbox.append((seq, Delta("", finish_reason="error", error=str(exc))))

@@ -19,12 +19,14 @@ import llama_cpp
 from llama_cpp.llama_grammar import json_schema_to_gbnf
 
 from edgeinfer.errors import InvalidRequest
+from edgeinfer.grammar_budget import (
+    MAX_SCHEMA_BYTES,
+    MAX_SCHEMA_DEPTH,
+    check_gbnf_budget,
+    check_schema_node,
+)
 from edgeinfer.intrange import int_range_gbnf
 
-MAX_SCHEMA_DEPTH = 32
-MAX_SCHEMA_BYTES = 64 * 1024
-MAX_GBNF_BYTES = 64 * 1024
-MAX_GBNF_NESTING = 64
 # Arrays without maxItems get this bound: a small model that keeps adding items
 # could otherwise loop until max_tokens and leave JSON that does not parse.
 DEFAULT_MAX_ITEMS = 10
@@ -64,15 +66,15 @@ def _check_schema(schema: Any, param: str) -> None:
             return
         if not isinstance(node, dict):
             raise InvalidRequest("every sub-schema must be an object", param=param)
+        check_schema_node(node, param)
         for key, value in node.items():
             if key not in _SUPPORTED:
                 raise InvalidRequest(f"unsupported JSON schema keyword: {key!r}", param=param)
             if key in _SCHEMA_MAPS:
                 if not isinstance(value, dict):
                     raise InvalidRequest(f"'{key}' must be an object", param=param)
-                if key == "properties":
-                    for sub in value.values():
-                        walk(sub, depth + 1, refs)
+                for sub in value.values():  # unreferenced $defs are converted too
+                    walk(sub, depth + 1, refs)
             elif key in _SCHEMA_LISTS:
                 if not isinstance(value, list):
                     raise InvalidRequest(f"'{key}' must be a list", param=param)
@@ -246,25 +248,18 @@ def tool_calls_gbnf(tools: list[tuple[str, dict[str, Any]]], max_calls: int,
 
 
 def check_generated(vocab: Any, gbnf: str, param: str) -> None:
-    """400 unless llama.cpp parses a grammar we generated from a schema."""
+    """400 unless a grammar we generated from a schema is inside the grammar budget and
+    llama.cpp parses it."""
+    check_gbnf_budget(gbnf, param, generated=True)
     if not _parses(vocab, gbnf):
         raise InvalidRequest("llama.cpp cannot parse the grammar made from this schema",
                              param=param)
 
 
 def check_gbnf(vocab: Any, gbnf: str, param: str = "grammar") -> None:
-    """400 unless a client's GBNF is small, shallow, and parsed by llama.cpp (which returns
-    a null sampler for a grammar it cannot parse)."""
-    if len(gbnf) > MAX_GBNF_BYTES:
-        raise InvalidRequest(f"the grammar is larger than {MAX_GBNF_BYTES} bytes", param=param)
-    depth = deepest = 0
-    for ch in re.sub(r'"(?:[^"\\]|\\.)*"|\[(?:[^\]\\]|\\.)*\]', "", gbnf):
-        depth += ch == "("
-        depth -= ch == ")"
-        deepest = max(deepest, depth)
-    if deepest > MAX_GBNF_NESTING:
-        raise InvalidRequest(f"the grammar nests deeper than {MAX_GBNF_NESTING} groups",
-                             param=param)
+    """400 unless a client's GBNF is inside the grammar budget (size, nesting, repetition)
+    and parsed by llama.cpp (which returns a null sampler for a grammar it cannot parse)."""
+    check_gbnf_budget(gbnf, param, generated=False)
     if not _parses(vocab, gbnf):
         raise InvalidRequest("llama.cpp cannot parse this grammar (GBNF)", param=param)
 

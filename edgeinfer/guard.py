@@ -27,11 +27,15 @@ _LOCAL_ORIGIN = re.compile(r"^https?://(localhost|127\.0\.0\.1|\[::1\])(:\d+)?$"
 OPEN_PATHS = frozenset({"/health", "/"})  # the chat page holds no data; it asks for a key
 
 
-def _host_only(host: str) -> str:
-    host = host.strip().lower()
-    if host.startswith("["):  # [::1]:8080
-        return host[: host.find("]") + 1] if "]" in host else host
-    return host.rsplit(":", 1)[0] if host.count(":") == 1 else host
+# RFC 9110 Host: a name or IPv4 address, or an IPv6 address in brackets, then an optional
+# numeric port. Anything else (userinfo, paths, spaces, two ports) is not a host.
+_HOST = re.compile(r"(\[[0-9a-f:.]+\]|[a-z0-9](?:[a-z0-9.-]*[a-z0-9])?)(?::\d{1,5})?")
+
+
+def _host_only(host: str) -> str | None:
+    """The host part of a Host header, or None when the header is malformed."""
+    m = _HOST.fullmatch(host.strip().lower())
+    return m.group(1) if m else None
 
 
 class Guard:
@@ -64,7 +68,7 @@ class Guard:
             return
         headers = {k.decode("latin-1"): v.decode("latin-1") for k, v in scope["headers"]}
         host = _host_only(headers.get("host", ""))
-        if not self.any_host and host not in self.hosts:
+        if host is None or not self.any_host and host not in self.hosts:
             await _deny(send, 403, "the Host header names an address this server does not serve",
                         "invalid_host")
             return

@@ -68,17 +68,24 @@ class EdgeInfer:
         stop, seed, ...). Breaking out of the loop cancels the generation.
         """
         served = await self.pool.acquire(model)
-        text = await asyncio.to_thread(served.template.render, messages)
-        tokens = await asyncio.to_thread(served.tokenize_chat, text)
-        async for piece in self._generate(served, tokens, sampling):
-            yield piece
+        lease = served.lease()  # the model stays loaded until this generator ends
+        try:
+            tokens = await served.run(served.chat_prompt, messages)
+            async for piece in self._generate(served, tokens, sampling):
+                yield piece
+        finally:
+            lease.release()
 
     async def complete(self, model: str, prompt: str, **sampling: Any) -> AsyncIterator[str]:
         """Stream a plain text completion of ``prompt``."""
         served = await self.pool.acquire(model)
-        tokens = await asyncio.to_thread(served.tokenize_text, prompt)
-        async for piece in self._generate(served, tokens, sampling):
-            yield piece
+        lease = served.lease()
+        try:
+            tokens = await served.run(served.tokenize_text, prompt)
+            async for piece in self._generate(served, tokens, sampling):
+                yield piece
+        finally:
+            lease.release()
 
     async def _generate(self, served: ServedModel, tokens: list[int],
                         sampling: dict[str, Any]) -> AsyncIterator[str]:

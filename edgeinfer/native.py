@@ -262,6 +262,19 @@ class LlamaRuntime:
             raise ValueError("tokenization failed")
         return list(buf[:n])
 
+    def control_texts(self) -> list[str]:
+        """The texts that tokenizing with special-token parsing turns into control (or
+        unknown) tokens: what text from a request must never be tokenized as."""
+        vocab = self._vocab
+        wanted = llama_cpp.LLAMA_TOKEN_ATTR_CONTROL | llama_cpp.LLAMA_TOKEN_ATTR_UNKNOWN
+        out = []
+        for t in range(self.info.n_vocab):
+            if llama_cpp.llama_vocab_get_attr(vocab, t) & wanted:
+                text = self._render(t, special=True).decode("utf-8", "replace")
+                if text:
+                    out.append(text)
+        return out
+
     def _render(self, token: int, *, special: bool) -> bytes:
         buf = ctypes.create_string_buffer(64)
         n = llama_cpp.llama_token_to_piece(self._vocab, token, buf, 64, 0, special)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import math
+import threading
 import time
 import uuid
 from collections import deque
@@ -12,7 +13,7 @@ from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field, replace
 from enum import StrEnum
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import psutil
 
@@ -28,20 +29,71 @@ from edgeinfer.errors import (
     NotFound,
     Overloaded,
 )
+from edgeinfer.markup import Markup, segments
 from edgeinfer.modelinfo import gguf_facts
 from edgeinfer.native import LlamaRuntime, gpu_offload_supported
 from edgeinfer.offload import gpu_free_bytes, plan_gpu_layers, warn_cpu_only_once
 from edgeinfer.sequence import SamplingParams
 from edgeinfer.source import check_gguf, resolve_model_path
+from edgeinfer.tools import ToolSpec, prepare_messages
 
 PIN_PARAMS = SamplingParams(temperature=0, max_tokens=1)
+T = TypeVar("T")
 
 log = logging.getLogger("edgeinfer.pool")
 
 
+class Users:
+    """How many callers are using a model's native handles right now (thread-safe).
+
+    Taken on the event loop before any work starts and given back by whoever
+    finishes last (a worker thread, for blocking native calls), so a model is
+    never freed while anything can still touch it.
+    """
+
+    def __init__(self) -> None:
+        self._n = 0
+        self._lock = threading.Lock()
+
+    def take(self) -> None:
+        with self._lock:
+            self._n += 1
+
+    def give_back(self) -> None:
+        with self._lock:
+            assert self._n > 0, "a model's user count went below zero"
+            self._n -= 1
+
+    @property
+    def count(self) -> int:
+        return self._n
+
+
+class Lease:
+    """One use of a loaded model; ``release`` (idempotent) ends it."""
+
+    __slots__ = ("_users",)
+
+    def __init__(self, users: Users) -> None:
+        users.take()
+        self._users: Users | None = users
+
+    def release(self) -> None:
+        if self._users is not None:
+            self._users.give_back()
+            self._users = None
+
+
 @dataclass(slots=True)
 class ServedModel:
-    """A loaded model: its runtime (native handles), engine thread and chat template."""
+    """A loaded model: its runtime (native handles), engine thread and chat template.
+
+    Lifetime contract: whoever uses the model's native handles holds a ``lease()``
+    (a whole HTTP request holds one until its response is sent) or calls
+    ``run()`` (a blocking native call in a worker thread, which keeps the model in
+    use until the call returns, even if its caller is cancelled). The pool never
+    unloads a model that is ``busy``.
+    """
 
     cfg: ModelConfig
     runtime: LlamaRuntime
@@ -51,6 +103,32 @@ class ServedModel:
     created: int = field(default_factory=lambda: int(time.time()))
     inflight: int = 0  # engine requests submitted and not finished (event-loop side)
     _finished_at: deque[float] = field(default_factory=lambda: deque(maxlen=64))
+    users: Users = field(default_factory=Users)
+    markup: Markup = field(default_factory=lambda: Markup(()))
+
+    def lease(self) -> Lease:
+        return Lease(self.users)
+
+    @property
+    def busy(self) -> bool:
+        return self.inflight > 0 or self.users.count > 0
+
+    async def run(self, fn: Callable[..., T], *args: Any) -> T:
+        """``fn(*args)`` in a worker thread, holding the model until it returns."""
+        lease = self.lease()
+
+        def job() -> T:
+            try:
+                return fn(*args)
+            finally:
+                lease.release()
+
+        try:
+            fut = asyncio.get_running_loop().run_in_executor(None, job)
+        except BaseException:
+            lease.release()
+            raise
+        return await fut
 
     def admit(self, n: int) -> None:
         """Refuse ``n`` more requests with 429 when running + queued would pass the bound."""
@@ -81,16 +159,35 @@ class ServedModel:
         return self.runtime.info.n_ctx
 
     def tokenize_chat(self, text: str) -> list[int]:
+        """Tokens of a rendered chat prompt: special tokens parsed in the template's markup
+        only, never in the text a request inserted (see ``edgeinfer.markup``)."""
         info = self.runtime.info
-        add_bos = info.add_bos and not (info.bos_text and text.startswith(info.bos_text))
-        return self.runtime.tokenize(text, add_special=add_bos, parse_special=True)
+        tokens: list[int] = []
+        for part, is_markup in segments(text):
+            add_bos = not tokens and info.add_bos and not (
+                info.bos_text and part.startswith(info.bos_text))
+            tokens += self.runtime.tokenize(part, add_special=add_bos, parse_special=is_markup)
+        return tokens
+
+    def chat_prompt(self, messages: list[dict[str, Any]], tools: tuple[ToolSpec, ...] = (),
+                    *, add_generation_prompt: bool = True) -> list[int]:
+        """Render ``messages`` (and ``tools``) with the model's template and tokenize them,
+        request text escaped so it stays text. Blocking: call it through ``run``."""
+        escape = self.markup.escape
+        messages = escape(messages)
+        tools = tuple(replace(t, description=escape(t.description),
+                              parameters=escape(t.parameters)) for t in tools)
+        messages, extra = prepare_messages(messages, tools, native=self.template.takes_tools)
+        text = self.template.render(messages, add_generation_prompt=add_generation_prompt,
+                                    **extra)
+        return self.tokenize_chat(text)
 
     def tokenize_text(self, text: str) -> list[int]:
         return self.runtime.tokenize(text, add_special=True, parse_special=True)
 
     def system_prefix(self, messages: list[dict[str, Any]]) -> list[int]:
         """Tokens of messages rendered as the start of a conversation (no generation prompt)."""
-        return self.tokenize_chat(self.template.render(messages, add_generation_prompt=False))
+        return self.chat_prompt(messages, add_generation_prompt=False)
 
     async def pin(self, tokens: list[int]) -> int:
         """Compute ``tokens`` and keep their KV resident (never evicted); returns the count."""
@@ -99,8 +196,12 @@ class ServedModel:
         self.check_fits(len(tokens), 1)
         rid = f"pin-{uuid.uuid4().hex[:12]}"
         last = None
-        async for last in self.engine.generate(rid, tokens, PIN_PARAMS, pin=True):
-            pass
+        lease = self.lease()
+        try:
+            async for last in self.engine.generate(rid, tokens, PIN_PARAMS, pin=True):
+                pass
+        finally:
+            lease.release()
         if last is None or last.finish_reason == "error":
             raise EngineError(f"could not pin the prefix: {last.error if last else 'no result'}")
         return len(tokens)
@@ -141,7 +242,8 @@ def load_model(cfg: ModelConfig, path: Path | None = None) -> ServedModel:
     log.info("model %s loaded from %s in %.2fs (%s, ctx %d, %d slots, %d threads)",
              cfg.id, path, time.perf_counter() - t0, info.description, info.n_ctx, cfg.slots,
              cfg.threads)
-    return ServedModel(cfg, runtime, Engine(runtime), template, Embedder(runtime))
+    return ServedModel(cfg, runtime, Engine(runtime), template, Embedder(runtime),
+                       markup=Markup(runtime.control_texts()))
 
 
 class ModelState(StrEnum):
@@ -163,7 +265,7 @@ class PoolEntry:
     last_used: float = field(default_factory=time.monotonic)
 
     def idle_for(self, now: float) -> float:
-        if self.served is None or self.served.inflight:
+        if self.served is None or self.served.busy:
             return 0.0
         done = self.served._finished_at
         return now - max(self.last_used, done[-1] if done else 0.0)
@@ -282,10 +384,10 @@ class ModelPool:
             log.info("model %s: pinned a %d-token system prompt", cfg.id, n)
 
     async def unload(self, model_id: str) -> bool:
-        """Free a loaded model (False if it is busy or not loaded)."""
+        """Free a loaded model (False if it is busy or not loaded): never under a user."""
         entry = self.entries[self.resolve(model_id)]
         served = entry.served
-        if entry.state is not ModelState.LOADED or served is None or served.inflight:
+        if entry.state is not ModelState.LOADED or served is None or served.busy:
             return False
         entry.state, entry.served = ModelState.UNLOADED, None
         await asyncio.to_thread(served.embedder.close)  # before the model is freed

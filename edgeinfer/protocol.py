@@ -22,6 +22,8 @@ MAX_LOGIT_BIAS = 1024
 MAX_MESSAGES = 4096
 MAX_CHOICES = 16
 MAX_PROMPTS = 16
+MAX_TOKENIZE_CHARS = 1 << 20  # /tokenize: characters of one text
+MAX_DETOKENIZE = 1 << 18  # /detokenize: token ids of one request
 
 _COMMON = {
     "model", "stream", "stream_options", "max_tokens", "temperature", "top_p", "top_k", "min_p",
@@ -450,6 +452,9 @@ def parse_tokenize(body: Any) -> tuple[str | None, str, bool, bool]:
     b = _Body(body, {"model", "content", "add_special", "parse_special", "with_pieces"})
     content = b.string("content", required=True)
     assert content is not None
+    if len(content) > MAX_TOKENIZE_CHARS:
+        raise InvalidRequest(f"'content' may be at most {MAX_TOKENIZE_CHARS} characters "
+                             f"(got {len(content)})", param="content")
     return (b.string("model"), content, b.boolean("add_special", False),
             b.boolean("with_pieces", False))
 
@@ -457,6 +462,8 @@ def parse_tokenize(body: Any) -> tuple[str | None, str, bool, bool]:
 def parse_detokenize(body: Any, n_vocab: int) -> tuple[str | None, list[int]]:
     b = _Body(body, {"model", "tokens"})
     tokens = b.body.get("tokens")
+    if isinstance(tokens, list) and len(tokens) > MAX_DETOKENIZE:
+        raise InvalidRequest(f"'tokens' may hold at most {MAX_DETOKENIZE} ids", param="tokens")
     if not isinstance(tokens, list) or not all(
             isinstance(t, int) and not isinstance(t, bool) and 0 <= t < n_vocab for t in tokens):
         raise InvalidRequest(f"'tokens' must be a list of token ids in 0..{n_vocab - 1}",

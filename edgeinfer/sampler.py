@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import ctypes
+import re
+from collections.abc import Callable
 from typing import Any
 
 import llama_cpp
@@ -17,15 +19,16 @@ assert _TOKEN_DATA.itemsize == ctypes.sizeof(llama_cpp.llama_token_data)
 
 
 def grammar_sampler(vocab: Any, gbnf: str, triggers: tuple[str, ...] = ()) -> Any:
-    """A llama.cpp grammar sampler (lazy when ``triggers`` are given); ValueError if invalid.
+    """A llama.cpp grammar sampler (lazy when trigger words are given); ValueError if invalid.
 
-    A lazy grammar lets the model write freely until a trigger pattern matches;
-    from the pattern's first group on, the output follows the grammar.
+    A lazy grammar lets the model write freely until a trigger word appears;
+    from the word on, the output follows the grammar.
     """
     if not triggers:
         smpl = llama_cpp.llama_sampler_init_grammar(vocab, gbnf.encode(), b"root")
     else:
-        pats = (ctypes.c_char_p * len(triggers))(*(t.encode() for t in triggers))
+        patterns = [r"[\s\S]*?(" + re.escape(t) + r")[\s\S]*" for t in triggers]
+        pats = (ctypes.c_char_p * len(patterns))(*(p.encode() for p in patterns))
         smpl = llama_cpp.llama_sampler_init_grammar_lazy_patterns(
             vocab, gbnf.encode(), b"root", pats, len(triggers), None, 0)
     if not smpl:
@@ -33,24 +36,75 @@ def grammar_sampler(vocab: Any, gbnf: str, triggers: tuple[str, ...] = ()) -> An
     return smpl
 
 
+# What may follow a trigger word within the same token: the start of the tool-call
+# grammar's JSON object (see grammar.tool_calls_gbnf), nothing else.
+_SAFE_AFTER = re.compile(rb'\n?(\{[ \t\n]*("(n(a(m(e"?)?)?)?)?)?)?\Z')
+
+
+class TriggerScan:
+    """Finds the first of some trigger words in a stream of token pieces, looking only at
+    the new bytes (plus a tail as long as the longest word): constant work per token.
+
+    ``feed`` returns, once a word has appeared, the recent tokens from the one holding
+    the word's first byte on (what a lazy grammar must be shown) and the bytes that
+    follow the word in them; else None.
+    """
+
+    def __init__(self, words: tuple[str, ...]) -> None:
+        self._words = [w.encode() for w in words if w]
+        self._keep = max((len(w) for w in self._words), default=1)
+        self._recent: list[tuple[int, bytes]] = []  # tokens whose pieces cover the tail
+
+    def feed(self, token: int, piece: bytes) -> tuple[list[int], bytes] | None:
+        self._recent.append((token, piece))
+        tail = b"".join(p for _, p in self._recent)
+        hits = [(at, w) for w in self._words if (at := tail.find(w)) != -1]
+        if not hits:
+            # drop the tokens no later word could start in
+            while len(self._recent) > 1 and sum(
+                    len(p) for _, p in self._recent[1:]) >= self._keep - 1:
+                self._recent.pop(0)
+            return None
+        start, word = min(hits)
+        out, pos = [], 0
+        for tok, p in self._recent:
+            if pos + len(p) > start:
+                out.append(tok)
+            pos += len(p)
+        return out, tail[start + len(word):]
+
+
 class SamplerChain:
     """Owns one llama_sampler chain; sample() also accepts the chosen token.
+
+    With ``grammar_triggers`` (a lazy grammar, as for ``tool_choice: auto``), the
+    grammar is not created until a trigger word appears in the output: until then
+    sampling costs what an unconstrained request costs, and the trigger scan looks
+    at each new piece only (``piece`` gives a token's bytes).
 
     Created and used only on the engine thread; call close() exactly once.
     """
 
     def __init__(self, params: SamplingParams, n_vocab: int, eog_bans: tuple[int, ...] = (),
-                 vocab: Any = None):
+                 vocab: Any = None, piece: Callable[[int], bytes] | None = None):
         sparams = llama_cpp.llama_sampler_chain_default_params()
         sparams.no_perf = True
         self._grammar: Any = None
+        self._scan: TriggerScan | None = None
         self._chain = llama_cpp.llama_sampler_chain_init(sparams)
         if not self._chain:
             raise MemoryError("llama_sampler_chain_init failed")
         try:
             self._build(params, n_vocab, eog_bans)
             if params.grammar is not None:
-                self._grammar = grammar_sampler(vocab, params.grammar, params.grammar_triggers)
+                self._vocab, self._gbnf = vocab, params.grammar
+                self._triggers = params.grammar_triggers
+                if self._triggers:
+                    assert piece is not None, "a lazy grammar needs the token pieces"
+                    self._piece = piece
+                    self._scan = TriggerScan(self._triggers)
+                else:
+                    self._grammar = grammar_sampler(vocab, params.grammar)
                 self._n_vocab = n_vocab
                 self._subset = max(SUBSET, params.top_k)
                 self._cur = np.zeros(n_vocab, dtype=_TOKEN_DATA)
@@ -94,8 +148,29 @@ class SamplerChain:
 
     def sample(self, ctx: llama_cpp.llama_context_p, batch_index: int) -> int:
         if self._grammar is None:
-            return int(llama_cpp.llama_sampler_sample(self._chain, ctx, batch_index))
+            token = int(llama_cpp.llama_sampler_sample(self._chain, ctx, batch_index))
+            if self._scan is not None:
+                self._watch(token)
+            return token
         return self._sample_constrained(ctx, batch_index)
+
+    def _watch(self, token: int) -> None:
+        """Free text so far: start the grammar once a trigger word has appeared."""
+        assert self._scan is not None
+        found = self._scan.feed(token, self._piece(token))
+        if found is None:
+            return
+        self._scan = None
+        recent, after = found
+        if not _SAFE_AFTER.match(after):
+            # llama.cpp would abort the process on text after the word that its grammar
+            # cannot take; such output is left unconstrained (and is not a valid call)
+            return
+        # a lazy grammar shown only the tokens that hold the word: it triggers at once,
+        # and its own whole-text matching never runs on the rest of the output
+        self._grammar = grammar_sampler(self._vocab, self._gbnf, self._triggers)
+        for tok in recent:
+            llama_cpp.llama_sampler_accept(self._grammar, tok)
 
     def _apply(self, smpl: Any, arr: np.ndarray) -> int:
         cur = llama_cpp.llama_token_data_array(

@@ -11,13 +11,16 @@ Pure Python, no llama calls. The engine calls, once per step::
 The rule is one: every running sequence that is generating contributes its one
 uncomputed token first; the rest of the token budget goes to prompt chunks of
 sequences still prefilling, oldest first (chunked prefill). Waiting sequences
-take free slots in arrival order. A long prompt therefore never stalls the
-streams already generating, and requests join and leave at any step.
+take free slots by priority, then fairness between requests (the request with
+the fewest running sequences first: one request's ``n`` choices alternate with
+other requests instead of going first), then arrival. One request never holds
+more than ``max_per_request`` slots at once. A long prompt therefore never
+stalls the streams already generating, and requests join and leave at any step.
 """
 
 from __future__ import annotations
 
-from collections import deque
+from collections import Counter, deque
 from dataclasses import dataclass
 
 from edgeinfer.sequence import Sequence, SequenceStatus
@@ -46,13 +49,16 @@ class Scheduler:
     Not thread-safe: owned by the engine thread.
     """
 
-    def __init__(self, num_slots: int, token_budget: int) -> None:
+    def __init__(self, num_slots: int, token_budget: int,
+                 max_per_request: int | None = None) -> None:
         if num_slots < 1:
             raise ValueError("num_slots must be >= 1")
         if token_budget < num_slots:
             raise ValueError("token_budget must be at least num_slots")
         self.num_slots = num_slots
         self.token_budget = token_budget
+        # by default one request leaves at least one slot to everybody else
+        self.max_per_request = max_per_request or max(1, num_slots - 1)
         self.waiting: deque[Sequence] = deque()
         self.running: list[Sequence] = []  # in admission order
         self._free_slots: list[int] = list(range(num_slots))
@@ -84,25 +90,40 @@ class Scheduler:
         seq.queued_at = now
         self.waiting.append(seq)
 
-    def _next(self, now: float) -> Sequence:
-        """Highest effective priority first, then arrival order.
+    def _next(self, now: float, running: Counter[str]) -> Sequence | None:
+        """The waiting sequence to admit next (None: every waiting request is at its cap).
 
-        Effective priority = priority + seconds waited / AGING_SECONDS, so a
-        low-priority request gains a level every AGING_SECONDS and is never
-        starved by a stream of higher-priority ones.
+        Order: effective priority, then the request with the fewest running
+        sequences, then arrival. Effective priority = priority + seconds waited /
+        AGING_SECONDS, capped at the highest priority waiting: a low-priority
+        request gains a level every AGING_SECONDS and is never starved by a stream
+        of higher-priority ones, but waiting longer never outranks fairness among
+        requests of the top level.
         """
-        if all(s.priority == self.waiting[0].priority for s in self.waiting):
-            return self.waiting.popleft()  # the common case: plain arrival order
-        best = max(self.waiting, key=lambda s: (
-            s.priority + (now - s.queued_at) / AGING_SECONDS, -s.arrival))
-        self.waiting.remove(best)
+        top = max(s.priority for s in self.waiting)
+        best: Sequence | None = None
+        best_key: tuple[float, int, int] | None = None
+        for s in self.waiting:
+            held = running[s.group]
+            if held >= self.max_per_request:
+                continue
+            key = (min(s.priority + (now - s.queued_at) / AGING_SECONDS, top), -held,
+                   -s.arrival)
+            if best_key is None or key > best_key:
+                best, best_key = s, key
+        if best is not None:
+            self.waiting.remove(best)
         return best
 
     def admit(self, now: float = 0.0) -> list[Sequence]:
         """Move waiting sequences into free slots (see ``_next`` for the order)."""
         admitted = []
+        running = Counter(s.group for s in self.running)
         while self.waiting and self._free_slots:
-            seq = self._next(now)
+            seq = self._next(now, running)
+            if seq is None:
+                break
+            running[seq.group] += 1
             seq.slot = self._free_slots.pop(0)
             seq.status = SequenceStatus.RUNNING
             self.running.append(seq)

@@ -58,7 +58,8 @@ class SamplingParams:
     logit_bias: tuple[tuple[int, float], ...] = ()
     logprobs: int | None = None  # None: off; k: the sampled token's and the top k
     grammar: str | None = None  # GBNF constraining the output (root rule "root")
-    grammar_triggers: tuple[str, ...] = ()  # lazy grammar: active from the first match on
+    # lazy grammar: free text until one of these words appears, the grammar from there on
+    grammar_triggers: tuple[str, ...] = ()
 
 
     @property
@@ -90,6 +91,7 @@ class Sequence:
     arrival: int = field(default_factory=lambda: next(_arrivals))
     num_cached: int = 0  # prompt tokens taken from the prefix cache
     priority: int = 0  # higher is admitted to a slot first (see Scheduler.admit)
+    group: str = ""  # the HTTP request this is one choice of ("": its own request_id)
     queued_at: float = 0.0  # when it started waiting (scheduler clock)
     pin: bool = False  # keep this prompt resident in the cache when done
     use_cache: bool = True  # reuse cached prefixes for this prompt
@@ -102,6 +104,8 @@ class Sequence:
     def __post_init__(self) -> None:
         if not self.tokens:
             self.tokens = list(self.prompt)
+        if not self.group:
+            self.group = self.request_id
 
     @property
     def num_prompt(self) -> int:

@@ -24,7 +24,7 @@ from typing import Any
 from edgeinfer.grammar import TOOL_CALL_CLOSE, TOOL_CALL_OPEN
 
 # Lazy-grammar trigger: free text until the model opens a call, then the grammar.
-TOOL_CALL_TRIGGER = r"[\s\S]*?(" + re.escape(TOOL_CALL_OPEN) + r")[\s\S]*"
+TOOL_CALL_TRIGGER = TOOL_CALL_OPEN
 
 
 @dataclass(frozen=True, slots=True)

@@ -1,0 +1,176 @@
+"""The grammar budget: what a JSON schema or a GBNF grammar may ask of llama.cpp.
+
+llama.cpp's grammar parser recurses once per nested group and expands every
+repetition into rules, so a single request could otherwise overflow the
+native stack (``{"type": "string", "maxLength": 30000}`` becomes 30,000
+nested optional groups) or allocate hundreds of megabytes
+(``"minLength": 1500000``). Everything here is checked in pure Python, before
+any text reaches llama.cpp, and refused with a 400 that names the limit.
+
+The limits stay far inside llama.cpp's breaking points, measured with
+``scripts/grammar_limits.py`` (one run, SmolLM2's vocabulary): 1,000 nested groups
+compiled in 11 ms, 2,000-10,000 were refused by llama.cpp, 20,000 killed the process
+with SIGSEGV (stack overflow in the parser); 1,000 repetitions ``{0,1000}`` in one
+grammar took 1.3 s and 218 MB, 100 took 0.1 s and 18 MB.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from typing import Any
+
+from edgeinfer.errors import InvalidRequest
+
+MAX_REPEAT = 1000  # any count: minLength, maxLength, minItems, maxItems, {m,n} in patterns
+MAX_PATTERN_CHARS = 1000  # length of a schema's "pattern"
+MAX_PATTERN_COST = 4000  # atoms a pattern stands for, counts multiplied through its groups
+MAX_GBNF_BYTES = 64 * 1024  # a grammar written by the client
+MAX_GENERATED_BYTES = 512 * 1024  # a grammar generated from schemas and tools
+MAX_GBNF_NESTING = 1200  # groups inside groups (a maxLength of 1000 nests 1000 deep)
+MAX_GBNF_RULES = 50_000  # rules, after llama.cpp expands every repetition (~5 MB)
+MAX_SCHEMA_DEPTH = 32
+MAX_SCHEMA_BYTES = 64 * 1024
+
+COUNT_KEYWORDS = ("minLength", "maxLength", "minItems", "maxItems", "minProperties",
+                  "maxProperties")
+NUMBER_KEYWORDS = ("minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum", "multipleOf")
+
+_QUANT = re.compile(r"\{\s*(\d+)\s*(?:(,)\s*(\d*)\s*)?\}")
+_LITERALS = re.compile(r'"(?:[^"\\]|\\.)*"|\[(?:[^\]\\]|\\.)*\]|#[^\n]*')
+
+
+def check_schema_node(node: dict[str, Any], param: str) -> None:
+    """Counts are non-negative integers up to MAX_REPEAT, bounds are finite numbers,
+    patterns are short and expand to little (one sub-schema; the caller walks them)."""
+    for key in COUNT_KEYWORDS:
+        if key not in node:
+            continue
+        v = node[key]
+        if isinstance(v, bool) or not isinstance(v, int | float) or not math.isfinite(v) or (
+                v < 0 or v != int(v)):
+            raise InvalidRequest(f"'{key}' must be a non-negative integer", param=param)
+        if v > MAX_REPEAT:
+            raise InvalidRequest(f"'{key}' is {int(v)}; this server allows at most {MAX_REPEAT} "
+                                 "(grammar budget: repetition count)", param=param,
+                                 code="grammar_too_large")
+    for key in NUMBER_KEYWORDS:
+        v = node.get(key)
+        if v is None or isinstance(v, bool) and key.startswith("exclusive"):
+            continue  # draft-4 style exclusiveMinimum: true
+        if isinstance(v, bool) or not isinstance(v, int | float) or not math.isfinite(v):
+            raise InvalidRequest(f"'{key}' must be a finite number", param=param)
+        if abs(v) > 1e300:
+            raise InvalidRequest(f"'{key}' is out of range", param=param)
+    pattern = node.get("pattern")
+    if pattern is not None:
+        if not isinstance(pattern, str):
+            raise InvalidRequest("'pattern' must be a string", param=param)
+        check_pattern(pattern, param)
+
+
+def pattern_cost(pattern: str) -> int:
+    """How many atoms a regular expression stands for once every counted repetition is
+    written out (what llama-cpp-python's converter does): counts multiply through groups."""
+    stack: list[int] = [0]  # the cost of each open group so far
+    last = 0  # cost of the last atom or group, which a quantifier multiplies
+    i, n = 0, len(pattern)
+    while i < n:
+        c = pattern[i]
+        if c == "\\":
+            i += 2
+            stack[-1] += 1
+            last = 1
+            continue
+        if c == "[":
+            j = i + 1
+            if j < n and pattern[j] == "^":
+                j += 1
+            if j < n and pattern[j] == "]":
+                j += 1
+            while j < n and pattern[j] != "]":
+                j += 2 if pattern[j] == "\\" else 1
+            i = j + 1
+            stack[-1] += 1
+            last = 1
+            continue
+        if c == "(":
+            stack.append(0)
+            i += 1
+            last = 0
+            continue
+        if c == ")":
+            inner = stack.pop() if len(stack) > 1 else 0
+            stack[-1] += inner
+            last = inner
+            i += 1
+            continue
+        if c == "{":
+            m = _QUANT.match(pattern, i)
+            if m:
+                lo = int(m.group(1))
+                hi = lo if m.group(2) is None else int(m.group(3)) if m.group(3) else lo + 1
+                count = max(lo, hi, 1)
+                if count > MAX_REPEAT:
+                    return count * max(last, 1)
+                stack[-1] += last * (count - 1)
+                last *= count
+                i = m.end()
+                continue
+        stack[-1] += 1
+        last = 1
+        i += 1
+    return sum(stack)
+
+
+def check_pattern(pattern: str, param: str) -> None:
+    if len(pattern) > MAX_PATTERN_CHARS:
+        raise InvalidRequest(f"'pattern' is longer than {MAX_PATTERN_CHARS} characters "
+                             "(grammar budget)", param=param, code="grammar_too_large")
+    for m in _QUANT.finditer(pattern):
+        for g in (m.group(1), m.group(3)):
+            if g and int(g) > MAX_REPEAT:
+                raise InvalidRequest(f"'pattern' repeats {int(g)} times; this server allows at "
+                                     f"most {MAX_REPEAT} (grammar budget: repetition count)",
+                                     param=param, code="grammar_too_large")
+    cost = pattern_cost(pattern)
+    if cost > MAX_PATTERN_COST:
+        raise InvalidRequest(f"'pattern' expands to {cost} elements; this server allows at most "
+                             f"{MAX_PATTERN_COST} (grammar budget)", param=param,
+                             code="grammar_too_large")
+
+
+def check_gbnf_budget(gbnf: str, param: str, *, generated: bool) -> None:
+    """Size, nesting, repetition counts and rule count of a GBNF grammar, before llama.cpp
+    sees it. ``generated``: made by us from a schema or tools (a larger size is allowed)."""
+    limit = MAX_GENERATED_BYTES if generated else MAX_GBNF_BYTES
+    if len(gbnf) > limit:
+        what = "the grammar made from this schema" if generated else "the grammar"
+        raise InvalidRequest(f"{what} is larger than {limit} bytes (grammar budget)",
+                             param=param, code="grammar_too_large")
+    plain = _LITERALS.sub('""', gbnf)
+    depth = deepest = 0
+    for ch in plain:
+        if ch == "(":
+            depth += 1
+            deepest = max(deepest, depth)
+        elif ch == ")":
+            depth -= 1
+    if deepest > MAX_GBNF_NESTING:
+        raise InvalidRequest(f"the grammar nests {deepest} groups deep; this server allows at "
+                             f"most {MAX_GBNF_NESTING} (grammar budget)", param=param,
+                             code="grammar_too_large")
+    rules = plain.count("::=") + plain.count("(") + plain.count("|")
+    for m in _QUANT.finditer(plain):
+        lo = int(m.group(1))
+        hi = lo if m.group(2) is None else (int(m.group(3)) if m.group(3) else lo + 1)
+        if max(lo, hi) > MAX_REPEAT:
+            raise InvalidRequest(f"the grammar repeats an element {max(lo, hi)} times; this "
+                                 f"server allows at most {MAX_REPEAT} (grammar budget)",
+                                 param=param, code="grammar_too_large")
+        rules += max(lo, hi)
+    rules += plain.count("*") + plain.count("+") + plain.count("?")
+    if rules > MAX_GBNF_RULES:
+        raise InvalidRequest(f"the grammar expands to about {rules} rules; this server allows "
+                             f"at most {MAX_GBNF_RULES} (grammar budget)", param=param,
+                             code="grammar_too_large")

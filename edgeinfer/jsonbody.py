@@ -1,0 +1,70 @@
+"""Request bodies as strict JSON: what ``json.loads`` lets through that no endpoint can use.
+
+Python's JSON reader accepts ``NaN``, ``Infinity`` and ``-Infinity`` (not JSON),
+turns ``1e400`` into an infinite float, and keeps lone UTF-16 surrogates
+(``"\\ud800"``) in strings, which cannot be encoded as UTF-8 and fail later,
+deep inside tokenizers and templates. ``loads`` refuses all of them with a 400
+naming where they are, so every field of every endpoint is checked once.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+from typing import Any
+
+from edgeinfer.errors import InvalidRequest
+
+_SURROGATE = re.compile("[\ud800-\udfff]")
+_SURROGATE_ESCAPE = re.compile(rb"\\u[dD][89a-fA-F]")
+
+
+def _constant(name: str) -> Any:
+    raise InvalidRequest(f"the request body is not valid JSON: {name} is not a JSON number")
+
+
+def _float(text: str) -> float:
+    value = float(text)
+    if not math.isfinite(value):
+        raise InvalidRequest(f"the request body holds a number out of range: {text[:40]}")
+    return value
+
+
+def _where(path: list[str | int]) -> str:
+    out = ""
+    for p in path:
+        out += f"[{p}]" if isinstance(p, int) else (f".{p}" if out else p)
+    return out or "(body)"
+
+
+def check_strings(value: Any) -> None:
+    """400 for a lone surrogate anywhere in ``value`` (keys included)."""
+    todo: list[tuple[Any, list[str | int]]] = [(value, [])]
+    while todo:
+        node, path = todo.pop()
+        if isinstance(node, str):
+            if _SURROGATE.search(node):
+                where = _where(path)
+                raise InvalidRequest(f"'{where}' holds a lone UTF-16 surrogate, which is not "
+                                     "valid Unicode text", param=where if path else None)
+        elif isinstance(node, dict):
+            for k, v in node.items():
+                if _SURROGATE.search(k):
+                    raise InvalidRequest(f"a key in '{_where(path)}' holds a lone UTF-16 "
+                                         "surrogate", param=_where(path) if path else None)
+                todo.append((v, [*path, k]))
+        elif isinstance(node, list):
+            todo.extend((v, [*path, i]) for i, v in enumerate(node))
+
+
+def loads(data: bytes | bytearray | str) -> Any:
+    """Parse a request body; InvalidRequest (400) for anything that is not strict JSON."""
+    try:
+        value = json.loads(data, parse_constant=_constant, parse_float=_float)
+    except (ValueError, RecursionError):  # JSONDecodeError, UnicodeDecodeError, int limits
+        raise InvalidRequest("the request body is not valid JSON (or nests too deeply)") from None
+    raw = data.encode("utf-8", "surrogatepass") if isinstance(data, str) else bytes(data)
+    if _SURROGATE_ESCAPE.search(raw):  # surrogates can only come from \uD800-\uDFFF escapes
+        check_strings(value)
+    return value
