@@ -427,12 +427,12 @@ async def embeddings(request: Request) -> Response:
 async def tokenize(request: Request) -> Response:
     """Count tokens before sending a prompt (llama-server's /tokenize shape)."""
     body = await _read_json(request)
-    name, content, add_special, with_pieces = parse_tokenize(body)
+    name, content, add_special, parse_special, with_pieces = parse_tokenize(body)
     served = await _model_or_default(request, name)
     rt = served.runtime
 
     def work() -> bytes:  # tokenizing, the pieces and the JSON all off the event loop
-        tokens = rt.tokenize(content, add_special=add_special, parse_special=True)
+        tokens = rt.tokenize(content, add_special=add_special, parse_special=parse_special)
         if not with_pieces:
             return _json_bytes({"tokens": tokens, "model": served.cfg.id})
         if len(tokens) > MAX_PIECES:

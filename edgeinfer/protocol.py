@@ -447,8 +447,8 @@ def parse_embeddings(body: Any, n_vocab: int) -> EmbeddingRequest:
     return EmbeddingRequest(model, items, fmt == "base64")
 
 
-def parse_tokenize(body: Any) -> tuple[str | None, str, bool, bool]:
-    """POST /tokenize: (model, content, add_special, with_pieces)."""
+def parse_tokenize(body: Any) -> tuple[str | None, str, bool, bool, bool]:
+    """POST /tokenize: (model, content, add_special, parse_special, with_pieces)."""
     b = _Body(body, {"model", "content", "add_special", "parse_special", "with_pieces"})
     content = b.string("content", required=True)
     assert content is not None
@@ -456,7 +456,7 @@ def parse_tokenize(body: Any) -> tuple[str | None, str, bool, bool]:
         raise InvalidRequest(f"'content' may be at most {MAX_TOKENIZE_CHARS} characters "
                              f"(got {len(content)})", param="content")
     return (b.string("model"), content, b.boolean("add_special", False),
-            b.boolean("with_pieces", False))
+            b.boolean("parse_special", True), b.boolean("with_pieces", False))
 
 
 def parse_detokenize(body: Any, n_vocab: int) -> tuple[str | None, list[int]]:
