@@ -1,5 +1,5 @@
 from __future__ import annotations
 
-from edgeinfer.cli import main
+from edgeinfer.cli.main import main
 
 raise SystemExit(main())

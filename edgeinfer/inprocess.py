@@ -23,8 +23,8 @@ from starlette.applications import Starlette
 
 from edgeinfer.config import ServerConfig, load_config, override_model
 from edgeinfer.errors import EngineError
-from edgeinfer.pool import ModelPool, ServedModel
-from edgeinfer.sequence import SamplingParams
+from edgeinfer.models.pool import ModelPool, ServedModel
+from edgeinfer.engine.sequence import SamplingParams
 
 
 class EdgeInfer:
@@ -93,12 +93,12 @@ class EdgeInfer:
         served.check_fits(len(tokens), params.max_tokens)
         async for d in served.generate(f"local-{uuid.uuid4().hex[:12]}", tokens, params):
             if d.finish_reason == "error":
-                raise EngineError(d.error or "generation failed")
+                raise EngineError(d.failure.message if d.failure else "generation failed")
             if d.text:
                 yield d.text
 
     def asgi_app(self) -> Starlette:
         """The HTTP API over this pool, to mount in another ASGI app (start() first)."""
-        from edgeinfer.app import create_app
+        from edgeinfer.api.app import create_app
 
         return create_app(self.config, pool=self.pool)

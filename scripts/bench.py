@@ -69,7 +69,7 @@ class Result:
 def model_path() -> Path:
     sys.path.insert(0, str(ROOT))
     from edgeinfer.config import load_config
-    from edgeinfer.source import resolve_model_path
+    from edgeinfer.models.source import resolve_model_path
 
     return resolve_model_path(load_config().models[0])
 

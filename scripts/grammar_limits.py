@@ -44,7 +44,7 @@ def _child(shape: str, n: int, out: mp.Queue) -> None:  # type: ignore[type-arg]
     import numpy as np
 
     from edgeinfer.config import load_config
-    from edgeinfer.source import resolve_model_path
+    from edgeinfer.models.source import resolve_model_path
 
     cfg = load_config(None).models[0]
     llama_cpp.llama_backend_init()

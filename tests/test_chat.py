@@ -2,7 +2,7 @@ from __future__ import annotations
 
 import pytest
 
-from edgeinfer.chat import CHATML, ChatTemplate
+from edgeinfer.prompt.template import CHATML, ChatTemplate
 from edgeinfer.errors import InvalidRequest
 
 

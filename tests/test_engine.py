@@ -8,9 +8,9 @@ from collections.abc import Iterator
 import pytest
 
 from edgeinfer.config import load_config, override_model
-from edgeinfer.engine import Delta
-from edgeinfer.pool import ServedModel, load_model
-from edgeinfer.sequence import SamplingParams
+from edgeinfer.engine.loop import Delta
+from edgeinfer.models.pool import ServedModel, load_model
+from edgeinfer.engine.sequence import SamplingParams
 
 
 @pytest.fixture(scope="module")

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from edgeinfer.errors import InvalidRequest
-from edgeinfer.grammar import schema_to_gbnf
+from edgeinfer.prompt.grammar import schema_to_gbnf
 
 
 def test_property_names_that_are_keywords_are_data_not_schema() -> None:

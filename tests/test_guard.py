@@ -9,7 +9,7 @@ import sys
 import httpx
 import pytest
 
-from edgeinfer.guard import Guard
+from edgeinfer.api.guard import Guard
 
 
 async def ok_app(scope, receive, send) -> None:  # type: ignore[no-untyped-def]

@@ -8,9 +8,9 @@ import re
 
 import pytest
 
-from edgeinfer import jsonbody
+from edgeinfer.api import body as jsonbody
 from edgeinfer.errors import InvalidRequest
-from edgeinfer.grammar_budget import (
+from edgeinfer.prompt.budget import (
     MAX_GBNF_NESTING,
     MAX_REPEAT,
     check_gbnf_budget,
@@ -18,9 +18,9 @@ from edgeinfer.grammar_budget import (
     check_schema_node,
     pattern_cost,
 )
-from edgeinfer.markup import CLOSE, OPEN, Markup, segments
-from edgeinfer.scheduler import Scheduler
-from edgeinfer.sequence import SamplingParams, Sequence
+from edgeinfer.prompt.markup import CLOSE, OPEN, Markup, segments
+from edgeinfer.engine.scheduler import Scheduler
+from edgeinfer.engine.sequence import SamplingParams, Sequence
 
 # -- grammar budget -----------------------------------------------------------------------
 
@@ -134,7 +134,7 @@ def test_trie_regex_matches_the_longest_control_text_among_thousands() -> None:
 
 
 def test_trigger_scan_finds_a_word_split_over_tokens_and_returns_its_tokens() -> None:
-    from edgeinfer.sampler import TriggerScan
+    from edgeinfer.engine.sampler import TriggerScan
 
     rng = random.Random(7)
     for _ in range(500):

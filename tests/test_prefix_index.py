@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import random
 
-from edgeinfer.prefix_index import PrefixIndex, common_prefix
+from edgeinfer.engine.prefix_index import PrefixIndex, common_prefix
 
 
 def test_common_prefix() -> None:

@@ -3,7 +3,7 @@ from __future__ import annotations
 import pytest
 
 from edgeinfer.errors import InvalidRequest
-from edgeinfer.protocol import parse_chat, parse_completion
+from edgeinfer.api.protocol import parse_chat, parse_completion
 
 V = 1000
 MSG = [{"role": "user", "content": "hi"}]

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from edgeinfer.scheduler import Chunk, Scheduler
-from edgeinfer.sequence import SamplingParams, Sequence, SequenceStatus
+from edgeinfer.engine.scheduler import Chunk, Scheduler
+from edgeinfer.engine.sequence import SamplingParams, Sequence, SequenceStatus
 
 
 def make_seq(rid: str, n_prompt: int, max_tokens: int = 4) -> Sequence:

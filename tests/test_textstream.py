@@ -1,6 +1,6 @@
 from __future__ import annotations
 
-from edgeinfer.textstream import TextStream
+from edgeinfer.engine.textstream import TextStream
 
 
 def feed(stream: TextStream, pieces: list[bytes]) -> str:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 import random
 
-from edgeinfer.tools import ToolCallStream, ToolSpec, parse_tool_calls, prepare_messages
+from edgeinfer.prompt.tools import ToolCallStream, ToolSpec, parse_tool_calls, prepare_messages
 
 TEXT = ('I will check.\n<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris", '
         '"opts": {"unit": "c"}}}\n</tool_call>\n<tool_call>{"name": "add", "arguments": '

@@ -22,22 +22,22 @@ from starlette.requests import Request
 from starlette.responses import HTMLResponse, JSONResponse, Response
 from starlette.routing import Route
 
-from edgeinfer import jsonbody
-from edgeinfer.completion import CompletionMeta, Usage, collect, merge, sse_chunks
+from edgeinfer.api import body as jsonbody
+from edgeinfer.api.completion import CompletionMeta, Usage, collect, merge, sse_chunks
 from edgeinfer.config import ServerConfig
 from edgeinfer.errors import APIError, InvalidRequest, NotFound
-from edgeinfer.grammar import (
+from edgeinfer.prompt.grammar import (
     check_gbnf,
     check_generated,
     json_object_gbnf,
     schema_to_gbnf,
     tool_calls_gbnf,
 )
-from edgeinfer.guard import Guard
-from edgeinfer.metrics import Metrics
-from edgeinfer.openapi import openapi_spec
-from edgeinfer.pool import Lease, ModelPool, PoolEntry, ServedModel
-from edgeinfer.protocol import (
+from edgeinfer.api.guard import Guard
+from edgeinfer.api.metrics import Metrics
+from edgeinfer.api.openapi import openapi_spec
+from edgeinfer.models.pool import Lease, ModelPool, PoolEntry, ServedModel
+from edgeinfer.api.protocol import (
     GenerationRequest,
     parse_chat,
     parse_completion,
@@ -46,11 +46,11 @@ from edgeinfer.protocol import (
     parse_pin,
     parse_tokenize,
 )
-from edgeinfer.router import Features, route
-from edgeinfer.sequence import SamplingParams
-from edgeinfer.tools import TOOL_CALL_TRIGGER
+from edgeinfer.models.routing import Features, route
+from edgeinfer.engine.sequence import SamplingParams
+from edgeinfer.prompt.tools import TOOL_CALL_TRIGGER
 
-log = logging.getLogger("edgeinfer.app")
+log = logging.getLogger("edgeinfer.api.app")
 
 CHAT_PAGE = Path(__file__).resolve().parent / "static" / "chat.html"
 

@@ -45,7 +45,7 @@ def resolve_model_path(cfg: ModelConfig, models: dict[str, ModelConfig] | None =
             raise ModelLoadError(f"model {cfg.id!r}: base model {src.base!r} is not configured")
         out = cache_dir() / f"{cfg.id}.{src.quantize}.gguf"
         if not out.is_file():
-            from edgeinfer.modelinfo import quantize_file
+            from edgeinfer.models.modelinfo import quantize_file
 
             tmp = out.with_suffix(".part")
             quantize_file(resolve_model_path(base, models), tmp, src.quantize)

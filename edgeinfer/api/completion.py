@@ -17,10 +17,10 @@ from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from edgeinfer.engine import Delta
+from edgeinfer.engine.delta import Delta, Failure, FailureCode
 from edgeinfer.errors import APIError, EngineError
-from edgeinfer.logprobs import TokenLogprob
-from edgeinfer.tools import Event, ToolCallStream, parse_tool_calls
+from edgeinfer.engine.logprobs import TokenLogprob
+from edgeinfer.prompt.tools import Event, ToolCallStream, parse_tool_calls
 
 
 @dataclass(slots=True)
@@ -148,12 +148,12 @@ def _chat_choice(index: int, delta: dict[str, Any], finish: str | None,
 
 def delta_error(d: Delta) -> APIError:
     """The API error for a request the engine ended with an error."""
-    message = d.error or "generation failed"
-    if d.error_code == "timeout":
-        return APIError(message, code="timeout", status=504)
-    if d.error_code == "shutdown":
-        return APIError(message, code="server_shutting_down", status=503)
-    return EngineError(message, code=d.error_code)
+    failure = d.failure or Failure(FailureCode.INTERNAL, "generation failed")
+    if failure.code is FailureCode.TIMEOUT:
+        return APIError(failure.message, code="timeout", status=504)
+    if failure.code is FailureCode.SHUTDOWN:
+        return APIError(failure.message, code="server_shutting_down", status=503)
+    return EngineError(failure.message, code=failure.code.value)
 
 
 async def sse_chunks(

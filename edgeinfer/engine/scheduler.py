@@ -23,7 +23,7 @@ from __future__ import annotations
 from collections import Counter, deque
 from dataclasses import dataclass
 
-from edgeinfer.sequence import Sequence, SequenceStatus
+from edgeinfer.engine.sequence import Sequence, SequenceStatus
 
 
 @dataclass(slots=True)

@@ -5,11 +5,13 @@ from __future__ import annotations
 import asyncio
 import logging
 import math
+import os
 import threading
 import time
 import uuid
 from collections import deque
 from collections.abc import AsyncIterator, Callable
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field, replace
 from enum import StrEnum
 from pathlib import Path
@@ -17,10 +19,11 @@ from typing import Any, TypeVar
 
 import psutil
 
-from edgeinfer.chat import ChatTemplate
+from edgeinfer.prompt.template import ChatTemplate
 from edgeinfer.config import ModelConfig, ServerConfig
-from edgeinfer.embedding import Embedder
-from edgeinfer.engine import Delta, Engine
+from edgeinfer.engine.embedding import Embedder
+from edgeinfer.engine.delta import Delta
+from edgeinfer.engine.loop import Engine
 from edgeinfer.errors import (
     APIError,
     EngineError,
@@ -29,18 +32,23 @@ from edgeinfer.errors import (
     NotFound,
     Overloaded,
 )
-from edgeinfer.markup import Markup, segments
-from edgeinfer.modelinfo import gguf_facts
-from edgeinfer.native import LlamaRuntime, gpu_offload_supported
-from edgeinfer.offload import gpu_free_bytes, plan_gpu_layers, warn_cpu_only_once
-from edgeinfer.sequence import SamplingParams
-from edgeinfer.source import check_gguf, resolve_model_path
-from edgeinfer.tools import ToolSpec, prepare_messages
+from edgeinfer.prompt.markup import Markup, segments
+from edgeinfer.models.modelinfo import gguf_facts
+from edgeinfer.engine.native import LlamaRuntime, gpu_offload_supported
+from edgeinfer.models.offload import gpu_free_bytes, plan_gpu_layers, warn_cpu_only_once
+from edgeinfer.engine.sequence import SamplingParams
+from edgeinfer.models.source import check_gguf, resolve_model_path
+from edgeinfer.prompt.tools import ToolSpec, prepare_messages
 
 PIN_PARAMS = SamplingParams(temperature=0, max_tokens=1)
 T = TypeVar("T")
+# Blocking native work of requests (tokenizing, detokenizing, grammar checks) runs here: at
+# most all cores but one at a time, so a storm of large requests queues instead of taking
+# every core from the event loop (and the engine threads).
+_native_work = ThreadPoolExecutor(max_workers=max(1, (os.cpu_count() or 2) - 1),
+                                  thread_name_prefix="edgeinfer-native")
 
-log = logging.getLogger("edgeinfer.pool")
+log = logging.getLogger("edgeinfer.models.pool")
 
 
 class Users:
@@ -124,7 +132,7 @@ class ServedModel:
                 lease.release()
 
         try:
-            fut = asyncio.get_running_loop().run_in_executor(None, job)
+            fut = asyncio.get_running_loop().run_in_executor(_native_work, job)
         except BaseException:
             lease.release()
             raise
@@ -160,7 +168,7 @@ class ServedModel:
 
     def tokenize_chat(self, text: str) -> list[int]:
         """Tokens of a rendered chat prompt: special tokens parsed in the template's markup
-        only, never in the text a request inserted (see ``edgeinfer.markup``)."""
+        only, never in the text a request inserted (see ``edgeinfer.prompt.markup``)."""
         info = self.runtime.info
         tokens: list[int] = []
         for part, is_markup in segments(text):
@@ -203,7 +211,8 @@ class ServedModel:
         finally:
             lease.release()
         if last is None or last.finish_reason == "error":
-            raise EngineError(f"could not pin the prefix: {last.error if last else 'no result'}")
+            why = last.failure.message if last and last.failure else "no result"
+            raise EngineError(f"could not pin the prefix: {why}")
         return len(tokens)
 
     def check_fits(self, n_prompt: int, max_tokens: int | None) -> None:

@@ -21,38 +21,19 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from typing import Protocol
 
-from edgeinfer import native
+from edgeinfer.engine import native
 from edgeinfer.errors import EngineError
-from edgeinfer.logprobs import TokenLogprob, token_logprob
-from edgeinfer.native import LlamaRuntime
-from edgeinfer.prefix_cache import PrefixCache
-from edgeinfer.prefix_index import common_prefix
-from edgeinfer.sampler import SamplerChain
-from edgeinfer.scheduler import Chunk, Scheduler
-from edgeinfer.sequence import SamplingParams, Sequence, SequenceStatus
-from edgeinfer.textstream import TextStream
+from edgeinfer.engine.delta import Delta, Failure, FailureCode
+from edgeinfer.engine.logprobs import TokenLogprob, token_logprob
+from edgeinfer.engine.native import LlamaRuntime
+from edgeinfer.engine.prefix_cache import PrefixCache
+from edgeinfer.engine.prefix_index import common_prefix
+from edgeinfer.engine.sampler import SamplerChain
+from edgeinfer.engine.scheduler import Chunk, Scheduler
+from edgeinfer.engine.sequence import SamplingParams, Sequence, SequenceStatus
+from edgeinfer.engine.textstream import TextStream
 
-log = logging.getLogger("edgeinfer.engine")
-
-
-@dataclass(frozen=True, slots=True)
-class Delta:
-    """A piece of one request's output, delivered on the event loop.
-
-    The last delta of a request has ``finish_reason`` set ("stop", "length",
-    or "error" with ``error`` holding the message).
-    """
-
-    text: str
-    tokens: tuple[int, ...] = ()
-    finish_reason: str | None = None
-    error: str | None = None
-    prompt_tokens: int = 0
-    completion_tokens: int = 0
-    cached_tokens: int = 0
-    timings: dict[str, float] | None = None
-    logprob: TokenLogprob | None = None  # of the token in ``tokens``, when asked for
-    error_code: str | None = None  # with finish_reason "error": "timeout", "shutdown", ...
+log = logging.getLogger("edgeinfer.engine.loop")
 
 
 @dataclass(frozen=True, slots=True)
@@ -224,8 +205,8 @@ class Engine:
                     except Exception:  # a bug: end the running requests, keep serving
                         log.exception("engine step failed")
                         for seq in list(self.scheduler.running):
-                            self._finish(seq, SequenceStatus.FINISHED_ERROR,
-                                         "internal error while generating")
+                            self._finish(seq, SequenceStatus.FINISHED_ERROR, Failure(
+                                FailureCode.INTERNAL, "internal error while generating"))
                 self._flush()
         except Exception:
             log.exception("engine thread crashed")
@@ -266,7 +247,8 @@ class Engine:
                                        self.runtime.vocab, self.runtime.piece)
         except (ValueError, MemoryError) as exc:
             log.warning("request %s: sampler setup failed: %s", seq.request_id, exc)
-            self._outbox.append((seq, Delta("", finish_reason="error", error=str(exc))))
+            self._outbox.append((seq, Delta("", finish_reason="error", failure=Failure(
+                FailureCode.SAMPLER, str(exc)))))
             return
         seq.text = TextStream(seq.params.stop)
         self._timing[seq.request_id] = _Timing()
@@ -320,8 +302,8 @@ class Engine:
         for seq in [*self.scheduler.running, *self.scheduler.waiting]:
             timing = self._timing.get(seq.request_id)
             if timing is not None and now - timing.submitted > limit:
-                self._finish(seq, SequenceStatus.FINISHED_ERROR,
-                             f"the request exceeded the time limit of {limit:g} s", "timeout")
+                self._finish(seq, SequenceStatus.FINISHED_ERROR, Failure(
+                    FailureCode.TIMEOUT, f"the request exceeded the time limit of {limit:g} s"))
 
     def _step(self) -> None:
         t0 = time.perf_counter()
@@ -368,8 +350,8 @@ class Engine:
                 except Exception:  # a failure of one request ends that request only
                     log.exception("request %s: sampling failed", seq.request_id)
                     if seq.status is SequenceStatus.RUNNING:
-                        self._finish(seq, SequenceStatus.FINISHED_ERROR,
-                                     "internal error while sampling")
+                        self._finish(seq, SequenceStatus.FINISHED_ERROR, Failure(
+                            FailureCode.INTERNAL, "internal error while sampling"))
         t3 = time.perf_counter()
         st = self.stats
         st.steps += 1
@@ -406,10 +388,8 @@ class Engine:
     def _emit(self, seq: Sequence, text: str, token: int, lp: TokenLogprob | None) -> None:
         self._outbox.append((seq, Delta(text, (token,), logprob=lp)))
 
-    def _finish(
-        self, seq: Sequence, status: SequenceStatus, error: str | None = None,
-        code: str | None = None,
-    ) -> None:
+    def _finish(self, seq: Sequence, status: SequenceStatus,
+                failure: Failure | None = None) -> None:
         was_running = seq.status is SequenceStatus.RUNNING
         slot = self.scheduler.finish(seq, status)
         if slot is not None:
@@ -418,21 +398,22 @@ class Engine:
         if seq.sampler is not None:
             seq.sampler.close()
             seq.sampler = None
-        tail = seq.text.flush() if seq.text is not None and error is None else ""
+        tail = seq.text.flush() if seq.text is not None and failure is None else ""
         timing = self._timing.pop(seq.request_id, None)
         self.stats.requests_finished += 1
         if status is SequenceStatus.FINISHED_ABORTED:
             return
         timings = _timings(seq, timing) if timing else None
         self._outbox.append((seq, Delta(
-            tail, finish_reason=status.finish_reason, error=error,
+            tail, finish_reason=status.finish_reason, failure=failure,
             prompt_tokens=seq.num_prompt, completion_tokens=seq.num_generated,
-            cached_tokens=seq.num_cached, timings=timings, error_code=code,
+            cached_tokens=seq.num_cached, timings=timings,
         )))
         log.info(
             "request %s finished: %s, slot %s, prompt %d, generated %d%s",
             seq.request_id, status.finish_reason, seq.slot if was_running else "-",
-            seq.num_prompt, seq.num_generated, f", error: {error}" if error else "",
+            seq.num_prompt, seq.num_generated,
+            f", error: {failure.message}" if failure else "",
         )
 
     def _on_decode_error(self, rc: int, chunks: list[Chunk]) -> None:
@@ -451,16 +432,17 @@ class Engine:
             if victim.num_generated:
                 self._finish(victim, SequenceStatus.FINISHED_LENGTH)
             else:
-                self._finish(victim, SequenceStatus.FINISHED_ERROR,
-                             "the KV cache is full; retry when fewer requests are running")
+                self._finish(victim, SequenceStatus.FINISHED_ERROR, Failure(
+                    FailureCode.KV_FULL,
+                    "the KV cache is full; retry when fewer requests are running"))
             return
         log.error("llama_decode failed (rc=%d): %s", rc, msg)
         for seq in {id(c.seq): c.seq for c in chunks}.values():
-            self._finish(seq, SequenceStatus.FINISHED_ERROR, msg)
+            self._finish(seq, SequenceStatus.FINISHED_ERROR, Failure(FailureCode.DECODE, msg))
 
-    def _fail_all(self, msg: str, code: str = "shutdown") -> None:
+    def _fail_all(self, msg: str) -> None:
         for seq in list(self.scheduler.running) + list(self.scheduler.waiting):
-            self._finish(seq, SequenceStatus.FINISHED_ERROR, msg, code)
+            self._finish(seq, SequenceStatus.FINISHED_ERROR, Failure(FailureCode.SHUTDOWN, msg))
 
     def _flush(self) -> None:
         if self._outbox and self._loop is not None:

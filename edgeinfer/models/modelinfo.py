@@ -12,10 +12,10 @@ from typing import Any
 import llama_cpp
 from gguf import GGUFReader, GGUFValueType, LlamaFileType
 
-from edgeinfer import native
+from edgeinfer.engine import native
 from edgeinfer.config import DerivedSource, ModelConfig, PackageSource
 from edgeinfer.errors import ConfigError, EdgeInferError, ModelLoadError
-from edgeinfer.source import cache_dir, check_gguf, resolve_model_path
+from edgeinfer.models.source import cache_dir, check_gguf, resolve_model_path
 
 log = logging.getLogger("edgeinfer.models")
 

@@ -18,9 +18,9 @@ import llama_cpp
 import numpy as np
 
 from edgeinfer.errors import EngineError, InvalidRequest
-from edgeinfer.native import LlamaRuntime, fill_batch
+from edgeinfer.engine.native import LlamaRuntime, fill_batch
 
-log = logging.getLogger("edgeinfer.embedding")
+log = logging.getLogger("edgeinfer.engine.embedding")
 
 
 class Embedder:

@@ -17,8 +17,8 @@ import logging
 import time
 from dataclasses import dataclass, field
 
-from edgeinfer.native import LlamaRuntime
-from edgeinfer.prefix_index import PrefixIndex
+from edgeinfer.engine.native import LlamaRuntime
+from edgeinfer.engine.prefix_index import PrefixIndex
 
 log = logging.getLogger("edgeinfer.cache")
 

@@ -171,8 +171,8 @@ def _select(config: ServerConfig, args: argparse.Namespace) -> ServerConfig:
 def serve(args: argparse.Namespace) -> int:
     import uvicorn
 
-    from edgeinfer.app import create_app
-    from edgeinfer.server import EdgeServer
+    from edgeinfer.api.app import create_app
+    from edgeinfer.cli.server import EdgeServer
 
     config = _select(load_config(args.config), args)
     app = create_app(config)
@@ -188,7 +188,7 @@ def serve(args: argparse.Namespace) -> int:
 
 
 def models(args: argparse.Namespace) -> int:
-    from edgeinfer.modelinfo import describe, render_table
+    from edgeinfer.models.modelinfo import describe, render_table
 
     configured = load_config(args.config).models
     rows = [describe(m, {c.id: c for c in configured}) for m in configured]
@@ -201,8 +201,8 @@ def models(args: argparse.Namespace) -> int:
 
 
 def quantize(args: argparse.Namespace) -> int:
-    from edgeinfer.modelinfo import quantize_file
-    from edgeinfer.source import resolve_model_path
+    from edgeinfer.models.modelinfo import quantize_file
+    from edgeinfer.models.source import resolve_model_path
 
     src = Path(args.src).expanduser()
     if not src.is_file():
@@ -241,14 +241,14 @@ def pull(args: argparse.Namespace) -> int:
 
 
 def bench(args: argparse.Namespace) -> int:
-    from edgeinfer.benchmark import run_bench
+    from edgeinfer.cli.bench import run_bench
 
     levels = [int(x) for x in args.streams.split(",") if x.strip()]
     return run_bench(args.url, args.model, levels, args.tokens, args.api_key)
 
 
 def chat(args: argparse.Namespace) -> int:
-    from edgeinfer.terminal import chat_loop
+    from edgeinfer.cli.terminal import chat_loop
 
     return chat_loop(args.url, args.model, args.system, args.api_key)
 

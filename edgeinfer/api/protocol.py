@@ -12,8 +12,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from edgeinfer.errors import InvalidRequest
-from edgeinfer.sequence import SamplingParams
-from edgeinfer.tools import ToolSpec
+from edgeinfer.engine.sequence import SamplingParams
+from edgeinfer.prompt.tools import ToolSpec
 
 MAX_TOKENS_LIMIT = 1 << 20
 MAX_STOP = 16

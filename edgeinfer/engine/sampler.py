@@ -10,7 +10,7 @@ from typing import Any
 import llama_cpp
 import numpy as np
 
-from edgeinfer.sequence import SamplingParams
+from edgeinfer.engine.sequence import SamplingParams
 
 LLAMA_DEFAULT_SEED = 0xFFFFFFFF
 SUBSET = 256  # candidates a grammar-constrained step checks before the whole vocabulary

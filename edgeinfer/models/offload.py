@@ -11,7 +11,7 @@ import logging
 import shutil
 import subprocess
 
-log = logging.getLogger("edgeinfer.offload")
+log = logging.getLogger("edgeinfer.models.offload")
 
 GPU_RESERVE = 512 << 20  # left free on the GPU for compute buffers and other programs
 _warned = False

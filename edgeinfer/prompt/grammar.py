@@ -19,13 +19,13 @@ import llama_cpp
 from llama_cpp.llama_grammar import json_schema_to_gbnf
 
 from edgeinfer.errors import InvalidRequest
-from edgeinfer.grammar_budget import (
+from edgeinfer.prompt.budget import (
     MAX_SCHEMA_BYTES,
     MAX_SCHEMA_DEPTH,
     check_gbnf_budget,
     check_schema_node,
 )
-from edgeinfer.intrange import int_range_gbnf
+from edgeinfer.prompt.intrange import int_range_gbnf
 
 # Arrays without maxItems get this bound: a small model that keeps adding items
 # could otherwise loop until max_tokens and leave JSON that does not parse.

@@ -21,7 +21,7 @@ import uuid
 from dataclasses import dataclass
 from typing import Any
 
-from edgeinfer.grammar import TOOL_CALL_CLOSE, TOOL_CALL_OPEN
+from edgeinfer.prompt.grammar import TOOL_CALL_CLOSE, TOOL_CALL_OPEN
 
 # Lazy-grammar trigger: free text until the model opens a call, then the grammar.
 TOOL_CALL_TRIGGER = TOOL_CALL_OPEN
