@@ -1,6 +1,14 @@
-"""Errors a user can trigger, carrying their OpenAI-shaped HTTP form."""
+"""Errors a user can trigger, one class per HTTP status, each with its OpenAI-style type.
+
+Every error a client sees is one of these, rendered by one shaper
+(``edgeinfer.api.errors``) as ``{"error": {"message", "type", "param", "code"}}``.
+A class fixes the status and the type; an instance adds the message, the field
+it concerns (``param``), a machine-readable ``code`` and extra headers.
+"""
 
 from __future__ import annotations
+
+from typing import ClassVar
 
 
 class EdgeInferError(Exception):
@@ -16,29 +24,22 @@ class ModelLoadError(EdgeInferError):
 
 
 class APIError(EdgeInferError):
-    """An error returned to an API client as {"error": {...}}."""
+    """An error returned to an API client; subclasses fix ``status`` and ``type``."""
 
-    status = 500
-    type = "server_error"
+    status: ClassVar[int] = 500
+    type: ClassVar[str] = "server_error"
 
-    def __init__(
-        self, message: str, *, param: str | None = None, code: str | None = None,
-        status: int | None = None, headers: dict[str, str] | None = None,
-    ) -> None:
+    def __init__(self, message: str, *, param: str | None = None, code: str | None = None,
+                 headers: dict[str, str] | None = None) -> None:
         super().__init__(message)
         self.message = message
         self.param = param
         self.code = code
         self.headers = headers or {}
-        if status is not None:
-            self.status = status
 
     def to_dict(self) -> dict[str, object]:
-        return {
-            "error": {
-                "message": self.message, "type": self.type, "param": self.param, "code": self.code,
-            }
-        }
+        return {"error": {"message": self.message, "type": self.type, "param": self.param,
+                          "code": self.code}}
 
 
 class InvalidRequest(APIError):
@@ -46,16 +47,39 @@ class InvalidRequest(APIError):
     type = "invalid_request_error"
 
 
+class AuthenticationFailed(APIError):
+    status = 401
+    type = "authentication_error"
+
+
+class PermissionDenied(APIError):
+    status = 403
+    type = "permission_error"
+
+
 class NotFound(APIError):
     status = 404
+    type = "not_found_error"
+
+
+class MethodNotAllowed(APIError):
+    status = 405
     type = "invalid_request_error"
 
 
-class EngineError(APIError):
-    """The engine failed to compute a request (llama_decode error, engine stopped)."""
+class Conflict(APIError):
+    status = 409
+    type = "conflict_error"
 
-    status = 500
-    type = "server_error"
+
+class PayloadTooLarge(APIError):
+    status = 413
+    type = "request_too_large"
+
+
+class UnsupportedMediaType(APIError):
+    status = 415
+    type = "invalid_request_error"
 
 
 class Overloaded(APIError):
@@ -64,12 +88,32 @@ class Overloaded(APIError):
     status = 429
     type = "rate_limit_error"
 
-    def __init__(self, message: str, retry_after: int, status: int = 429,
+    def __init__(self, message: str, retry_after: int, *,
                  code: str = "rate_limit_exceeded") -> None:
-        super().__init__(message, code=code, status=status,
-                         headers={"Retry-After": str(retry_after)})
+        super().__init__(message, code=code, headers={"Retry-After": str(retry_after)})
 
 
-class Unauthorized(APIError):
-    status = 401
-    type = "invalid_request_error"
+class ServerError(APIError):
+    status = 500
+    type = "server_error"
+
+
+class EngineError(ServerError):
+    """The engine failed to compute a request (llama_decode error, engine stopped)."""
+
+
+class Unavailable(APIError):
+    """Not now: a model loading, failed or without room, or the server shutting down."""
+
+    status = 503
+    type = "service_unavailable"
+
+    def __init__(self, message: str, *, param: str | None = None, code: str | None = None,
+                 retry_after: int | None = None) -> None:
+        super().__init__(message, param=param, code=code, headers=(
+            {"Retry-After": str(retry_after)} if retry_after is not None else None))
+
+
+class Timeout(APIError):
+    status = 504
+    type = "timeout_error"

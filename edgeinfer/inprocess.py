@@ -13,7 +13,6 @@ exactly as HTTP requests are.
 
 from __future__ import annotations
 
-import asyncio
 import uuid
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -22,9 +21,10 @@ from typing import Any, Self
 from starlette.applications import Starlette
 
 from edgeinfer.config import ServerConfig, load_config, override_model
-from edgeinfer.errors import EngineError
-from edgeinfer.models.pool import ModelPool, ServedModel
 from edgeinfer.engine.sequence import SamplingParams
+from edgeinfer.errors import EngineError
+from edgeinfer.models.pool import ModelPool
+from edgeinfer.models.served import ServedModel
 
 
 class EdgeInfer:

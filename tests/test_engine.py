@@ -9,7 +9,7 @@ import pytest
 
 from edgeinfer.config import load_config, override_model
 from edgeinfer.engine.loop import Delta
-from edgeinfer.models.pool import ServedModel, load_model
+from edgeinfer.models.served import ServedModel, load_model
 from edgeinfer.engine.sequence import SamplingParams
 
 

@@ -22,7 +22,7 @@ import pytest
 from edgeinfer.config import load_config, override_model
 from edgeinfer.engine.loop import Delta, Engine
 from edgeinfer.engine.logprobs import TokenLogprob
-from edgeinfer.models.pool import ServedModel, load_model
+from edgeinfer.models.served import ServedModel, load_model
 from edgeinfer.engine.sequence import SamplingParams
 
 TEXT = ("The history of the lighthouse begins in the ancient world, where fires were lit on hills "

@@ -1,11 +1,46 @@
 from __future__ import annotations
 
+from dataclasses import dataclass
+from typing import Any
+
 import pytest
 
-from edgeinfer.errors import InvalidRequest
-from edgeinfer.api.protocol import parse_chat, parse_completion
+from edgeinfer.engine.sequence import SamplingParams
 
-V = 1000
+from edgeinfer.api import openai_chat, openai_completions
+from edgeinfer.errors import InvalidRequest
+from edgeinfer.service.request import ChatPrompt, GenerateRequest, TextPrompts
+
+V = 1000  # token ids are checked against the model's vocabulary by the service
+
+
+@dataclass
+class Parsed:
+    req: GenerateRequest
+    stream: bool
+    include_usage: bool
+
+    @property
+    def params(self) -> SamplingParams:
+        return self.req.params
+
+    @property
+    def messages(self) -> tuple[dict[str, Any], ...]:
+        assert isinstance(self.req.prompt, ChatPrompt)
+        return self.req.prompt.messages
+
+    @property
+    def prompts(self) -> tuple[str | list[int], ...]:
+        assert isinstance(self.req.prompt, TextPrompts)
+        return self.req.prompt.prompts
+
+
+def parse_chat(body: object, _vocab: int) -> Parsed:
+    return Parsed(*openai_chat.parse(body, {}))
+
+
+def parse_completion(body: object, _vocab: int) -> Parsed:
+    return Parsed(*openai_completions.parse(body, {}))
 MSG = [{"role": "user", "content": "hi"}]
 
 
@@ -26,7 +61,7 @@ def test_chat_defaults_and_fields() -> None:
 @pytest.mark.parametrize(("field", "value"), [
     ("temperature", 2.5), ("temperature", "hot"), ("top_p", -0.1), ("max_tokens", 0),
     ("max_tokens", 1.5), ("presence_penalty", 3), ("frequency_penalty", float("nan")),
-    ("stop", [1]), ("stop", ["a"] * 17), ("logit_bias", {"999999": 1}),
+    ("stop", [1]), ("stop", ["a"] * 17), ("logit_bias", {"99999999": 1}),
     ("logit_bias", {"1": 500}), ("n", 17), ("n", 0), ("top_k", -1), ("seed", True),
     ("stream_options", {"include_usage": True}), ("tools", {"type": "function"}),
     ("tool_choice", "required"), ("response_format", {"type": "xml"}), ("grammar", 5),
@@ -64,7 +99,7 @@ def test_completion_prompt_forms() -> None:
     assert prompts(["abc"]) == ("abc",)
     assert prompts(["a", [3, 4]]) == ("a", [3, 4])
     assert parse_completion({"model": "m", "prompt": "x"}, V).params.max_tokens == 16
-    for bad in (None, 5, [V + 1], [[V + 1]], [], [[]], ["a"] * 17, [True]):
+    for bad in (None, 5, [-1], [[-1]], [1 << 30], [], [[]], ["a"] * 17, [True]):
         with pytest.raises(InvalidRequest):
             parse_completion({"model": "m", "prompt": bad}, V)
     with pytest.raises(InvalidRequest) as info:

@@ -348,7 +348,8 @@ def test_openapi_describes_every_route(server: ServerProcess) -> None:
         assert path in spec["paths"]
     chat = spec["paths"]["/v1/chat/completions"]["post"]["requestBody"]["content"]
     props = chat["application/json"]["schema"]["properties"]
-    from edgeinfer.api.protocol import CHAT_FIELDS, COMPLETION_FIELDS
+    from edgeinfer.api.openai_chat import FIELDS as CHAT_FIELDS
+    from edgeinfer.api.openai_completions import FIELDS as COMPLETION_FIELDS
     assert set(props) == CHAT_FIELDS  # the spec and the parser accept the same fields
     text = spec["paths"]["/v1/completions"]["post"]["requestBody"]["content"]
     assert set(text["application/json"]["schema"]["properties"]) == COMPLETION_FIELDS

@@ -5,7 +5,15 @@ from __future__ import annotations
 import json
 import random
 
-from edgeinfer.prompt.tools import ToolCallStream, ToolSpec, parse_tool_calls, prepare_messages
+from edgeinfer.prompt.tools import (
+    CallArgs,
+    CallOpen,
+    Content,
+    ToolCallStream,
+    ToolSpec,
+    parse_tool_calls,
+    prepare_messages,
+)
 
 TEXT = ('I will check.\n<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris", '
         '"opts": {"unit": "c"}}}\n</tool_call>\n<tool_call>{"name": "add", "arguments": '
@@ -33,19 +41,19 @@ def test_streaming_in_any_fragmentation_gives_the_same_calls() -> None:
             events += stream.feed(TEXT[i:i + n])
             i += n
         events += stream.finish()
-        content = "".join(e[1] for e in events if e[0] == "content")
-        names = [e[3] for e in events if e[0] == "call"]
+        content = "".join(e.text for e in events if isinstance(e, Content))
+        names = [e.name for e in events if isinstance(e, CallOpen)]
         args = ["", ""]
         for e in events:
-            if e[0] == "args":
-                args[e[1]] += e[2]
+            if isinstance(e, CallArgs):
+                args[e.index] += e.text
         assert content.strip() == "I will check."
         assert names == ["get_weather", "add"]
         assert json.loads(args[0]) == {"city": "Paris", "opts": {"unit": "c"}}
         assert json.loads(args[1]) == {"a": 1, "b": "}"}
         # the name is announced before any of its arguments
-        first_args = next(k for k, e in enumerate(events) if e[0] == "args")
-        assert events[first_args - 1][0] == "call"
+        first_args = next(k for k, e in enumerate(events) if isinstance(e, CallArgs))
+        assert isinstance(events[first_args - 1], CallOpen)
 
 
 def test_generic_prompt_renders_tools_calls_and_results() -> None:

@@ -9,12 +9,15 @@ naming where they are, so every field of every endpoint is checked once.
 
 from __future__ import annotations
 
+import asyncio
 import json
 import math
 import re
 from typing import Any
 
-from edgeinfer.errors import InvalidRequest
+from starlette.requests import Request
+
+from edgeinfer.errors import InvalidRequest, PayloadTooLarge, UnsupportedMediaType
 
 _SURROGATE = re.compile("[\ud800-\udfff]")
 _SURROGATE_ESCAPE = re.compile(rb"\\u[dD][89a-fA-F]")
@@ -68,3 +71,30 @@ def loads(data: bytes | bytearray | str) -> Any:
     if _SURROGATE_ESCAPE.search(raw):  # surrogates can only come from \uD800-\uDFFF escapes
         check_strings(value)
     return value
+
+
+MAX_BODY_BYTES = 8 * 1024 * 1024
+THREAD_PARSE_BYTES = 64 * 1024
+
+
+async def read_json(request: Request) -> Any:
+    """The request's body as strict JSON: 415 for another content type, 413 past
+    MAX_BODY_BYTES (declared or read), 400 for anything ``loads`` refuses. A large body
+    is parsed off the event loop."""
+    ctype = request.headers.get("content-type", "application/json").split(";")[0].strip().lower()
+    if ctype not in ("application/json", ""):
+        raise UnsupportedMediaType(f"the request body must be application/json, not {ctype}",
+                                   code="unsupported_media_type")
+    declared = request.headers.get("content-length")
+    if declared is not None and declared.isdigit() and int(declared) > MAX_BODY_BYTES:
+        raise PayloadTooLarge(f"request body exceeds {MAX_BODY_BYTES} bytes",
+                              code="request_too_large")
+    body = bytearray()
+    async for part in request.stream():
+        body += part
+        if len(body) > MAX_BODY_BYTES:
+            raise PayloadTooLarge(f"request body exceeds {MAX_BODY_BYTES} bytes",
+                                  code="request_too_large")
+    if len(body) > THREAD_PARSE_BYTES:
+        return await asyncio.to_thread(loads, body)
+    return loads(body)

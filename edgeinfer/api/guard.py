@@ -12,10 +12,12 @@
 from __future__ import annotations
 
 import hmac
-import json
 import re
 from collections.abc import Awaitable, Callable, MutableMapping
 from typing import Any
+
+from edgeinfer.api.errors import error_body
+from edgeinfer.errors import APIError, AuthenticationFailed, PermissionDenied
 
 Scope = MutableMapping[str, Any]
 Receive = Callable[[], Awaitable[MutableMapping[str, Any]]]
@@ -69,15 +71,17 @@ class Guard:
         headers = {k.decode("latin-1"): v.decode("latin-1") for k, v in scope["headers"]}
         host = _host_only(headers.get("host", ""))
         if host is None or not self.any_host and host not in self.hosts:
-            await _deny(send, 403, "the Host header names an address this server does not serve",
-                        "invalid_host")
+            await _deny(send, PermissionDenied(
+                "the Host header names an address this server does not serve",
+                code="invalid_host"))
             return
         origin = headers.get("origin")
         cors: list[tuple[bytes, bytes]] = []
         if origin is not None:
             if not self.origin_allowed(origin):
-                await _deny(send, 403, "cross-origin requests from this origin are not allowed",
-                            "origin_not_allowed")
+                await _deny(send, PermissionDenied(
+                    "cross-origin requests from this origin are not allowed",
+                    code="origin_not_allowed"))
                 return
             cors = [(b"access-control-allow-origin", origin.encode("latin-1")),
                     (b"vary", b"Origin")]
@@ -90,8 +94,9 @@ class Guard:
                 await send({"type": "http.response.body", "body": b""})
                 return
         if self.keys and scope["path"] not in OPEN_PATHS and not self.key_ok(headers):
-            await _deny(send, 401, "a valid API key is required (Authorization: Bearer KEY or "
-                        "x-api-key: KEY)", "invalid_api_key", cors)
+            await _deny(send, AuthenticationFailed(
+                "a valid API key is required (Authorization: Bearer KEY or x-api-key: KEY)",
+                code="invalid_api_key"), cors)
             return
         if not cors:
             await self.app(scope, receive, send)
@@ -105,11 +110,10 @@ class Guard:
         await self.app(scope, receive, send_with_cors)
 
 
-async def _deny(send: Send, status: int, message: str, code: str,
+async def _deny(send: Send, err: APIError,
                 extra: list[tuple[bytes, bytes]] | None = None) -> None:
-    body = json.dumps({"error": {"message": message, "type": "invalid_request_error",
-                                 "param": None, "code": code}}).encode()
-    await send({"type": "http.response.start", "status": status, "headers": [
+    body = error_body(err)
+    await send({"type": "http.response.start", "status": err.status, "headers": [
         (b"content-type", b"application/json"), (b"content-length", str(len(body)).encode()),
         *(extra or [])]})
     await send({"type": "http.response.body", "body": body})

@@ -17,8 +17,8 @@ from typing import Any
 import llama_cpp
 import numpy as np
 
-from edgeinfer.errors import EngineError, InvalidRequest
 from edgeinfer.engine.native import LlamaRuntime, fill_batch
+from edgeinfer.errors import EngineError, InvalidRequest
 
 log = logging.getLogger("edgeinfer.engine.embedding")
 

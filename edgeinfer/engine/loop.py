@@ -22,7 +22,6 @@ from dataclasses import dataclass, field
 from typing import Protocol
 
 from edgeinfer.engine import native
-from edgeinfer.errors import EngineError
 from edgeinfer.engine.delta import Delta, Failure, FailureCode
 from edgeinfer.engine.logprobs import TokenLogprob, token_logprob
 from edgeinfer.engine.native import LlamaRuntime
@@ -32,6 +31,7 @@ from edgeinfer.engine.sampler import SamplerChain
 from edgeinfer.engine.scheduler import Chunk, Scheduler
 from edgeinfer.engine.sequence import SamplingParams, Sequence, SequenceStatus
 from edgeinfer.engine.textstream import TextStream
+from edgeinfer.errors import EngineError
 
 log = logging.getLogger("edgeinfer.engine.loop")
 

@@ -12,8 +12,8 @@ from typing import Any
 import llama_cpp
 from gguf import GGUFReader, GGUFValueType, LlamaFileType
 
-from edgeinfer.engine import native
 from edgeinfer.config import DerivedSource, ModelConfig, PackageSource
+from edgeinfer.engine import native
 from edgeinfer.errors import ConfigError, EdgeInferError, ModelLoadError
 from edgeinfer.models.source import cache_dir, check_gguf, resolve_model_path
 

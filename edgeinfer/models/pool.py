@@ -4,255 +4,19 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import math
-import os
-import threading
 import time
-import uuid
-from collections import deque
-from collections.abc import AsyncIterator, Callable
-from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field, replace
+from collections.abc import Callable
+from dataclasses import dataclass, field
 from enum import StrEnum
-from pathlib import Path
-from typing import Any, TypeVar
 
 import psutil
 
-from edgeinfer.prompt.template import ChatTemplate
 from edgeinfer.config import ModelConfig, ServerConfig
-from edgeinfer.engine.embedding import Embedder
-from edgeinfer.engine.delta import Delta
-from edgeinfer.engine.loop import Engine
-from edgeinfer.errors import (
-    APIError,
-    EngineError,
-    InvalidRequest,
-    ModelLoadError,
-    NotFound,
-    Overloaded,
-)
-from edgeinfer.prompt.markup import Markup, segments
-from edgeinfer.models.modelinfo import gguf_facts
-from edgeinfer.engine.native import LlamaRuntime, gpu_offload_supported
-from edgeinfer.models.offload import gpu_free_bytes, plan_gpu_layers, warn_cpu_only_once
-from edgeinfer.engine.sequence import SamplingParams
-from edgeinfer.models.source import check_gguf, resolve_model_path
-from edgeinfer.prompt.tools import ToolSpec, prepare_messages
-
-PIN_PARAMS = SamplingParams(temperature=0, max_tokens=1)
-T = TypeVar("T")
-# Blocking native work of requests (tokenizing, detokenizing, grammar checks) runs here: at
-# most all cores but one at a time, so a storm of large requests queues instead of taking
-# every core from the event loop (and the engine threads).
-_native_work = ThreadPoolExecutor(max_workers=max(1, (os.cpu_count() or 2) - 1),
-                                  thread_name_prefix="edgeinfer-native")
+from edgeinfer.errors import APIError, ModelLoadError, NotFound, Unavailable
+from edgeinfer.models.served import ServedModel, load_model
+from edgeinfer.models.source import resolve_model_path
 
 log = logging.getLogger("edgeinfer.models.pool")
-
-
-class Users:
-    """How many callers are using a model's native handles right now (thread-safe).
-
-    Taken on the event loop before any work starts and given back by whoever
-    finishes last (a worker thread, for blocking native calls), so a model is
-    never freed while anything can still touch it.
-    """
-
-    def __init__(self) -> None:
-        self._n = 0
-        self._lock = threading.Lock()
-
-    def take(self) -> None:
-        with self._lock:
-            self._n += 1
-
-    def give_back(self) -> None:
-        with self._lock:
-            assert self._n > 0, "a model's user count went below zero"
-            self._n -= 1
-
-    @property
-    def count(self) -> int:
-        return self._n
-
-
-class Lease:
-    """One use of a loaded model; ``release`` (idempotent) ends it."""
-
-    __slots__ = ("_users",)
-
-    def __init__(self, users: Users) -> None:
-        users.take()
-        self._users: Users | None = users
-
-    def release(self) -> None:
-        if self._users is not None:
-            self._users.give_back()
-            self._users = None
-
-
-@dataclass(slots=True)
-class ServedModel:
-    """A loaded model: its runtime (native handles), engine thread and chat template.
-
-    Lifetime contract: whoever uses the model's native handles holds a ``lease()``
-    (a whole HTTP request holds one until its response is sent) or calls
-    ``run()`` (a blocking native call in a worker thread, which keeps the model in
-    use until the call returns, even if its caller is cancelled). The pool never
-    unloads a model that is ``busy``.
-    """
-
-    cfg: ModelConfig
-    runtime: LlamaRuntime
-    engine: Engine
-    template: ChatTemplate
-    embedder: Embedder
-    created: int = field(default_factory=lambda: int(time.time()))
-    inflight: int = 0  # engine requests submitted and not finished (event-loop side)
-    _finished_at: deque[float] = field(default_factory=lambda: deque(maxlen=64))
-    users: Users = field(default_factory=Users)
-    markup: Markup = field(default_factory=lambda: Markup(()))
-
-    def lease(self) -> Lease:
-        return Lease(self.users)
-
-    @property
-    def busy(self) -> bool:
-        return self.inflight > 0 or self.users.count > 0
-
-    async def run(self, fn: Callable[..., T], *args: Any) -> T:
-        """``fn(*args)`` in a worker thread, holding the model until it returns."""
-        lease = self.lease()
-
-        def job() -> T:
-            try:
-                return fn(*args)
-            finally:
-                lease.release()
-
-        try:
-            fut = asyncio.get_running_loop().run_in_executor(_native_work, job)
-        except BaseException:
-            lease.release()
-            raise
-        return await fut
-
-    def admit(self, n: int) -> None:
-        """Refuse ``n`` more requests with 429 when running + queued would pass the bound."""
-        room = self.cfg.slots + self.cfg.max_queue - self.inflight
-        if n <= room:
-            return
-        done = self._finished_at
-        now = time.monotonic()
-        rate = (len(done) - 1) / (now - done[0]) if len(done) > 1 and now > done[0] else 0.0
-        queued = self.inflight - self.cfg.slots + n
-        retry = math.ceil(queued / rate) if rate > 0 else 10
-        raise Overloaded(f"model {self.cfg.id!r} is overloaded: {self.inflight} requests in "
-                         f"flight; retry in {retry}s", retry_after=max(1, min(retry, 300)))
-
-    async def generate(self, request_id: str, prompt: list[int], params: SamplingParams,
-                       **kw: Any) -> AsyncIterator[Delta]:
-        """engine.generate, counted for admission control."""
-        self.inflight += 1
-        try:
-            async for d in self.engine.generate(request_id, prompt, params, **kw):
-                yield d
-        finally:
-            self.inflight -= 1
-            self._finished_at.append(time.monotonic())
-
-    @property
-    def n_ctx(self) -> int:
-        return self.runtime.info.n_ctx
-
-    def tokenize_chat(self, text: str) -> list[int]:
-        """Tokens of a rendered chat prompt: special tokens parsed in the template's markup
-        only, never in the text a request inserted (see ``edgeinfer.prompt.markup``)."""
-        info = self.runtime.info
-        tokens: list[int] = []
-        for part, is_markup in segments(text):
-            add_bos = not tokens and info.add_bos and not (
-                info.bos_text and part.startswith(info.bos_text))
-            tokens += self.runtime.tokenize(part, add_special=add_bos, parse_special=is_markup)
-        return tokens
-
-    def chat_prompt(self, messages: list[dict[str, Any]], tools: tuple[ToolSpec, ...] = (),
-                    *, add_generation_prompt: bool = True) -> list[int]:
-        """Render ``messages`` (and ``tools``) with the model's template and tokenize them,
-        request text escaped so it stays text. Blocking: call it through ``run``."""
-        escape = self.markup.escape
-        messages = escape(messages)
-        tools = tuple(replace(t, description=escape(t.description),
-                              parameters=escape(t.parameters)) for t in tools)
-        messages, extra = prepare_messages(messages, tools, native=self.template.takes_tools)
-        text = self.template.render(messages, add_generation_prompt=add_generation_prompt,
-                                    **extra)
-        return self.tokenize_chat(text)
-
-    def tokenize_text(self, text: str) -> list[int]:
-        return self.runtime.tokenize(text, add_special=True, parse_special=True)
-
-    def system_prefix(self, messages: list[dict[str, Any]]) -> list[int]:
-        """Tokens of messages rendered as the start of a conversation (no generation prompt)."""
-        return self.chat_prompt(messages, add_generation_prompt=False)
-
-    async def pin(self, tokens: list[int]) -> int:
-        """Compute ``tokens`` and keep their KV resident (never evicted); returns the count."""
-        if not tokens:
-            raise InvalidRequest("nothing to pin: the prompt is empty", param="prompt")
-        self.check_fits(len(tokens), 1)
-        rid = f"pin-{uuid.uuid4().hex[:12]}"
-        last = None
-        lease = self.lease()
-        try:
-            async for last in self.engine.generate(rid, tokens, PIN_PARAMS, pin=True):
-                pass
-        finally:
-            lease.release()
-        if last is None or last.finish_reason == "error":
-            why = last.failure.message if last and last.failure else "no result"
-            raise EngineError(f"could not pin the prefix: {why}")
-        return len(tokens)
-
-    def check_fits(self, n_prompt: int, max_tokens: int | None) -> None:
-        """400 context_length_exceeded unless the prompt (plus max_tokens) fits."""
-        wanted = n_prompt + (max_tokens or 1)
-        if n_prompt >= self.n_ctx or wanted > self.n_ctx:
-            raise InvalidRequest(
-                f"This model's maximum context length is {self.n_ctx} tokens. However, you "
-                f"requested {wanted} tokens ({n_prompt} in the prompt, "
-                f"{max_tokens or 1} for the completion). Please reduce the prompt or max_tokens.",
-                param="messages", code="context_length_exceeded",
-            )
-
-
-def load_model(cfg: ModelConfig, path: Path | None = None) -> ServedModel:
-    """Load one model and create its engine (blocking; run it off the event loop)."""
-    path = path or resolve_model_path(cfg)
-    check_gguf(path, cfg.id)
-    if cfg.gpu_layers:
-        supported = gpu_offload_supported()
-        if not supported:
-            warn_cpu_only_once(cfg.id)
-        free = gpu_free_bytes() if supported and cfg.gpu_layers == "auto" else None
-        n_layers = int(gguf_facts(path)["layers"]) if free else 0
-        layers = plan_gpu_layers(cfg.gpu_layers, supported, n_layers, path.stat().st_size, free)
-        cfg = replace(cfg, gpu_layers=layers)
-    t0 = time.perf_counter()
-    runtime = LlamaRuntime(cfg, path)
-    info = runtime.info
-    try:
-        template = ChatTemplate(cfg.chat_template or info.chat_template, info.bos_text,
-                                info.eos_text)
-    except ValueError as exc:
-        runtime.close()
-        raise ModelLoadError(f"model {cfg.id!r}: {exc}") from None
-    log.info("model %s loaded from %s in %.2fs (%s, ctx %d, %d slots, %d threads)",
-             cfg.id, path, time.perf_counter() - t0, info.description, info.n_ctx, cfg.slots,
-             cfg.threads)
-    return ServedModel(cfg, runtime, Engine(runtime), template, Embedder(runtime),
-                       markup=Markup(runtime.control_texts()))
 
 
 class ModelState(StrEnum):
@@ -329,11 +93,10 @@ class ModelPool:
 
     def _unavailable(self, entry: PoolEntry) -> APIError:
         if entry.state is ModelState.FAILED:
-            return APIError(f"the model '{entry.cfg.id}' failed to load: {entry.error}",
-                            param="model", code="model_unavailable", status=503)
-        return APIError(f"the model '{entry.cfg.id}' is {entry.state.value}; retry shortly",
-                        param="model", code="model_loading", status=503,
-                        headers={"Retry-After": "2"})
+            return Unavailable(f"the model '{entry.cfg.id}' failed to load: {entry.error}",
+                               param="model", code="model_unavailable")
+        return Unavailable(f"the model '{entry.cfg.id}' is {entry.state.value}; retry shortly",
+                           param="model", code="model_loading", retry_after=2)
 
     # -- lifecycle --------------------------------------------------------------------
     async def start(self) -> None:
@@ -376,7 +139,7 @@ class ModelPool:
             path = await asyncio.to_thread(resolve_model_path, cfg, self._configs())
             await self._make_room(cfg.id, path.stat().st_size)
             served = await asyncio.to_thread(load_model, cfg, path)
-        except Overloaded:
+        except Unavailable:
             entry.state = ModelState.UNLOADED  # no room now; a later request tries again
             raise
         except ModelLoadError as exc:
@@ -422,9 +185,9 @@ class ModelPool:
             idle = [e for e in self.entries.values()
                     if e.state is ModelState.LOADED and e.idle_for(now) > 0.5]
             if not idle:
-                raise Overloaded(f"not enough memory to load model {model_id!r} "
-                                 f"(~{need >> 20} MiB) while the other models are busy",
-                                 retry_after=10, status=503, code="insufficient_memory")
+                raise Unavailable(f"not enough memory to load model {model_id!r} "
+                                  f"(~{need >> 20} MiB) while the other models are busy",
+                                  retry_after=10, code="insufficient_memory")
             victim = min(idle, key=lambda e: e.last_used)
             log.info("unloading %s to make room for %s", victim.cfg.id, model_id)
             await self.unload(victim.cfg.id)

@@ -26,6 +26,7 @@ from edgeinfer.prompt.budget import (
     check_schema_node,
 )
 from edgeinfer.prompt.intrange import int_range_gbnf
+from edgeinfer.prompt.tools import TOOL_CALL_CLOSE, TOOL_CALL_OPEN
 
 # Arrays without maxItems get this bound: a small model that keeps adding items
 # could otherwise loop until max_tokens and leave JSON that does not parse.
@@ -33,8 +34,6 @@ DEFAULT_MAX_ITEMS = 10
 # Strings without maxLength (nor enum, pattern, format) get this bound, for the same reason.
 DEFAULT_MAX_LENGTH = 200
 
-TOOL_CALL_OPEN = "<tool_call>"
-TOOL_CALL_CLOSE = "</tool_call>"
 
 _SUPPORTED = {
     "type", "properties", "required", "additionalProperties", "items", "prefixItems",

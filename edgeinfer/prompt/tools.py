@@ -21,7 +21,8 @@ import uuid
 from dataclasses import dataclass
 from typing import Any
 
-from edgeinfer.prompt.grammar import TOOL_CALL_CLOSE, TOOL_CALL_OPEN
+TOOL_CALL_OPEN = "<tool_call>"
+TOOL_CALL_CLOSE = "</tool_call>"
 
 # Lazy-grammar trigger: free text until the model opens a call, then the grammar.
 TOOL_CALL_TRIGGER = TOOL_CALL_OPEN
@@ -113,13 +114,13 @@ def parse_tool_calls(text: str) -> tuple[str | None, list[ToolCall]]:
     """Split a whole generated text into content and tool calls."""
     stream = ToolCallStream()
     events = stream.feed(text) + stream.finish()
-    content = "".join(e[1] for e in events if e[0] == "content")
+    content = "".join(e.text for e in events if isinstance(e, Content))
     calls: list[ToolCall] = []
     for e in events:
-        if e[0] == "call":
-            calls.append(ToolCall(e[2], e[3], ""))
-        elif e[0] == "args":
-            calls[e[1]].arguments += e[2]
+        if isinstance(e, CallOpen):
+            calls.append(ToolCall(e.id, e.name, ""))
+        elif isinstance(e, CallArgs):
+            calls[e.index].arguments += e.text
     # The arguments are the model's own text (as streamed); a call cut off by max_tokens,
     # whose arguments do not parse, is left out.
     complete = []
@@ -132,7 +133,31 @@ def parse_tool_calls(text: str) -> tuple[str | None, list[ToolCall]]:
     return (content.strip() or None), complete
 
 
-Event = tuple[Any, ...]  # ("content", text) | ("call", index, id, name) | ("args", index, text)
+@dataclass(frozen=True, slots=True)
+class Content:
+    """Text outside any tool call."""
+
+    text: str
+
+
+@dataclass(frozen=True, slots=True)
+class CallOpen:
+    """Call ``index`` begins: its id and function name."""
+
+    index: int
+    id: str
+    name: str
+
+
+@dataclass(frozen=True, slots=True)
+class CallArgs:
+    """A fragment of call ``index``'s arguments (JSON text)."""
+
+    index: int
+    text: str
+
+
+Event = Content | CallOpen | CallArgs
 
 
 class ToolCallStream:
@@ -163,11 +188,11 @@ class ToolCallStream:
                     keep = _partial_suffix(self._buf, TOOL_CALL_OPEN)
                     cut = len(self._buf) - keep
                     if cut:
-                        events.append(("content", self._buf[:cut]))
+                        events.append(Content(self._buf[:cut]))
                     self._buf = self._buf[cut:]
                     return events
                 if at:
-                    events.append(("content", self._buf[:at]))
+                    events.append(Content(self._buf[:at]))
                 self._buf = self._buf[at + len(TOOL_CALL_OPEN):]
                 self._in_call, self._named, self._sent = True, False, 0
                 continue
@@ -176,7 +201,7 @@ class ToolCallStream:
                 if head is None:
                     return events
                 name = json.loads(f'"{head.group(1)}"')
-                events.append(("call", self._index, new_call_id(), name))
+                events.append(CallOpen(self._index, new_call_id(), name))
                 self._named, self._args_start = True, head.end()
                 self.num_calls += 1
             if self._sent == 0:  # the arguments start at their first non-space character
@@ -186,7 +211,7 @@ class ToolCallStream:
             body = self._buf[self._args_start: end if end != -1 else len(self._buf)]
             stop = body.rstrip().rfind("}") if end != -1 else body.rfind("}")
             if stop > self._sent:
-                events.append(("args", self._index, body[self._sent:stop]))
+                events.append(CallArgs(self._index, body[self._sent:stop]))
                 self._sent = stop
             if end == -1:
                 return events
@@ -198,11 +223,11 @@ class ToolCallStream:
         """End of text: release what was held back."""
         rest, self._buf = self._buf, ""
         if not self._in_call:
-            return [("content", rest)] if rest else []
+            return [Content(rest)] if rest else []
         if self._named:  # an unfinished call: pass its arguments on as they are
             tail = rest[self._args_start + self._sent:]
-            return [("args", self._index, tail)] if tail else []
-        return [("content", TOOL_CALL_OPEN + rest)]
+            return [CallArgs(self._index, tail)] if tail else []
+        return [Content(TOOL_CALL_OPEN + rest)]
 
 
 def _partial_suffix(text: str, marker: str) -> int:

@@ -1,0 +1,51 @@
+"""The prefix cache endpoints: statistics, pinning a prompt, unpinning."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response
+
+from edgeinfer.api.body import read_json
+from edgeinfer.api.fields import Body
+from edgeinfer.api.messages import messages
+from edgeinfer.api.respond import leases, pool
+from edgeinfer.errors import InvalidRequest
+from edgeinfer.service.selection import model_named
+
+
+def parse_pin(body: Any) -> tuple[str, tuple[dict[str, Any], ...] | None, str | None]:
+    """POST /v1/cache/pin: (model, messages, prompt), exactly one of the last two."""
+    b = Body(body, {"model", "messages", "prompt"})
+    model = b.string("model", required=True)
+    assert model is not None
+    if b.present("messages") == b.present("prompt"):
+        raise InvalidRequest("give exactly one of 'messages' or 'prompt'", param="messages")
+    if b.present("messages"):
+        return model, messages(b), None
+    return model, None, b.string("prompt")
+
+
+async def pin_prefix(request: Request) -> Response:
+    """Keep a system prompt (messages) or a raw prompt resident in the prefix cache."""
+    name, msgs, prompt = parse_pin(await read_json(request))
+    served = await model_named(pool(request), name, leases(request))
+    if msgs is not None:
+        tokens = await served.run(served.system_prefix, [dict(m) for m in msgs])
+    else:
+        assert prompt is not None
+        tokens = await served.run(served.tokenize_text, prompt)
+    n = await served.pin(tokens)
+    return JSONResponse({"object": "cache.pin", "model": served.cfg.id, "tokens": n})
+
+
+async def unpin_prefixes(request: Request) -> Response:
+    served = pool(request).get(request.query_params.get("model", ""))
+    served.engine.unpin_all()
+    return JSONResponse({"object": "cache.unpin", "model": served.cfg.id})
+
+
+async def cache_stats(request: Request) -> Response:
+    return JSONResponse({"object": "list", "data": [
+        {"model": mid, **m.engine.cache.snapshot()} for mid, m in pool(request).models.items()]})

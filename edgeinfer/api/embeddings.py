@@ -1,0 +1,50 @@
+"""The OpenAI embeddings dialect: POST /v1/embeddings."""
+
+from __future__ import annotations
+
+import base64
+from typing import Any
+
+import numpy as np
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response
+
+from edgeinfer.api import fields
+from edgeinfer.api.body import read_json
+from edgeinfer.api.fields import Body
+from edgeinfer.api.respond import leases, pool
+from edgeinfer.errors import InvalidRequest
+from edgeinfer.service.embedding import embed
+from edgeinfer.service.request import EmbedRequest
+
+MAX_EMBED_INPUTS = 256
+
+
+def parse(body: Any) -> tuple[EmbedRequest, bool]:
+    """(request, base64 output) from an embeddings body."""
+    b = Body(body, {"model", "input", "encoding_format", "dimensions", "user"})
+    model = b.string("model", required=True)
+    assert model is not None
+    items = fields.texts_or_tokens(b.body.get("input"), "input", MAX_EMBED_INPUTS)
+    fmt = b.string("encoding_format") or "float"
+    if fmt not in ("float", "base64"):
+        raise InvalidRequest("'encoding_format' must be 'float' or 'base64'",
+                             param="encoding_format")
+    if b.present("dimensions"):
+        raise InvalidRequest("'dimensions' is not supported: embeddings have the model's size",
+                             param="dimensions")
+    return EmbedRequest(model, items), fmt == "base64"
+
+
+async def embeddings(request: Request) -> Response:
+    req, as_base64 = parse(await read_json(request))
+    result = await embed(pool(request), req, leases(request))
+    data = []
+    for i, v in enumerate(result.vectors):
+        emb: object = v
+        if as_base64:
+            emb = base64.b64encode(np.asarray(v, dtype="<f4").tobytes()).decode("ascii")
+        data.append({"object": "embedding", "index": i, "embedding": emb})
+    return JSONResponse({"object": "list", "data": data, "model": result.model,
+                         "usage": {"prompt_tokens": result.tokens,
+                                   "total_tokens": result.tokens}})

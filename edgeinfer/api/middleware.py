@@ -1,0 +1,54 @@
+"""ASGI middleware of the app besides the front door (``guard``): request counting for
+/metrics and the release of the model leases a request took."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from edgeinfer.api.metrics import Metrics
+from edgeinfer.api.respond import LEASES
+from edgeinfer.models.served import Lease
+
+
+class CountRequests:
+    """Requests by route and status, for /metrics."""
+
+    def __init__(self, app: Any, metrics: Metrics, routes: set[str]) -> None:
+        self.app, self.metrics, self.routes = app, metrics, routes
+
+    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        status = [500]
+
+        async def wrapped(message: Any) -> None:
+            if message["type"] == "http.response.start":
+                status[0] = message["status"]
+            await send(message)
+
+        try:
+            await self.app(scope, receive, wrapped)
+        finally:
+            route = scope["path"] if scope["path"] in self.routes else "other"
+            self.metrics.requests.labels(route, str(status[0])).inc()
+
+
+class ReleaseLeases:
+    """Gives back the model leases a request took, once its whole response (a stream
+    included) has been sent or abandoned: a model is never freed under a request."""
+
+    def __init__(self, app: Any) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        leases: list[Lease] = []
+        scope[LEASES] = leases
+        try:
+            await self.app(scope, receive, send)
+        finally:
+            for lease in leases:
+                lease.release()

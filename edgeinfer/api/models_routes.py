@@ -1,0 +1,58 @@
+"""The model endpoints: list, describe, load and unload (GET/POST /v1/models...)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response
+
+from edgeinfer.api.respond import pool
+from edgeinfer.errors import Conflict
+from edgeinfer.models.pool import PoolEntry
+
+
+def model_card(entry: PoolEntry) -> dict[str, Any]:
+    cfg, served = entry.cfg, entry.served
+    card: dict[str, Any] = {
+        "id": cfg.id, "object": "model", "created": served.created if served else 0,
+        "owned_by": "edgeinfer", "aliases": list(cfg.aliases), "tags": list(cfg.tags),
+        "state": entry.state.value, "runs_on": "gpu" if cfg.gpu_layers else "cpu",
+    }
+    if entry.error:
+        card["error"] = entry.error
+    if served is not None:
+        info = served.runtime.info
+        card["meta"] = {"description": info.description, "n_ctx": info.n_ctx,
+                        "n_ctx_train": info.n_ctx_train, "n_vocab": info.n_vocab,
+                        "slots": cfg.slots, "size_bytes": info.size_bytes,
+                        "memory_bytes": served.runtime.memory_bytes()}
+    return card
+
+
+async def list_models(request: Request) -> Response:
+    return JSONResponse({"object": "list",
+                         "data": [model_card(e) for e in pool(request).entries.values()]})
+
+
+async def get_model(request: Request) -> Response:
+    p = pool(request)
+    return JSONResponse(model_card(p.entries[p.resolve(request.path_params["model_id"])]))
+
+
+async def load_model(request: Request) -> Response:
+    """POST /v1/models/{id}/load: load now (waits until loaded or failed)."""
+    p = pool(request)
+    model_id = p.resolve(request.path_params["model_id"])
+    await p.acquire(model_id)
+    return JSONResponse(model_card(p.entries[model_id]))
+
+
+async def unload_model(request: Request) -> Response:
+    """POST /v1/models/{id}/unload: free it; 409 while anything uses it."""
+    p = pool(request)
+    model_id = p.resolve(request.path_params["model_id"])
+    entry = p.entries[model_id]
+    if entry.served is not None and not await p.unload(model_id):
+        raise Conflict(f"the model '{model_id}' is serving requests", code="model_busy")
+    return JSONResponse(model_card(entry))

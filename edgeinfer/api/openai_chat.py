@@ -1,0 +1,138 @@
+"""The OpenAI chat completions dialect: POST /v1/chat/completions.
+
+Parses the body once into a ``GenerateRequest`` (messages, sampling, ``n``,
+priority, tools, response_format / grammar), runs it through the service and
+renders the events as a chat.completion body or chat.completion.chunk events.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+
+from starlette.requests import Request
+from starlette.responses import Response
+
+from edgeinfer.api import fields
+from edgeinfer.api.body import read_json
+from edgeinfer.api.fields import MAX_CHOICES, MAX_TOKENS_LIMIT, Body
+from edgeinfer.api.messages import messages
+from edgeinfer.api.openai_render import CompletionMeta
+from edgeinfer.api.respond import respond
+from edgeinfer.errors import InvalidRequest
+from edgeinfer.prompt.tools import ToolSpec
+from edgeinfer.service.request import ChatPrompt, Constraint, GenerateRequest
+
+FIELDS = {
+    "model", "stream", "stream_options", "max_tokens", "temperature", "top_p", "top_k", "min_p",
+    "presence_penalty", "frequency_penalty", "repeat_penalty", "repeat_last_n", "seed", "stop",
+    "n", "logit_bias", "user", "ignore_eos", "metadata", "store", "service_tier", "cache_prompt",
+    "priority", "messages", "max_completion_tokens", "response_format", "logprobs",
+    "top_logprobs", "tools", "tool_choice", "parallel_tool_calls", "grammar",
+}
+MAX_TOOLS = 128
+_TOOL_NAME = re.compile(r"^[a-zA-Z0-9_-]{1,64}$")
+
+
+def _tools(b: Body) -> tuple[tuple[ToolSpec, ...], str, bool]:
+    raw = b.body.get("tools")
+    tools: list[ToolSpec] = []
+    if raw is not None:
+        if not isinstance(raw, list) or len(raw) > MAX_TOOLS:
+            raise InvalidRequest(f"'tools' must be a list of at most {MAX_TOOLS} tools",
+                                 param="tools")
+        for j, t in enumerate(raw):
+            fn = t.get("function") if isinstance(t, dict) else None
+            if not isinstance(t, dict) or t.get("type") != "function" or not isinstance(fn, dict):
+                raise InvalidRequest(f"'tools[{j}]' must be {{'type': 'function', 'function': "
+                                     "{...}}", param=f"tools[{j}]")
+            name = fn.get("name")
+            if not isinstance(name, str) or not _TOOL_NAME.match(name):
+                raise InvalidRequest(f"'tools[{j}].function.name' must be 1-64 letters, digits, "
+                                     "_ or -", param=f"tools[{j}].function.name")
+            params = fn.get("parameters", {"type": "object", "properties": {}})
+            if not isinstance(params, dict):
+                raise InvalidRequest(f"'tools[{j}].function.parameters' must be a JSON schema "
+                                     "object", param=f"tools[{j}].function.parameters")
+            desc = fn.get("description", "")
+            tools.append(ToolSpec(name, desc if isinstance(desc, str) else "", params,
+                                  bool(fn.get("strict", False))))
+        if len({t.name for t in tools}) != len(tools):
+            raise InvalidRequest("tool names must be unique", param="tools")
+    choice_raw = b.body.get("tool_choice")
+    if choice_raw is None:
+        choice = "auto" if tools else "none"
+    elif choice_raw in ("none", "auto", "required"):
+        choice = str(choice_raw)
+    elif isinstance(choice_raw, dict) and choice_raw.get("type") == "function" and isinstance(
+            choice_raw.get("function"), dict) and isinstance(
+            choice_raw["function"].get("name"), str):
+        choice = choice_raw["function"]["name"]
+        if choice not in {t.name for t in tools}:
+            raise InvalidRequest(f"'tool_choice' names {choice!r}, which is not in 'tools'",
+                                 param="tool_choice")
+    else:
+        raise InvalidRequest("'tool_choice' must be 'none', 'auto', 'required' or "
+                             "{'type': 'function', 'function': {'name': ...}}",
+                             param="tool_choice")
+    if choice != "none" and not tools:
+        raise InvalidRequest("'tool_choice' needs 'tools'", param="tool_choice")
+    return tuple(tools), choice, b.boolean("parallel_tool_calls", True)
+
+
+def _response_format(b: Body) -> tuple[dict[str, Any] | None, bool]:
+    rf = b.body.get("response_format")
+    if rf is None:
+        return None, False
+    kind = rf.get("type") if isinstance(rf, dict) else None
+    if kind == "text":
+        return None, False
+    if kind == "json_object":
+        return None, True
+    if kind == "json_schema":
+        js = rf.get("json_schema")
+        if not isinstance(js, dict) or not isinstance(js.get("schema"), dict):
+            raise InvalidRequest("'response_format.json_schema.schema' must be a JSON schema "
+                                 "object", param="response_format.json_schema.schema")
+        return js["schema"], False
+    raise InvalidRequest("'response_format.type' must be 'text', 'json_object' or 'json_schema'",
+                         param="response_format")
+
+
+def parse(body: Any, headers: dict[str, str]) -> tuple[GenerateRequest, bool, bool]:
+    """(request, stream, include_usage) from a chat completions body."""
+    b = Body(body, FIELDS)
+    model = b.string("model", required=True)
+    assert model is not None
+    msgs = messages(b)
+    logprobs = None
+    if b.boolean("logprobs"):
+        logprobs = b.integer("top_logprobs", 0, 20, 0)
+    elif b.present("top_logprobs"):
+        raise InvalidRequest("'top_logprobs' requires 'logprobs' to be true",
+                             param="top_logprobs")
+    tools, tool_choice, parallel = _tools(b)
+    json_schema, json_object = _response_format(b)
+    grammar = b.string("grammar")
+    forced = tool_choice not in ("none", "auto")
+    if sum((grammar is not None, json_schema is not None or json_object, forced)) > 1:
+        raise InvalidRequest("use only one of 'grammar', a JSON 'response_format' and a forced "
+                             "'tool_choice'", param="grammar" if grammar else "response_format")
+    max_tokens = b.integer("max_completion_tokens", 1, MAX_TOKENS_LIMIT, None)
+    if max_tokens is None:
+        max_tokens = b.integer("max_tokens", 1, MAX_TOKENS_LIMIT, None)
+    stream, include_usage = fields.stream_options(b)
+    req = GenerateRequest(
+        model, ChatPrompt(msgs), fields.sampling_params(b, max_tokens, logprobs),
+        n=int(b.integer("n", 1, MAX_CHOICES, 1) or 1),
+        priority=fields.priority(b.body.get("priority"), headers.get("x-priority")),
+        constraint=Constraint(grammar=grammar, json_schema=json_schema, json_object=json_object,
+                              tools=tools, tool_choice=tool_choice, parallel_tool_calls=parallel),
+        cache_prompt=b.boolean("cache_prompt", True),
+        wait_for_model=headers.get("x-edgeinfer-wait", "true").lower() != "false")
+    return req, stream, include_usage
+
+
+async def chat_completions(request: Request) -> Response:
+    req, stream, include_usage = parse(await read_json(request), dict(request.headers))
+    return await respond(request, req, CompletionMeta("chat"), stream, include_usage)

@@ -1,0 +1,52 @@
+"""The OpenAI text completions dialect: POST /v1/completions."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from starlette.requests import Request
+from starlette.responses import Response
+
+from edgeinfer.api import fields
+from edgeinfer.api.body import read_json
+from edgeinfer.api.fields import MAX_CHOICES, MAX_PROMPTS, MAX_TOKENS_LIMIT, Body
+from edgeinfer.api.openai_render import CompletionMeta
+from edgeinfer.api.respond import respond
+from edgeinfer.errors import InvalidRequest
+from edgeinfer.service.request import Constraint, GenerateRequest, TextPrompts
+
+FIELDS = {
+    "model", "stream", "stream_options", "max_tokens", "temperature", "top_p", "top_k", "min_p",
+    "presence_penalty", "frequency_penalty", "repeat_penalty", "repeat_last_n", "seed", "stop",
+    "n", "logit_bias", "user", "ignore_eos", "metadata", "store", "service_tier", "cache_prompt",
+    "priority", "prompt", "echo", "logprobs", "best_of", "suffix", "grammar",
+}
+
+
+def parse(body: Any, headers: dict[str, str]) -> tuple[GenerateRequest, bool, bool]:
+    """(request, stream, include_usage) from a completions body."""
+    b = Body(body, FIELDS)
+    model = b.string("model", required=True)
+    assert model is not None
+    fields.unsupported(b, ("echo", "suffix"))
+    logprobs = b.integer("logprobs", 0, 20, None)
+    b.integer("best_of", 1, 1, 1)  # only 1 (the default) is accepted
+    prompts = fields.texts_or_tokens(b.body.get("prompt"), "prompt", MAX_PROMPTS)
+    max_tokens = b.integer("max_tokens", 1, MAX_TOKENS_LIMIT, 16)
+    stream, include_usage = fields.stream_options(b)
+    n = int(b.integer("n", 1, MAX_CHOICES, 1) or 1)
+    if n * len(prompts) > MAX_CHOICES:
+        raise InvalidRequest(f"at most {MAX_CHOICES} choices per request (prompts x n)",
+                             param="n")
+    req = GenerateRequest(
+        model, TextPrompts(prompts), fields.sampling_params(b, max_tokens, logprobs), n=n,
+        priority=fields.priority(b.body.get("priority"), headers.get("x-priority")),
+        constraint=Constraint(grammar=b.string("grammar")),
+        cache_prompt=b.boolean("cache_prompt", True),
+        wait_for_model=headers.get("x-edgeinfer-wait", "true").lower() != "false")
+    return req, stream, include_usage
+
+
+async def completions(request: Request) -> Response:
+    req, stream, include_usage = parse(await read_json(request), dict(request.headers))
+    return await respond(request, req, CompletionMeta("text"), stream, include_usage)

@@ -1,0 +1,227 @@
+"""OpenAI response bodies and SSE chunks (chat and text completions) from service events."""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+import uuid
+from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from sse_starlette.sse import EventSourceResponse, SendTimeoutError
+
+from edgeinfer.engine.logprobs import TokenLogprob
+from edgeinfer.service.events import (
+    ErrorEvent,
+    Event,
+    Finish,
+    ReasoningDelta,
+    TextDelta,
+    ToolCallDelta,
+    UsageReport,
+)
+
+log = logging.getLogger("edgeinfer.api")
+
+
+@dataclass(slots=True)
+class CompletionMeta:
+    """What every chunk and body of one response repeats."""
+
+    kind: str  # "chat" or "text"
+    model: str = ""
+    piece: Callable[[int], bytes] = field(default=lambda t: b"")  # token -> its bytes
+    id: str = ""
+    created: int = field(default_factory=lambda: int(time.time()))
+
+    def __post_init__(self) -> None:
+        if not self.id:
+            prefix = "chatcmpl-" if self.kind == "chat" else "cmpl-"
+            self.id = prefix + uuid.uuid4().hex[:24]
+
+    @property
+    def chunk_object(self) -> str:
+        return "chat.completion.chunk" if self.kind == "chat" else "text_completion"
+
+    def base(self, obj: str) -> dict[str, Any]:
+        return {"id": self.id, "object": obj, "created": self.created, "model": self.model,
+                "system_fingerprint": "edgeinfer"}
+
+
+def usage_body(u: UsageReport) -> dict[str, Any]:
+    return {"prompt_tokens": u.prompt_tokens, "completion_tokens": u.completion_tokens,
+            "total_tokens": u.total_tokens,
+            "prompt_tokens_details": {"cached_tokens": u.cached_tokens}}
+
+
+def logprobs_body(meta: CompletionMeta, items: list[TokenLogprob],
+                  text_offset: int = 0) -> dict[str, Any] | None:
+    """The ``logprobs`` of a choice, chat or completions shape; None when not asked."""
+    if not items:
+        return None
+
+    def text(tok: int) -> str:
+        return meta.piece(tok).decode("utf-8", "replace")
+
+    if meta.kind == "chat":
+        return {"content": [{
+            "token": text(lp.token), "logprob": lp.logprob, "bytes": list(meta.piece(lp.token)),
+            "top_logprobs": [{"token": text(t), "logprob": v, "bytes": list(meta.piece(t))}
+                             for t, v in lp.top],
+        } for lp in items], "refusal": None}
+    offsets, pos = [], text_offset
+    for lp in items:
+        offsets.append(pos)
+        pos += len(text(lp.token))
+    return {
+        "tokens": [text(lp.token) for lp in items],
+        "token_logprobs": [lp.logprob for lp in items],
+        "top_logprobs": [{text(t): v for t, v in lp.top} for lp in items],
+        "text_offset": offsets,
+    }
+
+
+def _delta(e: TextDelta | ToolCallDelta | ReasoningDelta) -> dict[str, Any]:
+    if isinstance(e, TextDelta):
+        return {"content": e.text}
+    if isinstance(e, ReasoningDelta):
+        return {"reasoning_content": e.text}
+    if e.name is not None:
+        return {"tool_calls": [{"index": e.index, "id": e.id, "type": "function",
+                                "function": {"name": e.name, "arguments": e.arguments}}]}
+    return {"tool_calls": [{"index": e.index, "function": {"arguments": e.arguments}}]}
+
+
+def _choice(meta: CompletionMeta, index: int, delta: dict[str, Any], finish: str | None,
+            logprobs: dict[str, Any] | None = None) -> dict[str, Any]:
+    if meta.kind == "chat":
+        return {"index": index, "delta": delta, "logprobs": logprobs, "finish_reason": finish}
+    return {"index": index, "text": delta.get("content") or "", "logprobs": logprobs,
+            "finish_reason": finish}
+
+
+async def sse_chunks(meta: CompletionMeta, events: AsyncIterator[Event], num_choices: int,
+                     include_usage: bool) -> AsyncIterator[dict[str, str]]:
+    """The SSE events of a streamed response, ending with ``[DONE]``."""
+    obj = meta.chunk_object
+
+    def event(choice: dict[str, Any], **extra: Any) -> dict[str, str]:
+        body = {**meta.base(obj), "choices": [choice], **extra}
+        if include_usage:
+            body["usage"] = None
+        return {"data": json.dumps(body, ensure_ascii=False)}
+
+    if meta.kind == "chat":
+        for i in range(num_choices):
+            yield event(_choice(meta, i, {"role": "assistant", "content": ""}, None))
+    offsets = [0] * num_choices
+    try:
+        async for e in events:
+            if isinstance(e, ErrorEvent):
+                yield {"data": json.dumps(e.error.to_dict())}
+                break
+            if isinstance(e, TextDelta):
+                lps = logprobs_body(meta, [e.logprob] if e.logprob else [], offsets[e.choice])
+                yield event(_choice(meta, e.choice, _delta(e), None, lps))
+                offsets[e.choice] += len(e.text)
+            elif isinstance(e, ToolCallDelta | ReasoningDelta):
+                yield event(_choice(meta, e.choice, _delta(e), None))
+            elif isinstance(e, Finish):
+                extra = {"timings": e.timings} if e.timings else {}
+                yield event(_choice(meta, e.choice, {}, e.reason), **extra)
+            elif include_usage:
+                yield {"data": json.dumps({**meta.base(obj), "choices": [],
+                                           "usage": usage_body(e)})}
+    finally:
+        await events.aclose()  # type: ignore[attr-defined]
+    yield {"data": "[DONE]"}
+
+
+@dataclass(slots=True)
+class _Choice:
+    text: list[str] = field(default_factory=list)
+    reasoning: list[str] = field(default_factory=list)
+    logprobs: list[TokenLogprob] = field(default_factory=list)
+    calls: list[dict[str, Any]] = field(default_factory=list)
+    finish: str = ""
+
+
+def _complete_calls(calls: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The calls whose arguments parse (a call cut off by max_tokens is left out)."""
+    out = []
+    for c in calls:
+        try:
+            json.loads(c["function"]["arguments"])
+        except ValueError:
+            continue
+        out.append(c)
+    return out
+
+
+async def collect(meta: CompletionMeta, events: AsyncIterator[Event],
+                  num_choices: int) -> dict[str, Any]:
+    """The whole (non-streamed) response body; raises the APIError of an ErrorEvent."""
+    choices = [_Choice() for _ in range(num_choices)]
+    usage: UsageReport | None = None
+    timings = None
+    try:
+        async for e in events:
+            if isinstance(e, ErrorEvent):
+                raise e.error
+            if isinstance(e, UsageReport):
+                usage = e
+                continue
+            c = choices[e.choice]
+            if isinstance(e, TextDelta):
+                c.text.append(e.text)
+                if e.logprob:
+                    c.logprobs.append(e.logprob)
+            elif isinstance(e, ReasoningDelta):
+                c.reasoning.append(e.text)
+            elif isinstance(e, ToolCallDelta):
+                if e.name is not None:
+                    c.calls.append({"id": e.id, "type": "function",
+                                    "function": {"name": e.name, "arguments": ""}})
+                c.calls[e.index]["function"]["arguments"] += e.arguments
+            else:
+                c.finish = e.reason
+                timings = timings or e.timings
+    finally:
+        await events.aclose()  # type: ignore[attr-defined]
+    assert usage is not None, "a generation ends with its usage"
+    body = {**meta.base("chat.completion" if meta.kind == "chat" else "text_completion"),
+            "choices": [_body_choice(meta, i, c) for i, c in enumerate(choices)],
+            "usage": usage_body(usage)}
+    if timings:
+        body["timings"] = timings
+    return body
+
+
+def _body_choice(meta: CompletionMeta, i: int, c: _Choice) -> dict[str, Any]:
+    text = "".join(c.text)
+    lps = logprobs_body(meta, c.logprobs)
+    if meta.kind != "chat":
+        return {"index": i, "text": text, "logprobs": lps, "finish_reason": c.finish}
+    message: dict[str, Any] = {"role": "assistant", "content": text}
+    reason = c.finish
+    calls = _complete_calls(c.calls)
+    if calls:
+        message = {"role": "assistant", "content": text.strip() or None, "tool_calls": calls}
+    elif reason == "tool_calls":
+        reason = "stop"
+    if c.reasoning:
+        message["reasoning_content"] = "".join(c.reasoning)
+    return {"index": i, "message": message, "logprobs": lps, "finish_reason": reason}
+
+
+class Stream(EventSourceResponse):
+    """Server-sent events that end (aborting the generation, freeing its slot) when the
+    client stops reading for ``send_timeout`` seconds."""
+
+    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
+        try:
+            await super().__call__(scope, receive, send)
+        except SendTimeoutError:
+            log.warning("a stream was not read for %gs: closed", self.send_timeout)

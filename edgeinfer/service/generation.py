@@ -1,0 +1,182 @@
+"""One generation: a typed request in, one typed event stream out, for every dialect.
+
+``generate`` picks and leases the model, builds the prompt tokens (chat template,
+tools, markup), checks them against the model, makes the request's grammar,
+fans the ``n`` choices of each prompt out to the engine (the prompt computed
+once, through the prefix cache) and turns the engine's deltas into ``Event``s:
+text, tool calls (parsed from the model's output as it streams), finish and
+usage. Engine failures become typed API errors here, and only here.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass, replace
+
+from edgeinfer.engine.delta import Delta, Failure, FailureCode
+from edgeinfer.engine.sequence import SamplingParams
+from edgeinfer.errors import APIError, EngineError, InvalidRequest, Timeout, Unavailable
+from edgeinfer.models.pool import ModelPool
+from edgeinfer.models.served import Lease, ServedModel
+from edgeinfer.prompt.tools import CallArgs, CallOpen, ToolCallStream
+from edgeinfer.prompt.tools import Event as ToolEvent
+from edgeinfer.service.constraint import grammar_for
+from edgeinfer.service.events import (
+    ErrorEvent,
+    Event,
+    Finish,
+    TextDelta,
+    ToolCallDelta,
+    UsageReport,
+)
+from edgeinfer.service.request import ChatPrompt, GenerateRequest
+from edgeinfer.service.selection import features, model_for
+
+
+@dataclass(slots=True)
+class Generation:
+    """A running generation. Iterate ``events``; closing it aborts what still runs."""
+
+    model: str  # the id of the model that answers
+    num_choices: int
+    piece: Callable[[int], bytes]  # token id -> its bytes (for logprobs)
+    events: AsyncIterator[Event]
+
+
+def failure_error(failure: Failure | None) -> APIError:
+    """The API error for a request the engine ended with a failure."""
+    f = failure or Failure(FailureCode.INTERNAL, "generation failed")
+    if f.code is FailureCode.TIMEOUT:
+        return Timeout(f.message, code="timeout")
+    if f.code is FailureCode.SHUTDOWN:
+        return Unavailable(f.message, code="server_shutting_down")
+    return EngineError(f.message, code=f.code.value)
+
+
+async def generate(pool: ModelPool, req: GenerateRequest, leases: list[Lease],
+                   request_id: str) -> Generation:
+    """Start ``req``; its engine requests are named ``{request_id}-{k}``. Raises APIError
+    (4xx / 429 / 503) for what is wrong before anything is generated."""
+    served = await model_for(pool, req.model, leases, choices=req.num_choices,
+                             routing=features(req), wait=req.wait_for_model)
+    n_vocab = served.runtime.info.n_vocab
+    _check_vocab(req, n_vocab)
+    prompts = await _prompt_tokens(served, req)
+    for p in prompts:
+        served.check_fits(len(p), req.params.max_tokens)
+    gbnf, triggers = await served.run(grammar_for, served.runtime.vocab, req.constraint)
+    params = req.params
+    if gbnf is not None:
+        params = replace(params, grammar=gbnf, grammar_triggers=triggers)
+    jobs = [(pi, prompt, _choice_params(params, i))
+            for pi, prompt in enumerate(prompts) for i in range(req.n)]
+    # checked again right before submitting: model_for's check ran before rendering and
+    # tokenizing, while other requests kept arriving
+    served.admit(len(jobs))
+    streams = [served.generate(f"{request_id}-{k}", prompt, p, use_cache=req.cache_prompt,
+                               priority=req.priority, group=request_id)
+               for k, (_, prompt, p) in enumerate(jobs)]
+    events = _events(merge(streams), [pi for pi, _, _ in jobs], [len(p) for p in prompts],
+                     tools=req.constraint.offers_tools)
+    return Generation(served.cfg.id, len(jobs), served.runtime.piece, events)
+
+
+def _check_vocab(req: GenerateRequest, n_vocab: int) -> None:
+    for tok, _ in req.params.logit_bias:
+        if tok >= n_vocab:
+            raise InvalidRequest(f"'logit_bias' token id {tok} is outside the vocabulary "
+                                 f"(0..{n_vocab - 1})", param="logit_bias")
+    if not isinstance(req.prompt, ChatPrompt):
+        for p in req.prompt.prompts:
+            if isinstance(p, list) and any(t >= n_vocab for t in p):
+                raise InvalidRequest(f"'prompt' token ids must be in 0..{n_vocab - 1}",
+                                     param="prompt")
+
+
+async def _prompt_tokens(served: ServedModel, req: GenerateRequest) -> list[list[int]]:
+    """The token ids of each prompt (rendering and tokenizing run off the event loop)."""
+    if isinstance(req.prompt, ChatPrompt):
+        tools = req.constraint.tools if req.constraint.offers_tools else ()
+        return [await served.run(served.chat_prompt, [dict(m) for m in req.prompt.messages],
+                                 tools)]
+    out = []
+    for p in req.prompt.prompts:
+        tokens = await served.run(served.tokenize_text, p) if isinstance(p, str) else p
+        if not tokens:
+            raise InvalidRequest("'prompt' is empty", param="prompt")
+        out.append(tokens)
+    return out
+
+
+def _choice_params(params: SamplingParams, i: int) -> SamplingParams:
+    """Choice i of n: a seeded request gives each choice its own, reproducible seed."""
+    if i == 0 or params.seed is None:
+        return params
+    return replace(params, seed=params.seed + i)
+
+
+async def merge(gens: list[AsyncIterator[Delta]]) -> AsyncIterator[tuple[int, Delta]]:
+    """Interleave the choices' deltas as (choice, delta); each choice ends with its
+    finishing delta. Closing this aborts the engine requests still running."""
+    queue: asyncio.Queue[tuple[int, Delta]] = asyncio.Queue()
+
+    async def pump(i: int, gen: AsyncIterator[Delta]) -> None:
+        async for d in gen:
+            queue.put_nowait((i, d))
+
+    tasks = [asyncio.ensure_future(pump(i, g)) for i, g in enumerate(gens)]
+    try:
+        remaining = len(gens)
+        while remaining:
+            i, d = await queue.get()
+            if d.finish_reason is not None:
+                remaining -= 1
+            yield i, d
+    finally:
+        for t in tasks:  # cancelling a pump aborts its engine request
+            t.cancel()
+        for t in tasks:
+            with contextlib.suppress(asyncio.CancelledError):
+                await t
+
+
+def _tool_event(choice: int, e: ToolEvent) -> Event:
+    if isinstance(e, CallOpen):
+        return ToolCallDelta(choice, e.index, id=e.id, name=e.name)
+    if isinstance(e, CallArgs):
+        return ToolCallDelta(choice, e.index, arguments=e.text)
+    return TextDelta(choice, e.text)
+
+
+async def _events(merged: AsyncIterator[tuple[int, Delta]], prompt_of: list[int],
+                  prompt_lengths: list[int], *, tools: bool) -> AsyncIterator[Event]:
+    """Engine deltas -> events; ends with UsageReport, or with one ErrorEvent."""
+    parsers = [ToolCallStream() for _ in prompt_of] if tools else []
+    completion = 0
+    cached: dict[int, int] = {}  # prompt index -> fewest cached tokens among its choices
+    try:
+        async for i, d in merged:
+            if d.finish_reason == "error":
+                yield ErrorEvent(failure_error(d.failure))
+                return
+            if parsers:
+                found = parsers[i].feed(d.text)
+                if d.finish_reason is not None:
+                    found += parsers[i].finish()
+                for e in found:
+                    yield _tool_event(i, e)
+            elif d.text or d.logprob:
+                yield TextDelta(i, d.text, d.logprob)
+            if d.finish_reason is not None:
+                completion += d.completion_tokens
+                p = prompt_of[i]
+                cached[p] = min(cached.get(p, d.cached_tokens), d.cached_tokens)
+                reason = d.finish_reason
+                if parsers and parsers[i].num_calls and reason == "stop":
+                    reason = "tool_calls"
+                yield Finish(i, reason, d.completion_tokens, d.timings)
+        yield UsageReport(sum(prompt_lengths), completion, sum(cached.values()))
+    finally:
+        await merged.aclose()  # type: ignore[attr-defined]

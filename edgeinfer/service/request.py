@@ -1,0 +1,71 @@
+"""The one internal request every API dialect parses its body into.
+
+A dialect module (``edgeinfer.api.openai_chat`` ...) reads its wire format once
+and builds a ``GenerateRequest``: everything the service needs, typed, with
+every user error already raised as a 400 (except what depends on the model the
+service picks: token ids against its vocabulary, the prompt against its context).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from edgeinfer.engine.sequence import SamplingParams
+from edgeinfer.prompt.tools import ToolSpec
+
+
+@dataclass(frozen=True, slots=True)
+class ChatPrompt:
+    """Messages (OpenAI-shaped dicts, validated) rendered with the model's chat template."""
+
+    messages: tuple[dict[str, Any], ...]
+
+
+@dataclass(frozen=True, slots=True)
+class TextPrompts:
+    """Raw prompts (text or token ids): one set of ``n`` choices per prompt."""
+
+    prompts: tuple[str | list[int], ...]
+
+
+@dataclass(frozen=True, slots=True)
+class Constraint:
+    """What the output must follow; at most one of grammar / json_schema / json_object, or
+    tools (with ``tool_choice`` "auto", "required" or a function name)."""
+
+    grammar: str | None = None  # raw GBNF
+    json_schema: dict[str, Any] | None = None
+    json_object: bool = False
+    tools: tuple[ToolSpec, ...] = ()
+    tool_choice: str = "none"  # "none" | "auto" | "required" | a function name
+    parallel_tool_calls: bool = True
+
+    @property
+    def offers_tools(self) -> bool:
+        return self.tool_choice != "none" and bool(self.tools)
+
+
+@dataclass(frozen=True, slots=True)
+class GenerateRequest:
+    """One generation request, whatever dialect it came in."""
+
+    model: str  # an id, an alias, or "auto"
+    prompt: ChatPrompt | TextPrompts
+    params: SamplingParams = field(default_factory=SamplingParams)
+    n: int = 1  # choices per prompt
+    priority: int = 0  # -10..10: admission order (see Scheduler)
+    constraint: Constraint = field(default_factory=Constraint)
+    cache_prompt: bool = True  # reuse cached prompt prefixes
+    wait_for_model: bool = True  # wait for a model that is loading (else 503 + Retry-After)
+
+    @property
+    def num_choices(self) -> int:
+        many = len(self.prompt.prompts) if isinstance(self.prompt, TextPrompts) else 1
+        return self.n * many
+
+
+@dataclass(frozen=True, slots=True)
+class EmbedRequest:
+    model: str
+    inputs: tuple[str | list[int], ...]

@@ -1,0 +1,59 @@
+"""Which loaded model answers a request: routing ("auto"), fallback, admission, leases."""
+
+from __future__ import annotations
+
+import logging
+
+from edgeinfer.errors import APIError, Overloaded, Unavailable
+from edgeinfer.models.pool import ModelPool
+from edgeinfer.models.routing import Features, route
+from edgeinfer.models.served import Lease, ServedModel
+from edgeinfer.service.request import ChatPrompt, GenerateRequest
+
+log = logging.getLogger("edgeinfer.service")
+
+
+def features(req: GenerateRequest) -> Features:
+    """What the routing rules look at: tools offered, the prompt text, max_tokens."""
+    texts: list[str] = []
+    if isinstance(req.prompt, ChatPrompt):
+        texts = [m.get("content") or "" for m in req.prompt.messages]
+    else:
+        texts = [p for p in req.prompt.prompts if isinstance(p, str)]
+    return Features(bool(req.constraint.tools), "\n".join(texts), req.params.max_tokens or 0)
+
+
+def hold(leases: list[Lease], served: ServedModel) -> ServedModel:
+    """Lease ``served`` for the caller (it gives the leases back when done)."""
+    leases.append(served.lease())
+    return served
+
+
+async def model_for(pool: ModelPool, name: str, leases: list[Lease], *, choices: int = 1,
+                    routing: Features | None = None, wait: bool = True) -> ServedModel:
+    """The model that answers: the one named (or routed by ``routing``, for "auto"), or the
+    first of its fallbacks when it is saturated (429) or unavailable (503). Admission is
+    checked for ``choices`` engine requests; the model is leased into ``leases``."""
+    if name == "auto":
+        name = route(pool.config.routing, list(pool.config.models),
+                     routing or Features(False, "", 0))
+    first = pool.resolve(name)
+    chain = [first, *pool.entries[first].cfg.fallback]
+    last_error: APIError | None = None
+    for model_id in chain:
+        try:
+            served = await pool.acquire(model_id, wait=wait)
+            served.admit(choices)  # raises Overloaded when the queue is full
+            return hold(leases, served)
+        except (Overloaded, Unavailable) as exc:
+            last_error = exc
+            if model_id != chain[-1]:
+                log.info("model %s unavailable (%s): falling back", model_id, exc.code)
+    assert last_error is not None
+    raise last_error
+
+
+async def model_named(pool: ModelPool, name: str | None, leases: list[Lease]) -> ServedModel:
+    """A model by name (the first configured one when None), loaded and leased."""
+    return hold(leases, await pool.acquire(name if name is not None
+                                           else pool.config.models[0].id))
