@@ -104,6 +104,8 @@ class ModelConfig:
                               "(llama.cpp's sequence limit)")
         if not set(self.tags) <= TAGS:
             raise ConfigError(f"model {self.id!r}: tags must be among {sorted(TAGS)}")
+        if self.max_tokens is not None and self.max_tokens < 1:
+            raise ConfigError(f"model {self.id!r}: max_tokens must be >= 1")
         if self.max_slots_per_request is not None and not (
                 1 <= self.max_slots_per_request <= self.slots):
             raise ConfigError(f"model {self.id!r}: max_slots_per_request must be between 1 "

@@ -28,12 +28,12 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 
 import httpx
+
+from edgeinfer.cli.sse import sse_json
 
 ROOT = Path(__file__).resolve().parent.parent
 EOS_ID = 2  # SmolLM2's <|im_end|>
@@ -139,13 +139,6 @@ LIST_GBNF = r"""root ::= "[" items
 items ::= item "," " "? items
 item ::= "\"" [^"\\\x00-\x1F]{1,40} "\""
 """
-
-
-async def sse_json(response: httpx.Response) -> AsyncIterator[dict[str, Any]]:
-    """The JSON chunks of an OpenAI-style SSE stream."""
-    async for line in response.aiter_lines():
-        if line.startswith("data: ") and line != "data: [DONE]":
-            yield json.loads(line[6:])
 
 
 async def one_stream(client: httpx.AsyncClient, url: str, prompt: str, tokens: int,

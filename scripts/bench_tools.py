@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import json
 import socket
 import statistics
 import subprocess
@@ -28,6 +27,8 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+
+from edgeinfer.cli.sse import sse_json
 
 ROOT = Path(__file__).resolve().parent.parent
 EOS_ID = 2  # SmolLM2's <|im_end|>
@@ -48,12 +49,10 @@ async def stream(client: httpx.AsyncClient, body: dict[str, Any]) -> list[float]
     times: list[float] = []
     async with client.stream("POST", "/v1/chat/completions", json=body) as r:
         r.raise_for_status()
-        async for line in r.aiter_lines():
-            if not line.startswith("data: {"):
-                continue
-            delta = json.loads(line[6:])["choices"]
-            if delta and (delta[0]["delta"].get("content") or delta[0]["delta"].get(
-                    "tool_calls")):
+        async for chunk in sse_json(r):
+            delta = chunk.get("choices") or [{}]
+            if (delta[0].get("delta") or {}).get("content") or (
+                    delta[0].get("delta") or {}).get("tool_calls"):
                 times.append(time.perf_counter())
     return times
 

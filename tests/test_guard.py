@@ -9,7 +9,7 @@ import sys
 import httpx
 import pytest
 
-from edgeinfer.api.guard import Guard
+from edgeinfer.api.guard import ASGIApp, front_door
 
 
 async def ok_app(scope, receive, send) -> None:  # type: ignore[no-untyped-def]
@@ -18,7 +18,7 @@ async def ok_app(scope, receive, send) -> None:  # type: ignore[no-untyped-def]
     await send({"type": "http.response.body", "body": b"ok"})
 
 
-def call(guard: Guard, method: str, path: str, headers: dict[str, str]) -> httpx.Response:
+def call(guard: ASGIApp, method: str, path: str, headers: dict[str, str]) -> httpx.Response:
     async def go() -> httpx.Response:
         transport = httpx.ASGITransport(app=guard)
         async with httpx.AsyncClient(transport=transport, base_url="http://127.0.0.1:8080") as c:
@@ -27,7 +27,7 @@ def call(guard: Guard, method: str, path: str, headers: dict[str, str]) -> httpx
 
 
 def test_api_keys() -> None:
-    g = Guard(ok_app, api_keys=("sk-one", "sk-two"))
+    g = front_door(ok_app, api_keys=("sk-one", "sk-two"))
     assert call(g, "GET", "/v1/models", {}).status_code == 401
     assert call(g, "GET", "/v1/models", {"authorization": "Bearer sk-nope"}).status_code == 401
     assert call(g, "GET", "/v1/models", {"authorization": "Bearer sk-two"}).status_code == 200
@@ -41,12 +41,12 @@ def test_api_keys() -> None:
     ("127.0.0.1:8080", 200), ("localhost", 200), ("[::1]:8080", 200),
     ("evil.example.com", 403), ("attacker.test:8080", 403), ("my.lan:8080", 200)])
 def test_host_header_defeats_dns_rebinding(host: str, status: int) -> None:
-    g = Guard(ok_app, allowed_hosts=("my.lan",))
+    g = front_door(ok_app, allowed_hosts=("my.lan",))
     assert call(g, "GET", "/v1/models", {"host": host}).status_code == status
 
 
 def test_cors_allows_only_local_and_configured_origins() -> None:
-    g = Guard(ok_app, cors_origins=("tauri://localhost",))
+    g = front_door(ok_app, cors_origins=("tauri://localhost",))
     r = call(g, "GET", "/v1/models", {"origin": "http://localhost:5173"})
     assert r.headers["access-control-allow-origin"] == "http://localhost:5173"
     r = call(g, "GET", "/v1/models", {"origin": "tauri://localhost"})

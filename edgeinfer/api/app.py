@@ -20,7 +20,7 @@ from starlette.routing import Route
 from edgeinfer.api import cache_routes, models_routes, ops, tokens
 from edgeinfer.api.embeddings import embeddings
 from edgeinfer.api.errors import on_api_error, on_http_error, on_internal_error
-from edgeinfer.api.guard import Guard
+from edgeinfer.api.guard import ApiKeyGuard, CorsGuard, HostGuard
 from edgeinfer.api.metrics import Metrics
 from edgeinfer.api.middleware import CountRequests, ReleaseLeases
 from edgeinfer.api.openai_chat import chat_completions
@@ -102,8 +102,9 @@ def create_app(config: ServerConfig, pool: ModelPool | None = None) -> Starlette
     middleware = [
         Middleware(CountRequests, metrics=app_metrics,
                    routes={r.path for r in ROUTES if "{" not in r.path}),
-        Middleware(Guard, api_keys=config.api_keys, cors_origins=config.cors_origins,
-                   allowed_hosts=(*config.allowed_hosts, config.host)),
+        Middleware(HostGuard, allowed_hosts=(*config.allowed_hosts, config.host)),
+        Middleware(CorsGuard, cors_origins=config.cors_origins),
+        Middleware(ApiKeyGuard, api_keys=config.api_keys),
         Middleware(ReleaseLeases),
     ]
     app = Starlette(routes=ROUTES, exception_handlers=handlers, lifespan=lifespan,

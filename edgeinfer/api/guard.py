@@ -1,4 +1,4 @@
-"""The front door: API keys, Host header (DNS rebinding) and CORS, as one ASGI middleware.
+"""The front door: Host header (DNS rebinding), CORS and API keys, one ASGI middleware each.
 
 - API keys (optional): ``Authorization: Bearer KEY`` or ``x-api-key: KEY``, compared
   in constant time, never logged. ``GET /health`` stays open.
@@ -40,17 +40,76 @@ def _host_only(host: str) -> str | None:
     return m.group(1) if m else None
 
 
-class Guard:
-    def __init__(self, app: ASGIApp, *, api_keys: tuple[str, ...] = (),
-                 allowed_hosts: tuple[str, ...] = (), cors_origins: tuple[str, ...] = ()) -> None:
+def _headers(scope: Scope) -> dict[str, str]:
+    return {k.decode("latin-1"): v.decode("latin-1") for k, v in scope["headers"]}
+
+
+class HostGuard:
+    """The Host header must name a loopback address or a configured host ("*": any);
+    a malformed one is refused either way. 403 ``invalid_host`` otherwise."""
+
+    def __init__(self, app: ASGIApp, allowed_hosts: tuple[str, ...] = ()) -> None:
         self.app = app
-        self.keys = tuple(k.encode() for k in api_keys if k)
         self.any_host = "*" in allowed_hosts
         self.hosts = LOOPBACK_HOSTS | {h.lower() for h in allowed_hosts}
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] == "http":
+            host = _host_only(_headers(scope).get("host", ""))
+            if host is None or not self.any_host and host not in self.hosts:
+                await _deny(send, PermissionDenied(
+                    "the Host header names an address this server does not serve",
+                    code="invalid_host"))
+                return
+        await self.app(scope, receive, send)
+
+
+class CorsGuard:
+    """Browsers may call from localhost origins and ``cors_origins``: those get CORS headers
+    (and preflights an answer); any other origin is refused outright with 403. Starlette's
+    CORSMiddleware only leaves the headers out, letting the request itself run."""
+
+    def __init__(self, app: ASGIApp, cors_origins: tuple[str, ...] = ()) -> None:
+        self.app = app
         self.origins = frozenset(cors_origins)
 
     def origin_allowed(self, origin: str) -> bool:
         return origin in self.origins or bool(_LOCAL_ORIGIN.match(origin))
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        headers = _headers(scope) if scope["type"] == "http" else {}
+        origin = headers.get("origin")
+        if origin is None:
+            await self.app(scope, receive, send)
+            return
+        if not self.origin_allowed(origin):
+            await _deny(send, PermissionDenied(
+                "cross-origin requests from this origin are not allowed",
+                code="origin_not_allowed"))
+            return
+        cors = [(b"access-control-allow-origin", origin.encode("latin-1")), (b"vary", b"Origin")]
+        if scope["method"] == "OPTIONS" and "access-control-request-method" in headers:
+            await send({"type": "http.response.start", "status": 204, "headers": cors + [
+                (b"access-control-allow-methods", b"GET, POST, DELETE, OPTIONS"),
+                (b"access-control-allow-headers", b"authorization, content-type, x-api-key"),
+                (b"access-control-max-age", b"600")]})
+            await send({"type": "http.response.body", "body": b""})
+            return
+
+        async def send_with_cors(message: MutableMapping[str, Any]) -> None:
+            if message["type"] == "http.response.start":
+                message["headers"] = list(message.get("headers", [])) + cors
+            await send(message)
+
+        await self.app(scope, receive, send_with_cors)
+
+
+class ApiKeyGuard:
+    """With keys configured, every path but ``OPEN_PATHS`` needs one (401 otherwise)."""
+
+    def __init__(self, app: ASGIApp, api_keys: tuple[str, ...] = ()) -> None:
+        self.app = app
+        self.keys = tuple(k.encode() for k in api_keys if k)
 
     def key_ok(self, headers: dict[str, str]) -> bool:
         given = headers.get("x-api-key", "")
@@ -65,55 +124,24 @@ class Guard:
         return ok
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "http":
-            await self.app(scope, receive, send)
-            return
-        headers = {k.decode("latin-1"): v.decode("latin-1") for k, v in scope["headers"]}
-        host = _host_only(headers.get("host", ""))
-        if host is None or not self.any_host and host not in self.hosts:
-            await _deny(send, PermissionDenied(
-                "the Host header names an address this server does not serve",
-                code="invalid_host"))
-            return
-        origin = headers.get("origin")
-        cors: list[tuple[bytes, bytes]] = []
-        if origin is not None:
-            if not self.origin_allowed(origin):
-                await _deny(send, PermissionDenied(
-                    "cross-origin requests from this origin are not allowed",
-                    code="origin_not_allowed"))
-                return
-            cors = [(b"access-control-allow-origin", origin.encode("latin-1")),
-                    (b"vary", b"Origin")]
-            if scope["method"] == "OPTIONS" and "access-control-request-method" in headers:
-                await send({"type": "http.response.start", "status": 204, "headers": cors + [
-                    (b"access-control-allow-methods", b"GET, POST, DELETE, OPTIONS"),
-                    (b"access-control-allow-headers",
-                     b"authorization, content-type, x-api-key"),
-                    (b"access-control-max-age", b"600")]})
-                await send({"type": "http.response.body", "body": b""})
-                return
-        if self.keys and scope["path"] not in OPEN_PATHS and not self.key_ok(headers):
+        if (self.keys and scope["type"] == "http" and scope["path"] not in OPEN_PATHS
+                and not self.key_ok(_headers(scope))):
             await _deny(send, AuthenticationFailed(
                 "a valid API key is required (Authorization: Bearer KEY or x-api-key: KEY)",
-                code="invalid_api_key"), cors)
+                code="invalid_api_key"))
             return
-        if not cors:
-            await self.app(scope, receive, send)
-            return
-
-        async def send_with_cors(message: MutableMapping[str, Any]) -> None:
-            if message["type"] == "http.response.start":
-                message["headers"] = list(message.get("headers", [])) + cors
-            await send(message)
-
-        await self.app(scope, receive, send_with_cors)
+        await self.app(scope, receive, send)
 
 
-async def _deny(send: Send, err: APIError,
-                extra: list[tuple[bytes, bytes]] | None = None) -> None:
+def front_door(app: ASGIApp, *, api_keys: tuple[str, ...] = (),
+               allowed_hosts: tuple[str, ...] = (),
+               cors_origins: tuple[str, ...] = ()) -> ASGIApp:
+    """``app`` behind the three guards, outermost first: Host, CORS, API key."""
+    return HostGuard(CorsGuard(ApiKeyGuard(app, api_keys), cors_origins), allowed_hosts)
+
+
+async def _deny(send: Send, err: APIError) -> None:
     body = error_body(err)
     await send({"type": "http.response.start", "status": err.status, "headers": [
-        (b"content-type", b"application/json"), (b"content-length", str(len(body)).encode()),
-        *(extra or [])]})
+        (b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]})
     await send({"type": "http.response.body", "body": body})

@@ -6,7 +6,6 @@ from typing import Any
 
 from edgeinfer import __version__
 
-_NUM = {"type": "number"}
 _INT = {"type": "integer"}
 _STR = {"type": "string"}
 _BOOL = {"type": "boolean"}

@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 import asyncio
-import json
 import statistics
 import sys
 import time
 
 import httpx
+
+from edgeinfer.cli.sse import delta_text, sse_json
 
 
 async def _stream(client: httpx.AsyncClient, model: str, tokens: int, i: int
@@ -19,12 +20,10 @@ async def _stream(client: httpx.AsyncClient, model: str, tokens: int, i: int
     first, n = 0.0, 0
     async with client.stream("POST", "/v1/chat/completions", json=body) as r:
         r.raise_for_status()
-        async for line in r.aiter_lines():
-            if line.startswith("data: {"):
-                chunk = json.loads(line[6:])
-                if any((c.get("delta") or {}).get("content") for c in chunk.get("choices", [])):
-                    n += 1
-                    first = first or time.perf_counter() - t0
+        async for chunk in sse_json(r):
+            if delta_text(chunk):
+                n += 1
+                first = first or time.perf_counter() - t0
     return n, first
 
 

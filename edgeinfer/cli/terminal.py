@@ -7,6 +7,8 @@ import sys
 
 import httpx
 
+from edgeinfer.cli.sse import delta_text, sse_json_sync
+
 
 def chat_loop(url: str, model: str, system: str | None, api_key: str | None) -> int:
     """Read a line, stream the answer, repeat; an empty line or end of input quits."""
@@ -40,17 +42,13 @@ def _stream(client: httpx.Client, model: str, messages: list[dict[str, str]]) ->
             sys.stderr.write(f"error: {json.loads(r.read()).get('error', {}).get('message')}\n")
             return None
         sys.stdout.write("assistant> ")
-        for line in r.iter_lines():
-            if not line.startswith("data: ") or line == "data: [DONE]":
-                continue
-            chunk = json.loads(line[6:])
+        for chunk in sse_json_sync(r):
             if "error" in chunk:
                 sys.stderr.write(f"\nerror: {chunk['error'].get('message')}\n")
                 return None
-            for choice in chunk.get("choices", []):
-                text = (choice.get("delta") or {}).get("content") or ""
-                parts.append(text)
-                sys.stdout.write(text)
-                sys.stdout.flush()
+            text = delta_text(chunk)
+            parts.append(text)
+            sys.stdout.write(text)
+            sys.stdout.flush()
     sys.stdout.write("\n")
     return "".join(parts)

@@ -63,11 +63,13 @@ async def generate(pool: ModelPool, req: GenerateRequest, leases: list[Lease],
                              routing=features(req), wait=req.wait_for_model)
     n_vocab = served.runtime.info.n_vocab
     _check_vocab(req, n_vocab)
+    params = req.params
+    if params.max_tokens is None and served.cfg.max_tokens is not None:
+        params = replace(params, max_tokens=served.cfg.max_tokens)  # the model's default
     prompts = await _prompt_tokens(served, req)
     for p in prompts:
-        served.check_fits(len(p), req.params.max_tokens)
+        served.check_fits(len(p), params.max_tokens)
     gbnf, triggers = await served.run(grammar_for, served.runtime.vocab, req.constraint)
-    params = req.params
     if gbnf is not None:
         params = replace(params, grammar=gbnf, grammar_triggers=triggers)
     jobs = [(pi, prompt, _choice_params(params, i))
