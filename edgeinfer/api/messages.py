@@ -66,7 +66,7 @@ def messages(b: Body) -> tuple[dict[str, Any], ...]:
                 raise InvalidRequest(f"unrecognized message field: {key}",
                                      param=f"messages[{i}].{key}")
         role = m.get("role")
-        if role not in ROLES:
+        if not isinstance(role, str) or role not in ROLES:
             raise InvalidRequest(f"'messages[{i}].role' must be one of {sorted(ROLES)}",
                                  param=f"messages[{i}].role")
         msg: dict[str, Any] = {"role": "system" if role == "developer" else role,
