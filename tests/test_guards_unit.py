@@ -9,6 +9,8 @@ import re
 import pytest
 
 from edgeinfer.api import body as jsonbody
+from edgeinfer.engine.scheduler import Scheduler
+from edgeinfer.engine.sequence import SamplingParams, Sequence
 from edgeinfer.errors import InvalidRequest
 from edgeinfer.prompt.budget import (
     MAX_GBNF_NESTING,
@@ -19,8 +21,6 @@ from edgeinfer.prompt.budget import (
     pattern_cost,
 )
 from edgeinfer.prompt.markup import CLOSE, OPEN, Markup, segments
-from edgeinfer.engine.scheduler import Scheduler
-from edgeinfer.engine.sequence import SamplingParams, Sequence
 
 # -- grammar budget -----------------------------------------------------------------------
 
@@ -134,7 +134,7 @@ def test_trie_regex_matches_the_longest_control_text_among_thousands() -> None:
 
 
 def test_trigger_scan_finds_a_word_split_over_tokens_and_returns_its_tokens() -> None:
-    from edgeinfer.engine.sampler import TriggerScan
+    from edgeinfer.engine.trigger import TriggerScan
 
     rng = random.Random(7)
     for _ in range(500):

@@ -181,7 +181,7 @@ def test_64_streams_against_4_slots_and_a_queue_of_16(small_server: ServerProces
         try:
             stream = await client.chat.completions.create(
                 model="default", messages=[{"role": "user", "content": f"Count to {i}."}],
-                max_tokens=12, stream=True)
+                max_tokens=48, stream=True, extra_body={"ignore_eos": True})
             async for _ in stream:
                 pass
             return "ok"

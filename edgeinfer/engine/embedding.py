@@ -2,22 +2,27 @@
 
 ``Embedder`` owns a second llama context of an already loaded model (created
 on first use, with embeddings on and mean pooling unless the GGUF names a
-pooling type) and one worker thread, the only code that touches it.
+pooling type) and its batch, as ``handles.Context`` and ``handles.Batch`` in an
+ExitStack that frees them in reverse order, and one worker thread, the only code
+that touches them.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import ctypes
 import logging
 import math
 from concurrent.futures import ThreadPoolExecutor
-from typing import Any
 
 import llama_cpp
 import numpy as np
 
-from edgeinfer.engine.native import LlamaRuntime, fill_batch
+from edgeinfer.engine.batch import Run, fill_batch
+from edgeinfer.engine.decode_errors import DECODE_OK
+from edgeinfer.engine.handles import Batch, Context
+from edgeinfer.engine.native import LlamaRuntime
 from edgeinfer.errors import EngineError, InvalidRequest
 
 log = logging.getLogger("edgeinfer.engine.embedding")
@@ -32,8 +37,9 @@ class Embedder:
         self.max_seqs = max_seqs
         self._pool = ThreadPoolExecutor(max_workers=1,
                                         thread_name_prefix=f"embed-{runtime.cfg.id}")
-        self._ctx: Any = None
-        self._batch: Any = None
+        self._ctx: Context | None = None
+        self._batch: Batch | None = None
+        self._handles = contextlib.ExitStack()  # the context, then the batch; freed newest first
         self.n_embd = llama_cpp.llama_model_n_embd(runtime.model)
 
     async def embed(self, inputs: list[list[int]]) -> list[list[float]]:
@@ -48,7 +54,7 @@ class Embedder:
         return await loop.run_in_executor(self._pool, self._embed_all, inputs)
 
     # -- worker thread -------------------------------------------------------
-    def _open(self) -> None:
+    def _open(self) -> tuple[Context, Batch]:
         rt = self.runtime
         cparams = llama_cpp.llama_context_default_params()
         cparams.n_ctx = self.n_ctx
@@ -61,39 +67,39 @@ class Embedder:
         own = rt.meta(f"{arch}.pooling_type")
         cparams.pooling_type = (llama_cpp.LLAMA_POOLING_TYPE_UNSPECIFIED if own
                                 else llama_cpp.LLAMA_POOLING_TYPE_MEAN)
-        ctx = llama_cpp.llama_init_from_model(rt.model, cparams)
-        if not ctx:
-            raise EngineError("could not create the embedding context")
-        self._ctx = ctx
-        self._batch = llama_cpp.llama_batch_init(self.n_ctx, 0, 1)
+        ctx = self._handles.enter_context(contextlib.closing(Context(
+            rt.model, cparams, EngineError("could not create the embedding context"))))
+        batch = self._handles.enter_context(contextlib.closing(Batch(self.n_ctx)))
         log.info("model %s: embedding context ready (pooling %d, %d dims)", rt.cfg.id,
-                 llama_cpp.llama_pooling_type(ctx), self.n_embd)
+                 llama_cpp.llama_pooling_type(ctx.ptr), self.n_embd)
+        return ctx, batch
 
     def _embed_all(self, inputs: list[list[int]]) -> list[list[float]]:
-        if self._ctx is None:
-            self._open()
+        if self._ctx is None or self._batch is None:
+            self._ctx, self._batch = self._open()
+        ctx, batch = self._ctx, self._batch
         out: list[list[float]] = []
         group: list[list[int]] = []
         for toks in inputs:
             if group and (len(group) == self.max_seqs
                           or sum(map(len, group)) + len(toks) > self.n_ctx):
-                out.extend(self._embed_group(group))
+                out.extend(self._embed_group(ctx, batch, group))
                 group = []
             group.append(toks)
         if group:
-            out.extend(self._embed_group(group))
+            out.extend(self._embed_group(ctx, batch, group))
         return out
 
-    def _embed_group(self, group: list[list[int]]) -> list[list[float]]:
-        ctx, batch = self._ctx, self._batch
-        assert ctx is not None and batch is not None
+    def _embed_group(self, context: Context, batch: Batch,
+                     group: list[list[int]]) -> list[list[float]]:
+        ctx = context.ptr
         llama_cpp.llama_memory_clear(llama_cpp.llama_get_memory(ctx), True)
-        fill_batch(batch, [(seq_id, 0, toks, True) for seq_id, toks in enumerate(group)],
+        fill_batch(batch.batch, [Run(seq_id, 0, toks, True) for seq_id, toks in enumerate(group)],
                    every_output=True)
-        rc = llama_cpp.llama_decode(ctx, batch)
-        if rc != 0:
+        rc = llama_cpp.llama_decode(ctx, batch.batch)
+        if rc != DECODE_OK:
             raise EngineError(f"embedding failed (llama_decode returned {rc})")
-        vectors = []
+        vectors: list[list[float]] = []
         for seq_id in range(len(group)):
             ptr = llama_cpp.llama_get_embeddings_seq(ctx, seq_id)
             if not ptr:
@@ -105,12 +111,8 @@ class Embedder:
         return vectors
 
     def _close(self) -> None:
-        if self._batch is not None:
-            llama_cpp.llama_batch_free(self._batch)
-            self._batch = None
-        if self._ctx is not None:
-            llama_cpp.llama_free(self._ctx)
-            self._ctx = None
+        self._handles.close()  # the batch, then the context
+        self._ctx = self._batch = None
 
     def close(self) -> None:
         """Free the context on its own thread, then stop the thread."""

@@ -1,13 +1,16 @@
 """The engine: one thread that owns one llama context and runs the step loop.
 
 Everything else talks to it with small messages (``Submit``, ``Abort``,
-``Stop``) through a thread-safe inbox, and reads results from a per-request
-asyncio queue that the engine fills with ``Delta`` objects, once per step,
-via ``loop.call_soon_threadsafe``. No lock is ever held around the model.
+``Stop``, ``Unpin``, ``FailAll``) through a thread-safe inbox, and reads results
+from a per-request asyncio queue that the engine fills with ``Delta`` objects,
+once per step, via ``loop.call_soon_threadsafe``. No lock is ever held around
+the model.
 
-One step: drain the inbox -> scheduler.schedule() -> one llama_decode for
-all slots -> sample each slot that needs a token -> detokenize, check stop
-strings / EOG / length -> deliver deltas to the event loop.
+One step: drain the inbox -> ``_schedule()`` (time limits, admission, the prefix
+policy of ``prefix_wait``, the scheduler's batch plan) -> one llama_decode for all
+slots -> ``_postprocess()``: sample each slot that needs a token and apply the
+finishing rules of ``finishing`` -> deliver deltas to the event loop. What the
+engine reports is computed in ``report``.
 """
 
 from __future__ import annotations
@@ -18,19 +21,19 @@ import queue
 import threading
 import time
 from collections.abc import AsyncIterator
-from dataclasses import dataclass, field
-from typing import Protocol
+from dataclasses import dataclass
 
-from edgeinfer.engine import native
+from edgeinfer.engine import finishing
+from edgeinfer.engine.batch import Run
+from edgeinfer.engine.decode_errors import DECODE_OK, after_decode_error
 from edgeinfer.engine.delta import Delta, Failure, FailureCode
-from edgeinfer.engine.logprobs import TokenLogprob, token_logprob
+from edgeinfer.engine.finishing import DeltaSink, Output, Sampled
 from edgeinfer.engine.native import LlamaRuntime
 from edgeinfer.engine.prefix_cache import PrefixCache
-from edgeinfer.engine.prefix_index import common_prefix
-from edgeinfer.engine.sampler import SamplerChain
+from edgeinfer.engine.prefix_wait import attach, resume_waiters
+from edgeinfer.engine.report import EngineStats, LatencyObserver, note_token, slots_json, stats_json
 from edgeinfer.engine.scheduler import Chunk, Scheduler
 from edgeinfer.engine.sequence import SamplingParams, Sequence, SequenceStatus
-from edgeinfer.engine.textstream import TextStream
 from edgeinfer.errors import EngineError
 
 log = logging.getLogger("edgeinfer.engine.loop")
@@ -39,6 +42,7 @@ log = logging.getLogger("edgeinfer.engine.loop")
 @dataclass(frozen=True, slots=True)
 class Submit:
     seq: Sequence
+    sink: DeltaSink
 
 
 @dataclass(frozen=True, slots=True)
@@ -64,44 +68,6 @@ class FailAll:
 Message = Submit | Abort | Stop | Unpin | FailAll
 
 
-@dataclass(slots=True)
-class EngineStats:
-    """Counters written by the engine thread; read them for monitoring only."""
-
-    steps: int = 0
-    step_seconds: float = 0.0
-    decode_seconds: float = 0.0
-    prompt_tokens: int = 0
-    generated_tokens: int = 0
-    requests_finished: int = 0
-    decode_errors: int = 0
-
-    def snapshot(self) -> dict[str, float]:
-        share = self.decode_seconds / self.step_seconds if self.step_seconds else 0.0
-        return {
-            "steps": self.steps, "step_seconds": round(self.step_seconds, 4),
-            "decode_seconds": round(self.decode_seconds, 4), "decode_share": round(share, 4),
-            "prompt_tokens": self.prompt_tokens, "generated_tokens": self.generated_tokens,
-            "requests_finished": self.requests_finished, "decode_errors": self.decode_errors,
-        }
-
-
-@dataclass(slots=True)
-class _Timing:
-    submitted: float = field(default_factory=time.perf_counter)
-    first_token: float = 0.0
-    last_token: float = 0.0
-    prompt_done: float = 0.0
-
-
-class LatencyObserver(Protocol):
-    """Receives latencies from the engine thread (must be thread-safe and quick)."""
-
-    def ttft(self, seconds: float) -> None: ...
-
-    def itl(self, seconds: float) -> None: ...
-
-
 class Engine:
     """Continuous-batching engine of one model; see the module docstring."""
 
@@ -116,13 +82,13 @@ class Engine:
         self.cache = PrefixCache(runtime, cfg.slots, cfg.cache_entries,
                                  enabled=cfg.prefix_cache and sharing)
         self.stats = EngineStats()
+        self.observer: LatencyObserver | None = None
         self._inbox: queue.SimpleQueue[Message] = queue.SimpleQueue()
         self._loop: asyncio.AbstractEventLoop | None = None
         self._thread: threading.Thread | None = None
-        self._outbox: list[tuple[Sequence, Delta]] = []
+        self._outbox: list[tuple[DeltaSink, Delta]] = []
         self._eog_tokens: tuple[int, ...] | None = None
-        self._timing: dict[str, _Timing] = {}
-        self.observer: LatencyObserver | None = None
+        self._outputs: dict[Sequence, Output] = {}  # every admitted, unfinished request
 
     # -- event-loop side -------------------------------------------------
     def start(self, loop: asyncio.AbstractEventLoop) -> None:
@@ -145,8 +111,8 @@ class Engine:
     def is_running(self) -> bool:
         return self._thread is not None and self._thread.is_alive()
 
-    def submit(self, seq: Sequence) -> None:
-        self._inbox.put(Submit(seq))
+    def submit(self, seq: Sequence, sink: DeltaSink) -> None:
+        self._inbox.put(Submit(seq, sink))
 
     def abort(self, request_id: str) -> None:
         self._inbox.put(Abort(request_id))
@@ -175,9 +141,9 @@ class Engine:
         assert room > 0, "the HTTP layer rejects prompts that do not fit"
         max_tokens = room if params.max_tokens is None else min(params.max_tokens, room)
         sink: asyncio.Queue[Delta] = asyncio.Queue()
-        seq = Sequence(request_id, prompt, params, max_tokens, sink=sink, use_cache=use_cache,
+        seq = Sequence(request_id, prompt, params, max_tokens, use_cache=use_cache,
                        pin=pin, priority=priority, group=group)
-        self.submit(seq)
+        self.submit(seq, sink)
         done = False
         try:
             while True:
@@ -191,11 +157,20 @@ class Engine:
             if not done:
                 self.abort(request_id)
 
-    def _deliver(self, items: list[tuple[Sequence, Delta]]) -> None:
-        for seq, delta in items:
-            seq.sink.put_nowait(delta)
+    @staticmethod
+    def _deliver(items: list[tuple[DeltaSink, Delta]]) -> None:
+        for sink, delta in items:
+            sink.put_nowait(delta)
 
-    # -- engine thread -----------------------------------------------------
+    def slots_snapshot(self) -> list[dict[str, object]]:
+        """Each slot's state, for GET /slots (see ``report.slots_json``)."""
+        return slots_json(self.scheduler)
+
+    def stats_snapshot(self) -> dict[str, object]:
+        """Counters, slots, queue and prefix cache (see ``report.stats_json``)."""
+        return stats_json(self.stats, self.scheduler, self.runtime.info.n_ctx, self.cache)
+
+    # -- engine thread: messages -------------------------------------------
     def _run(self) -> None:
         try:
             while self._drain(block=not self.scheduler.has_work()):
@@ -225,7 +200,7 @@ class Engine:
             if isinstance(msg, Stop):
                 return False
             if isinstance(msg, Submit):
-                self._admit(msg.seq)
+                self._admit(msg.seq, msg.sink)
             elif isinstance(msg, FailAll):
                 self._fail_all(msg.reason)
             elif isinstance(msg, Unpin):
@@ -240,18 +215,16 @@ class Engine:
             except queue.Empty:
                 return True
 
-    def _admit(self, seq: Sequence) -> None:
+    def _admit(self, seq: Sequence, sink: DeltaSink) -> None:
         try:
             bans = self._eog() if seq.params.ignore_eos else ()
-            seq.sampler = SamplerChain(seq.params, self.runtime.info.n_vocab, bans,
-                                       self.runtime.vocab, self.runtime.piece)
+            out = finishing.open_output(seq, sink, self.runtime, bans)
         except (ValueError, MemoryError) as exc:
             log.warning("request %s: sampler setup failed: %s", seq.request_id, exc)
-            self._outbox.append((seq, Delta("", finish_reason="error", failure=Failure(
+            self._outbox.append((sink, Delta("", finish_reason="error", failure=Failure(
                 FailureCode.SAMPLER, str(exc)))))
             return
-        seq.text = TextStream(seq.params.stop)
-        self._timing[seq.request_id] = _Timing()
+        self._outputs[seq] = out
         self.scheduler.add(seq, time.monotonic())
 
     def _eog(self) -> tuple[int, ...]:
@@ -260,133 +233,88 @@ class Engine:
             self._eog_tokens = tuple(t for t in range(rt.info.n_vocab) if rt.is_eog(t))
         return self._eog_tokens
 
-    def _attach(self, seq: Sequence) -> None:
-        """Give a newly admitted sequence its cached prefix, or make it wait for one."""
-        assert seq.slot is not None
-        limit = seq.num_prompt - 1  # at least one prompt token is computed, for logits
-        if not seq.use_cache or not self.cache.enabled:
-            self.cache.count_lookup(0)
-            return
-        seq.num_computed = seq.num_cached = self.cache.attach(seq.slot, seq.prompt, limit)
-        self.cache.count_lookup(seq.num_cached)
-        # A request still prefilling a prefix we share: wait and attach, not compute twice.
-        best: tuple[Sequence, int] | None = None
-        for other in self.scheduler.running:
-            # only older requests: waits then always point back in time, never in a cycle
-            if other.arrival >= seq.arrival or not other.is_prefilling or not other.use_cache:
-                continue
-            shared = min(common_prefix(other.prompt, seq.prompt), limit)
-            if shared > max(seq.num_computed, other.num_computed) and (
-                    best is None or shared > best[1]):
-                best = (other, shared)
-        seq.waiting_on = best
-
-    def _resume_waiters(self) -> None:
-        for seq in self.scheduler.running:
-            if seq.waiting_on is None:
-                continue
-            other, shared = seq.waiting_on
-            if other.status is SequenceStatus.RUNNING and other.num_computed < shared:
-                continue
-            seq.waiting_on = None
-            assert seq.slot is not None
-            got = self.cache.attach(seq.slot, seq.prompt, seq.num_prompt - 1)
-            if got > seq.num_computed:
-                self.cache.stats.hit_tokens += got - seq.num_computed
-                seq.num_computed = seq.num_cached = got
-
-    def _expire(self) -> None:
-        """End requests past the time limit, waiting or running: no slot is held forever."""
-        limit = self.runtime.cfg.request_timeout
-        now = time.perf_counter()
-        for seq in [*self.scheduler.running, *self.scheduler.waiting]:
-            timing = self._timing.get(seq.request_id)
-            if timing is not None and now - timing.submitted > limit:
-                self._finish(seq, SequenceStatus.FINISHED_ERROR, Failure(
-                    FailureCode.TIMEOUT, f"the request exceeded the time limit of {limit:g} s"))
-
+    # -- engine thread: one step ---------------------------------------------
     def _step(self) -> None:
         t0 = time.perf_counter()
-        self._expire()
-        if not self.scheduler.has_work():
-            return
-        for seq in self.scheduler.admit(time.monotonic()):
-            self._attach(seq)
-        self._resume_waiters()
-        chunks = self.scheduler.schedule()
+        chunks = self._schedule()
         if not chunks:
             return
-        entries = [(c.seq.slot, c.start, c.tokens, c.wants_logits) for c in chunks]
+        runs = [Run(c.seq.slot, c.start, c.tokens, c.wants_logits)
+                for c in chunks if c.seq.slot is not None]
+        assert len(runs) == len(chunks), "a scheduled sequence holds a slot"
         t1 = time.perf_counter()
-        rc, out_index = self.runtime.decode(entries)  # type: ignore[arg-type]
+        decoded = self.runtime.decode(runs)
         t2 = time.perf_counter()
-        if rc != native.DECODE_OK:
-            self._on_decode_error(rc, chunks)
+        if decoded.rc != DECODE_OK:
+            self._on_decode_error(decoded.rc, chunks)
         else:
-            self.scheduler.commit(chunks)
-            for chunk in chunks:
-                assert chunk.seq.slot is not None
-                self.cache.committed(chunk.seq.slot, chunk.tokens)
-            ctx = self.runtime.ctx
-            k = 0
-            for chunk in chunks:
-                seq = chunk.seq
-                is_prompt = chunk.start < seq.num_prompt
-                if is_prompt:
-                    self.stats.prompt_tokens += len(chunk.tokens)
-                if not chunk.wants_logits:
-                    continue
-                if is_prompt:
-                    self._timing[seq.request_id].prompt_done = t2
-                index = out_index[k]
-                k += 1
-                try:
-                    token = seq.sampler.sample(ctx, index)
-                    lp = None
-                    if seq.params.logprobs is not None:
-                        row = self.runtime.logits_row(index)
-                        lp = token_logprob(row, token, seq.params.logprobs)
-                    self._on_token(seq, token, t2, lp)
-                except Exception:  # a failure of one request ends that request only
-                    log.exception("request %s: sampling failed", seq.request_id)
-                    if seq.status is SequenceStatus.RUNNING:
-                        self._finish(seq, SequenceStatus.FINISHED_ERROR, Failure(
-                            FailureCode.INTERNAL, "internal error while sampling"))
+            self._postprocess(chunks, decoded.outputs, t2)
         t3 = time.perf_counter()
         st = self.stats
         st.steps += 1
         st.decode_seconds += t2 - t1
         st.step_seconds += t3 - t0
 
-    def _on_token(
-        self, seq: Sequence, token: int, now: float, lp: TokenLogprob | None = None
-    ) -> None:
-        self.scheduler.append_token(seq, token)
-        self.stats.generated_tokens += 1
-        timing = self._timing[seq.request_id]
-        if not timing.first_token:
-            timing.first_token = now
-            if self.observer is not None:
-                self.observer.ttft(now - timing.submitted)
-        elif self.observer is not None:
-            self.observer.itl(now - timing.last_token)
-        timing.last_token = now
-        rt = self.runtime
-        if rt.is_eog(token) and not seq.params.ignore_eos:
-            self._finish(seq, SequenceStatus.FINISHED_STOPPED)
-            return
-        text = seq.text.push(rt.piece(token))
-        if seq.text.stopped_by is not None:
-            self._emit(seq, text, token, lp)
-            self._finish(seq, SequenceStatus.FINISHED_STOPPED)
-        elif seq.num_generated >= seq.max_tokens:
-            self._emit(seq, text, token, lp)
-            self._finish(seq, SequenceStatus.FINISHED_LENGTH)
-        else:
-            self._emit(seq, text, token, lp)
+    def _schedule(self) -> list[Chunk]:
+        """End requests past their time limit, admit waiting ones (with their cached
+        prefix, or a wait for one), and plan the batch (empty: nothing to decode)."""
+        self._expire()
+        if not self.scheduler.has_work():
+            return []
+        for seq in self.scheduler.admit(time.monotonic()):
+            attach(self.cache, self.scheduler.running, seq)
+        resume_waiters(self.cache, self.scheduler.running)
+        return self.scheduler.schedule()
 
-    def _emit(self, seq: Sequence, text: str, token: int, lp: TokenLogprob | None) -> None:
-        self._outbox.append((seq, Delta(text, (token,), logprob=lp)))
+    def _expire(self) -> None:
+        """End requests past the time limit, waiting or running: no slot is held forever."""
+        limit = self.runtime.cfg.request_timeout
+        now = time.perf_counter()
+        for seq in [*self.scheduler.running, *self.scheduler.waiting]:
+            out = self._outputs.get(seq)
+            if out is not None and now - out.timing.submitted > limit:
+                self._finish(seq, SequenceStatus.FINISHED_ERROR, Failure(
+                    FailureCode.TIMEOUT, f"the request exceeded the time limit of {limit:g} s"))
+
+    def _postprocess(self, chunks: list[Chunk], outputs: list[int], now: float) -> None:
+        """The batch is in the KV cache: record it, then sample each chunk that wants a
+        token (``outputs``: their batch indexes, in order)."""
+        self.scheduler.commit(chunks)
+        for chunk in chunks:
+            assert chunk.seq.slot is not None
+            self.cache.committed(chunk.seq.slot, chunk.tokens)
+        indexes = iter(outputs)
+        for chunk in chunks:
+            seq = chunk.seq
+            is_prompt = chunk.start < seq.num_prompt
+            if is_prompt:
+                self.stats.prompt_tokens += len(chunk.tokens)
+            if not chunk.wants_logits:
+                continue
+            out = self._outputs[seq]
+            if is_prompt:
+                out.timing.prompt_done = now
+            self._sample(seq, out, next(indexes), now)
+
+    def _sample(self, seq: Sequence, out: Output, index: int, now: float) -> None:
+        try:
+            self._on_token(seq, out, finishing.sample(seq, out, self.runtime, index), now)
+        except Exception:  # a failure of one request ends that request only
+            log.exception("request %s: sampling failed", seq.request_id)
+            if seq.status is SequenceStatus.RUNNING:
+                self._finish(seq, SequenceStatus.FINISHED_ERROR, Failure(
+                    FailureCode.INTERNAL, "internal error while sampling"))
+
+    def _on_token(self, seq: Sequence, out: Output, sampled: Sampled, now: float) -> None:
+        self.stats.generated_tokens += 1
+        note_token(out.timing, now, self.observer)
+        rt = self.runtime
+        verdict = finishing.after_token(self.scheduler, seq, out, sampled,
+                                        rt.piece(sampled.token), is_eog=rt.is_eog(sampled.token))
+        if verdict.delta is not None:
+            self._outbox.append((out.sink, verdict.delta))
+        if verdict.status is not None:
+            self._finish(seq, verdict.status)
 
     def _finish(self, seq: Sequence, status: SequenceStatus,
                 failure: Failure | None = None) -> None:
@@ -395,20 +323,12 @@ class Engine:
         if slot is not None:
             keep = status is not SequenceStatus.FINISHED_ERROR and seq.use_cache
             self.cache.release(slot, keep=keep, pinned=seq.pin)
-        if seq.sampler is not None:
-            seq.sampler.close()
-            seq.sampler = None
-        tail = seq.text.flush() if seq.text is not None and failure is None else ""
-        timing = self._timing.pop(seq.request_id, None)
+        out = self._outputs.pop(seq, None)
         self.stats.requests_finished += 1
-        if status is SequenceStatus.FINISHED_ABORTED:
+        delta = finishing.last_delta(seq, out, status, failure) if out is not None else None
+        if out is None or delta is None:  # aborted (or already ended): nobody reads more
             return
-        timings = _timings(seq, timing) if timing else None
-        self._outbox.append((seq, Delta(
-            tail, finish_reason=status.finish_reason, failure=failure,
-            prompt_tokens=seq.num_prompt, completion_tokens=seq.num_generated,
-            cached_tokens=seq.num_cached, timings=timings,
-        )))
+        self._outbox.append((out.sink, delta))
         log.info(
             "request %s finished: %s, slot %s, prompt %d, generated %d%s",
             seq.request_id, status.finish_reason, seq.slot if was_running else "-",
@@ -418,27 +338,8 @@ class Engine:
 
     def _on_decode_error(self, rc: int, chunks: list[Chunk]) -> None:
         self.stats.decode_errors += 1
-        msg = native.describe_decode_error(rc)
-        for chunk in chunks:  # undo whatever part of the batch reached the cache
-            if chunk.seq.slot is not None:
-                self.cache.rollback(chunk.seq.slot, chunk.start)
-        if rc == native.DECODE_NO_KV_SLOT and self.cache.evict_one():
-            log.info("KV cache full: evicted cached prefixes, retrying")
-            return
-        if rc == native.DECODE_NO_KV_SLOT and len(self.scheduler.running) > 1:
-            # Out of KV cells: stop only the newest request, the others go on.
-            victim = max((c.seq for c in chunks), key=lambda s: s.arrival)
-            log.warning("KV cache full: stopping request %s", victim.request_id)
-            if victim.num_generated:
-                self._finish(victim, SequenceStatus.FINISHED_LENGTH)
-            else:
-                self._finish(victim, SequenceStatus.FINISHED_ERROR, Failure(
-                    FailureCode.KV_FULL,
-                    "the KV cache is full; retry when fewer requests are running"))
-            return
-        log.error("llama_decode failed (rc=%d): %s", rc, msg)
-        for seq in {id(c.seq): c.seq for c in chunks}.values():
-            self._finish(seq, SequenceStatus.FINISHED_ERROR, Failure(FailureCode.DECODE, msg))
+        for end in after_decode_error(rc, chunks, self.cache, len(self.scheduler.running)):
+            self._finish(end.seq, end.status, end.failure)
 
     def _fail_all(self, msg: str) -> None:
         for seq in list(self.scheduler.running) + list(self.scheduler.waiting):
@@ -451,48 +352,3 @@ class Engine:
                 self._loop.call_soon_threadsafe(self._deliver, items)
             except RuntimeError:  # loop closed during shutdown
                 pass
-
-    def slots_snapshot(self) -> list[dict[str, object]]:
-        """Each slot's state, for GET /slots (read off the engine thread: a snapshot)."""
-        busy = {seq.slot: seq for seq in list(self.scheduler.running)}
-        out: list[dict[str, object]] = []
-        for slot in range(self.scheduler.num_slots):
-            seq = busy.get(slot)
-            if seq is None:
-                out.append({"id": slot, "state": "idle"})
-                continue
-            state = ("waiting_for_prefix" if seq.waiting_on is not None
-                     else "prefilling" if seq.is_prefilling else "generating")
-            out.append({"id": slot, "state": state, "request_id": seq.request_id,
-                        "prompt_tokens": seq.num_prompt, "cached_tokens": seq.num_cached,
-                        "computed_tokens": seq.num_computed, "generated_tokens": seq.num_generated,
-                        "max_tokens": seq.max_tokens})
-        return out
-
-    def stats_snapshot(self) -> dict[str, object]:
-        s: dict[str, object] = dict(self.stats.snapshot())
-        s["slots_busy"] = len(self.scheduler.running)
-        s["slots_total"] = self.scheduler.num_slots
-        s["queued"] = self.scheduler.num_waiting
-        s["n_ctx"] = self.runtime.info.n_ctx
-        s["prefix_cache"] = self.cache.snapshot()
-        return s
-
-
-def _timings(seq: Sequence, t: _Timing) -> dict[str, float]:
-    end = time.perf_counter()
-    prompt_s = max(t.prompt_done - t.submitted, 1e-9) if t.prompt_done else 0.0
-    gen_s = max(end - t.first_token, 1e-9) if t.first_token else 0.0
-    n_gen = max(seq.num_generated - 1, 0)
-    return {
-        "prompt_n": seq.num_prompt - seq.num_cached,
-        "cache_n": seq.num_cached,
-        "prompt_ms": round(prompt_s * 1000, 3),
-        "prompt_per_second": round((seq.num_prompt - seq.num_cached) / prompt_s, 2)
-        if prompt_s else 0.0,
-        "predicted_n": seq.num_generated,
-        "predicted_ms": round(gen_s * 1000, 3),
-        "predicted_per_second": round(n_gen / gen_s, 2) if gen_s and n_gen else 0.0,
-        "ttft_ms": round((t.first_token - t.submitted) * 1000, 3) if t.first_token else 0.0,
-    }
-

@@ -1,13 +1,15 @@
-"""The one place that touches llama.cpp: a loaded model, its context and batch.
+"""A loaded model, its context and batch, and its vocabulary: llama.cpp for the engine.
 
-``LlamaRuntime`` owns every native handle of one model (model, context, batch)
-and frees them in reverse order in ``close()``. Only the engine thread may
-call ``decode`` and the ``seq_*`` methods; ``tokenize`` and ``piece`` only
-read the immutable vocabulary and are safe from any thread.
+``LlamaRuntime`` owns the native handles of one model (a ``handles.Model``, a
+``handles.Context`` and a ``handles.Batch``) through an ExitStack, which frees them
+in reverse order of creation in ``close()``. Only the engine thread may call
+``decode`` and the ``seq_*`` methods; ``tokenize`` and ``piece`` only read the
+immutable vocabulary and are safe from any thread.
 """
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import logging
 import sys
@@ -15,13 +17,23 @@ import threading
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 import llama_cpp
 import numpy as np
 import numpy.typing as npt
 
 from edgeinfer.config import ModelConfig
+from edgeinfer.engine.batch import Decoded, Run, fill_batch
+from edgeinfer.engine.handles import (
+    Batch,
+    Context,
+    ContextPtr,
+    MemoryPtr,
+    Model,
+    ModelPtr,
+    VocabPtr,
+)
+from edgeinfer.engine.kv import kv_bytes_per_token, serving_bytes
 from edgeinfer.errors import ModelLoadError
 
 log = logging.getLogger("edgeinfer.llama")
@@ -35,8 +47,7 @@ _last_level = logging.DEBUG
 log_listener: Callable[[str], None] | None = None
 
 
-@llama_cpp.llama_log_callback  # type: ignore[misc]
-def _log_callback(level: int, text: bytes, user_data: ctypes.c_void_p) -> None:
+def _log_line(level: int, text: bytes, user_data: ctypes.c_void_p) -> None:
     global _last_level
     lvl = _last_level if level == 5 else _LEVELS.get(level, logging.DEBUG)
     _last_level = lvl
@@ -46,6 +57,10 @@ def _log_callback(level: int, text: bytes, user_data: ctypes.c_void_p) -> None:
         msg = text.decode("utf-8", "replace").rstrip()
         if msg:
             log.log(lvl, "%s", msg)
+
+
+# the C callback; kept referenced for as long as llama.cpp may call it (the process)
+_log_callback = llama_cpp.llama_log_callback(_log_line)
 
 
 _backend_lock = threading.Lock()
@@ -64,23 +79,6 @@ def init_backend() -> None:
 
 def gpu_offload_supported() -> bool:
     return bool(llama_cpp.llama_supports_gpu_offload())
-
-
-# llama_decode return codes (llama.h)
-DECODE_OK = 0
-DECODE_NO_KV_SLOT = 1
-DECODE_ABORTED = 2
-DECODE_INVALID_BATCH = -1
-
-
-def describe_decode_error(rc: int) -> str:
-    if rc == DECODE_NO_KV_SLOT:
-        return "the KV cache has no room for this batch"
-    if rc == DECODE_ABORTED:
-        return "decoding was aborted"
-    if rc == DECODE_INVALID_BATCH:
-        return "llama.cpp rejected the batch as invalid"
-    return f"llama.cpp failed to compute the batch (llama_decode returned {rc})"
 
 
 class _LoadProgress:
@@ -108,33 +106,6 @@ class _LoadProgress:
             sys.stderr.flush()
 
 
-def fill_batch(batch: Any, entries: list[tuple[int, int, list[int], bool]],
-               every_output: bool = False) -> list[int]:
-    """Write runs of (seq_id, start_pos, tokens, wants_logits) into a llama_batch.
-
-    A run that wants logits gets them for its last token (all its tokens with
-    ``every_output``, as pooled embeddings need). Returns the batch index of each
-    run's last token that has logits.
-    """
-    token, pos, n_seq, seq_ids, logits = (
-        batch.token, batch.pos, batch.n_seq_id, batch.seq_id, batch.logits)
-    i = 0
-    out: list[int] = []
-    for seq_id, start, toks, wants in entries:
-        for k, t in enumerate(toks):
-            token[i] = t
-            pos[i] = start + k
-            n_seq[i] = 1
-            seq_ids[i][0] = seq_id
-            logits[i] = 1 if every_output else 0
-            i += 1
-        if wants:
-            logits[i - 1] = 1
-            out.append(i - 1)
-    batch.n_tokens = i
-    return out
-
-
 @dataclass(frozen=True, slots=True)
 class ModelInfo:
     n_vocab: int
@@ -154,39 +125,45 @@ class LlamaRuntime:
     """A GGUF model with one context holding ``cfg.slots`` sequences."""
 
     info: ModelInfo
-    # ctypes handles; typed loosely because the binding's stubs are partial
-    _model: Any
-    _ctx: Any
-    _vocab: Any
-    _mem: Any
-    _batch: Any
 
     def __init__(self, cfg: ModelConfig, path: Path) -> None:
         init_backend()
         self.cfg = cfg
         self.path = path
-        self._model = None
-        self._ctx = None
-        self._batch = None
+        # owns the model, the context and the batch; frees them newest first
+        self._handles = contextlib.ExitStack()
         try:
-            self._load()
+            self._open()
         except BaseException:
-            self.close()
+            self._handles.close()
             raise
 
-    def _load(self) -> None:
+    def _open(self) -> None:
         cfg = self.cfg
         mparams = llama_cpp.llama_model_default_params()
         mparams.n_gpu_layers = cfg.gpu_layers if isinstance(cfg.gpu_layers, int) else 0
         progress = _LoadProgress(cfg.id)
         mparams.progress_callback = progress.callback
-        self._model = llama_cpp.llama_model_load_from_file(str(self.path).encode(), mparams)
-        progress.done()
-        if not self._model:
-            raise ModelLoadError(f"model {cfg.id!r}: llama.cpp could not load {self.path}")
-        self._vocab = llama_cpp.llama_model_get_vocab(self._model)
+        try:
+            model = Model(self.path, mparams, ModelLoadError(
+                f"model {cfg.id!r}: llama.cpp could not load {self.path}"))
+        finally:
+            progress.done()
+        self._model = self._handles.enter_context(contextlib.closing(model))
+        self._vocab: VocabPtr = llama_cpp.llama_model_get_vocab(model.ptr)
+        self._ctx = self._handles.enter_context(contextlib.closing(Context(
+            model.ptr, self._context_params(),
+            ModelLoadError(f"model {cfg.id!r}: llama.cpp could not create a context"))))
+        self._mem: MemoryPtr = llama_cpp.llama_get_memory(self._ctx.ptr)
+        self._batch = self._handles.enter_context(contextlib.closing(Batch(cfg.batch)))
+        self.info = self._read_info()
+        self._pieces: list[bytes | None] = [None] * self.info.n_vocab
+        self._memory_bytes = serving_bytes(self.info.size_bytes, self._kv_bytes_per_token(),
+                                           self.info.n_ctx)
 
-        cparams = llama_cpp.llama_context_default_params()
+    def _context_params(self) -> llama_cpp.llama_context_params:
+        cfg = self.cfg
+        cparams: llama_cpp.llama_context_params = llama_cpp.llama_context_default_params()
         cparams.n_ctx = cfg.context
         cparams.n_seq_max = cfg.slots + cfg.cache_entries
         # llama.cpp asserts (aborting the process) unless a batch can hold one output per
@@ -197,36 +174,31 @@ class LlamaRuntime:
         cparams.kv_unified = True
         cparams.flash_attn_type = -1  # LLAMA_FLASH_ATTN_TYPE_AUTO, as llama-server
         cparams.no_perf = True
-        self._ctx = llama_cpp.llama_init_from_model(self._model, cparams)
-        if not self._ctx:
-            raise ModelLoadError(f"model {cfg.id!r}: llama.cpp could not create a context")
-        self._mem = llama_cpp.llama_get_memory(self._ctx)
-        self._batch = llama_cpp.llama_batch_init(cfg.batch, 0, 1)
-        self.info = self._read_info()
-        self._pieces: list[bytes | None] = [None] * self.info.n_vocab
+        return cparams
 
     def meta(self, key: str) -> str | None:
         """A GGUF metadata value as text (None when absent)."""
         size = 1 << 16
         buf = ctypes.create_string_buffer(size)
-        n = llama_cpp.llama_model_meta_val_str(self._model, key.encode(), buf, size)
+        model = self._model.ptr
+        n = llama_cpp.llama_model_meta_val_str(model, key.encode(), buf, size)
         if n < 0:
             return None
         if n >= size:
             buf = ctypes.create_string_buffer(n + 1)
-            llama_cpp.llama_model_meta_val_str(self._model, key.encode(), buf, n + 1)
+            llama_cpp.llama_model_meta_val_str(model, key.encode(), buf, n + 1)
         return buf.value.decode("utf-8", "replace")
 
     def _read_info(self) -> ModelInfo:
-        vocab = self._vocab
+        vocab, model = self._vocab, self._model.ptr
         bos = llama_cpp.llama_vocab_bos(vocab)
         eos = llama_cpp.llama_vocab_eos(vocab)
         desc = ctypes.create_string_buffer(256)
-        llama_cpp.llama_model_desc(self._model, desc, 256)
+        llama_cpp.llama_model_desc(model, desc, 256)
         return ModelInfo(
             n_vocab=llama_cpp.llama_vocab_n_tokens(vocab),
-            n_ctx_train=llama_cpp.llama_model_n_ctx_train(self._model),
-            n_ctx=llama_cpp.llama_n_ctx(self._ctx),
+            n_ctx_train=llama_cpp.llama_model_n_ctx_train(model),
+            n_ctx=llama_cpp.llama_n_ctx(self._ctx.ptr),
             bos=bos,
             eos=eos,
             add_bos=bool(llama_cpp.llama_vocab_get_add_bos(vocab)),
@@ -234,8 +206,17 @@ class LlamaRuntime:
             eos_text=self._token_text(eos),
             chat_template=self.meta("tokenizer.chat_template"),
             description=desc.value.decode("utf-8", "replace"),
-            size_bytes=llama_cpp.llama_model_size(self._model),
+            size_bytes=llama_cpp.llama_model_size(model),
         )
+
+    def _kv_bytes_per_token(self) -> int:
+        """The KV formula (``engine.kv``) on the shapes llama.cpp loaded."""
+        m = self._model.ptr
+        key_length = self.meta(f"{self.meta('general.architecture')}.attention.key_length")
+        return kv_bytes_per_token(
+            llama_cpp.llama_model_n_layer(m), llama_cpp.llama_model_n_embd(m),
+            llama_cpp.llama_model_n_head(m), llama_cpp.llama_model_n_head_kv(m),
+            int(key_length) if key_length and key_length.isdigit() else 0)
 
     def _token_text(self, token: int) -> str:
         if token < 0:
@@ -244,7 +225,7 @@ class LlamaRuntime:
 
     # -- vocabulary (any thread) ----------------------------------------
     @property
-    def vocab(self) -> llama_cpp.llama_vocab_p:
+    def vocab(self) -> VocabPtr:
         return self._vocab
 
     def tokenize(self, text: str, *, add_special: bool, parse_special: bool) -> list[int]:
@@ -297,37 +278,29 @@ class LlamaRuntime:
         return bool(llama_cpp.llama_vocab_is_eog(self._vocab, token))
 
     @property
-    def model(self) -> Any:
-        return self._model
+    def model(self) -> ModelPtr:
+        return self._model.ptr
 
     def memory_bytes(self) -> int:
-        """Weights plus the KV cache of the context (f16 K and V)."""
-        m = self._model
-        n_head = max(1, llama_cpp.llama_model_n_head(m))
-        head_dim = llama_cpp.llama_model_n_embd(m) // n_head
-        kv_per_token = (2 * llama_cpp.llama_model_n_layer(m) * llama_cpp.llama_model_n_head_kv(m)
-                        * head_dim * 2)
-        return int(self.info.size_bytes + kv_per_token * self.info.n_ctx)
+        """Weights plus the KV cache of the context (``engine.kv``), as loaded."""
+        return self._memory_bytes
 
     # -- context (engine thread only) -----------------------------------
     @property
-    def ctx(self) -> Any:
-        return self._ctx
+    def ctx(self) -> ContextPtr:
+        return self._ctx.ptr
 
-    def decode(self, entries: list[tuple[int, int, list[int], bool]]) -> tuple[int, list[int]]:
-        """Decode one batch of (seq_id, start_pos, tokens, wants_logits) runs.
-
-        Returns llama_decode's code and, per entry that wants logits, the
-        batch index of its last token (the index to sample from).
-        """
-        assert self._batch is not None
-        out = fill_batch(self._batch, entries)
-        assert 0 < self._batch.n_tokens <= self.cfg.batch
-        return llama_cpp.llama_decode(self._ctx, self._batch), out
+    def decode(self, runs: list[Run]) -> Decoded:
+        """Decode one batch of runs: llama_decode's code and, per run that wants logits,
+        the batch index of its last token (the index to sample from)."""
+        batch = self._batch.batch
+        out = fill_batch(batch, runs)
+        assert 0 < batch.n_tokens <= self.cfg.batch
+        return Decoded(llama_cpp.llama_decode(self._ctx.ptr, batch), out)
 
     def logits_row(self, batch_index: int) -> npt.NDArray[np.float32]:
         """The logits of one output of the last decode (a view, valid until the next)."""
-        ptr = llama_cpp.llama_get_logits_ith(self._ctx, batch_index)
+        ptr = llama_cpp.llama_get_logits_ith(self._ctx.ptr, batch_index)
         if not ptr:
             raise RuntimeError(f"no logits for batch index {batch_index}")
         return np.ctypeslib.as_array(ptr, shape=(self.info.n_vocab,))
@@ -346,18 +319,12 @@ class LlamaRuntime:
         recurrent or hybrid models keep state that seq_cp / partial seq_rm
         cannot reproduce; those models fall back to no prefix reuse.
         """
-        model = self._model
+        model = self._model.ptr
         if llama_cpp.llama_model_is_recurrent(model) or llama_cpp.llama_model_is_hybrid(model):
             return False
-        return llama_cpp.llama_model_n_swa(model) == 0
+        return bool(llama_cpp.llama_model_n_swa(model) == 0)
 
     def close(self) -> None:
-        if self._batch is not None:
-            llama_cpp.llama_batch_free(self._batch)
-            self._batch = None
-        if self._ctx:
-            llama_cpp.llama_free(self._ctx)
-            self._ctx = None
-        if self._model:
-            llama_cpp.llama_model_free(self._model)
-            self._model = None
+        """Free the batch, the context and the model (reverse order of creation, by the
+        ExitStack); idempotent."""
+        self._handles.close()

@@ -9,7 +9,7 @@ from __future__ import annotations
 import itertools
 from dataclasses import dataclass, field
 from enum import IntEnum
-from typing import Any
+from typing import NamedTuple
 
 
 class SequenceStatus(IntEnum):
@@ -61,13 +61,20 @@ class SamplingParams:
     # lazy grammar: free text until one of these words appears, the grammar from there on
     grammar_triggers: tuple[str, ...] = ()
 
-
     @property
     def is_greedy(self) -> bool:
         return self.temperature <= 0.0
 
 
 _arrivals = itertools.count()
+
+
+class PrefixWait(NamedTuple):
+    """A sequence holds off its prefill until ``source`` has computed ``length`` tokens
+    of the prefix they share."""
+
+    source: Sequence
+    length: int
 
 
 @dataclass(eq=False, slots=True)
@@ -83,7 +90,6 @@ class Sequence:
     prompt: list[int]
     params: SamplingParams
     max_tokens: int
-    sink: Any = None  # delivery target for outputs, opaque to the engine
     tokens: list[int] = field(default_factory=list)
     num_computed: int = 0
     slot: int | None = None
@@ -95,11 +101,8 @@ class Sequence:
     queued_at: float = 0.0  # when it started waiting (scheduler clock)
     pin: bool = False  # keep this prompt resident in the cache when done
     use_cache: bool = True  # reuse cached prefixes for this prompt
-    # (sequence, length): do not prefill; another request is computing our prefix
-    waiting_on: tuple[Sequence, int] | None = None
-    # engine-owned helpers (sampler chain, text stream); opaque here
-    sampler: Any = None
-    text: Any = None
+    # do not prefill: another request is computing our prefix
+    waiting_on: PrefixWait | None = None
 
     def __post_init__(self) -> None:
         if not self.tokens:

@@ -3,17 +3,20 @@
 from __future__ import annotations
 
 import logging
+import mmap
 import re
+import struct
 import sys
 import time
 from pathlib import Path
 from typing import Any
 
 import llama_cpp
-from gguf import GGUFReader, GGUFValueType, LlamaFileType
+from gguf import LlamaFileType
 
 from edgeinfer.config import DerivedSource, ModelConfig, PackageSource
 from edgeinfer.engine import native
+from edgeinfer.engine.kv import kv_bytes_per_token, serving_bytes
 from edgeinfer.errors import ConfigError, EdgeInferError, ModelLoadError
 from edgeinfer.models.source import cache_dir, check_gguf, resolve_model_path
 
@@ -27,34 +30,86 @@ FTYPES = {
 }
 
 
-def _value(reader: GGUFReader, key: str) -> Any:
-    field = reader.fields.get(key)
-    if field is None or not field.data:
-        return None
-    part = field.parts[field.data[0]]
-    if field.types and field.types[0] == GGUFValueType.STRING:
-        return bytes(part).decode("utf-8", "replace")
-    return part.tolist()[0] if hasattr(part, "tolist") else part
+# GGUF value types (gguf.GGUFValueType): fixed-size scalars, string, array
+_SCALARS = {0: "<B", 1: "<b", 2: "<H", 3: "<h", 4: "<I", 5: "<i", 6: "<f", 7: "<?",
+            10: "<Q", 11: "<q", 12: "<d"}
+_STRING, _ARRAY = 8, 9
+
+
+def gguf_metadata(path: Path) -> dict[str, Any]:
+    """A GGUF file's metadata, read from its header alone (the tensors are never
+    touched): each key's value, the first item for an array (None for an empty one).
+    Fast on any file, unlike gguf.GGUFReader, which parses the whole tokenizer
+    (seconds). ValueError for a file that is not a little-endian GGUF v2 or v3."""
+    with path.open("rb") as f, mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as m:
+        try:
+            magic, version, _, n_kv = struct.unpack_from("<4sIQQ", m, 0)
+            if magic != b"GGUF" or version not in (2, 3):
+                raise ValueError(f"{path} is not a GGUF v2/v3 file")
+            out: dict[str, Any] = {}
+            pos = 24
+            for _ in range(n_kv):
+                key, pos = _gguf_string(m, pos)
+                (vtype,) = struct.unpack_from("<I", m, pos)
+                out[key], pos = _gguf_value(m, pos + 4, vtype)
+            return out
+        except (struct.error, UnicodeDecodeError) as exc:
+            raise ValueError(f"{path}: broken GGUF metadata ({exc})") from None
+
+
+def _gguf_string(m: mmap.mmap, pos: int) -> tuple[str, int]:
+    (n,) = struct.unpack_from("<Q", m, pos)
+    if pos + 8 + n > len(m):
+        raise ValueError("a GGUF string runs past the end of the file")
+    return m[pos + 8 : pos + 8 + n].decode("utf-8", "replace"), pos + 8 + n
+
+
+def _gguf_value(m: mmap.mmap, pos: int, vtype: int) -> tuple[Any, int]:
+    """The value at ``pos`` (an array's first item) and the position after it."""
+    if vtype in _SCALARS:
+        fmt = _SCALARS[vtype]
+        return struct.unpack_from(fmt, m, pos)[0], pos + struct.calcsize(fmt)
+    if vtype == _STRING:
+        return _gguf_string(m, pos)
+    if vtype != _ARRAY:
+        raise ValueError(f"unknown GGUF value type {vtype}")
+    itype, count = struct.unpack_from("<IQ", m, pos)
+    pos += 12
+    if itype in _SCALARS:  # skip the rest at once
+        size = struct.calcsize(_SCALARS[itype])
+        if pos + count * size > len(m):
+            raise ValueError("a GGUF array runs past the end of the file")
+        first = struct.unpack_from(_SCALARS[itype], m, pos)[0] if count else None
+        return first, pos + count * size
+    if count * 8 > len(m) - pos:  # every string or array item takes at least 8 bytes
+        raise ValueError("a GGUF array runs past the end of the file")
+    first = None
+    for i in range(count):
+        item, pos = _gguf_value(m, pos, itype)
+        first = item if i == 0 else first
+    return first, pos
 
 
 def gguf_facts(path: Path) -> dict[str, Any]:
-    """Architecture, quantization and the shapes that size the KV cache."""
-    reader = GGUFReader(path)
-    arch = _value(reader, "general.architecture") or "?"
-    ftype = _value(reader, "general.file_type")
+    """Architecture, quantization and the shapes that size the KV cache (with the one
+    KV formula, ``engine.kv``), from the file's header; ValueError for a broken file."""
+    meta = gguf_metadata(path)
+    arch = meta.get("general.architecture") or "?"
+    ftype = meta.get("general.file_type")
     try:
         quant = LlamaFileType(ftype).name.removeprefix("MOSTLY_") if ftype is not None else "?"
     except ValueError:
         quant = f"type {ftype}"
-    n_layer = _value(reader, f"{arch}.block_count") or 0
-    n_embd = _value(reader, f"{arch}.embedding_length") or 0
-    n_head = _value(reader, f"{arch}.attention.head_count") or 1
-    n_head_kv = _value(reader, f"{arch}.attention.head_count_kv") or n_head
-    head_dim = (_value(reader, f"{arch}.attention.key_length") or n_embd // max(n_head, 1))
+    n_layer = meta.get(f"{arch}.block_count") or 0
+    kv_per_token = kv_bytes_per_token(
+        n_layer, meta.get(f"{arch}.embedding_length") or 0,
+        meta.get(f"{arch}.attention.head_count") or 1,
+        meta.get(f"{arch}.attention.head_count_kv") or 0,
+        meta.get(f"{arch}.attention.key_length") or 0)
     return {"arch": arch, "quant": quant, "layers": n_layer,
-            "context_train": _value(reader, f"{arch}.context_length"),
-            "kv_bytes_per_token": 2 * n_layer * n_head_kv * head_dim * 2,
-            "name": _value(reader, "general.name")}
+            "context_train": meta.get(f"{arch}.context_length"),
+            "kv_bytes_per_token": kv_per_token,
+            "name": meta.get("general.name")}
 
 
 def describe(cfg: ModelConfig, models: dict[str, ModelConfig] | None = None) -> dict[str, Any]:
@@ -76,10 +131,10 @@ def describe(cfg: ModelConfig, models: dict[str, ModelConfig] | None = None) -> 
     except (ModelLoadError, ValueError, OSError) as exc:
         return {**row, "status": "unavailable", "error": str(exc)}
     size = path.stat().st_size
-    kv = facts["kv_bytes_per_token"] * cfg.context
+    memory = serving_bytes(size, facts["kv_bytes_per_token"], cfg.context)
     return {**row, "status": "cached", "path": str(path), "arch": facts["arch"],
             "quant": facts["quant"], "size_mib": round(size / 2**20, 1),
-            "kv_mib": round(kv / 2**20, 1), "memory_mib": round((size + kv) / 2**20, 1),
+            "kv_mib": round((memory - size) / 2**20, 1), "memory_mib": round(memory / 2**20, 1),
             "gpu_layers": cfg.gpu_layers}
 
 

@@ -8,11 +8,13 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from enum import StrEnum
+from pathlib import Path
 
 import psutil
 
 from edgeinfer.config import ModelConfig, ServerConfig
 from edgeinfer.errors import APIError, ModelLoadError, NotFound, Unavailable
+from edgeinfer.models.modelinfo import gguf_facts
 from edgeinfer.models.served import ServedModel, load_model
 from edgeinfer.models.source import resolve_model_path
 
@@ -45,6 +47,18 @@ class PoolEntry:
 
 
 MEMORY_RESERVE = 512 << 20  # left free for the OS and the server itself
+MODEL_OVERHEAD = 64 << 20  # a loaded model's compute buffers and the rest, besides weights + KV
+
+
+def estimate_bytes(cfg: ModelConfig, path: Path) -> int:
+    """Memory a model will take once loaded: weights, its KV cache (the one formula,
+    ``engine.kv``, from the GGUF's shapes) and MODEL_OVERHEAD. Blocking (reads the file's
+    header)."""
+    try:
+        per_token = int(gguf_facts(path)["kv_bytes_per_token"])
+    except Exception:  # a broken file fails to load later, with its reason
+        per_token = 0
+    return path.stat().st_size + per_token * cfg.context + MODEL_OVERHEAD
 REAP_SECONDS = 1.0
 
 
@@ -137,7 +151,7 @@ class ModelPool:
         entry.state = ModelState.LOADING
         try:
             path = await asyncio.to_thread(resolve_model_path, cfg, self._configs())
-            await self._make_room(cfg.id, path.stat().st_size)
+            await self._make_room(cfg, await asyncio.to_thread(estimate_bytes, cfg, path))
             served = await asyncio.to_thread(load_model, cfg, path)
         except Unavailable:
             entry.state = ModelState.UNLOADED  # no room now; a later request tries again
@@ -170,13 +184,14 @@ class ModelPool:
     def _configs(self) -> dict[str, ModelConfig]:
         return {e.cfg.id: e.cfg for e in self.entries.values()}
 
-    async def _make_room(self, model_id: str, file_size: int) -> None:
-        """Unload idle models, least recently used first, until the new one fits."""
-        need = int(file_size * 1.3) + (64 << 20)
+    async def _make_room(self, cfg: ModelConfig, need: int) -> None:
+        """Unload idle models, least recently used first, until the new one (``need``
+        bytes, see ``estimate_bytes``) fits."""
+        model_id = cfg.id
         budget = self.config.memory_budget_mb << 20 if self.config.memory_budget_mb else None
 
         def fits() -> bool:
-            loaded = sum(m.runtime.memory_bytes() for m in self.models.values())
+            loaded = sum(m.runtime.memory_bytes() + MODEL_OVERHEAD for m in self.models.values())
             free = psutil.virtual_memory().available - MEMORY_RESERVE
             return need <= free and (budget is None or loaded + need <= budget)
 

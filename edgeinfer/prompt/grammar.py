@@ -1,7 +1,7 @@
 """Constrained output: JSON schemas and tool calls turned into GBNF, checked before use.
 
 Schemas become GBNF with llama-cpp-python's own converter
-(``llama_cpp.llama_grammar.json_schema_to_gbnf``), cached by schema text. What
+(``json_schema_to_gbnf``, through ``engine.grammar_check``), cached by schema text. What
 the converter or llama.cpp cannot take safely is refused here with a 400
 naming the problem: a schema that is not an object, an unsupported keyword, a
 recursive ``$ref``, nesting too deep, a grammar llama.cpp cannot parse.
@@ -15,9 +15,7 @@ import re
 from functools import lru_cache
 from typing import Any
 
-import llama_cpp
-from llama_cpp.llama_grammar import json_schema_to_gbnf
-
+from edgeinfer.engine.grammar_check import grammar_parses, json_schema_to_gbnf
 from edgeinfer.errors import InvalidRequest
 from edgeinfer.prompt.budget import (
     MAX_SCHEMA_BYTES,
@@ -201,7 +199,8 @@ def json_object_gbnf() -> str:
         'ws ::= " "?',
         (r'string ::= "\"" ([^"\\\x7F\x00-\x1F] | "\\" (["\\/bfnrt] | "u" [0-9a-fA-F]{4}))*'
          r' "\"" ws'),
-        'number ::= "-"? ([0-9] | [1-9] [0-9]{1,15}) ("." [0-9]{1,16})? ([eE] [-+]? [0-9]{1,3})? ws',
+        ('number ::= "-"? ([0-9] | [1-9] [0-9]{1,15}) ("." [0-9]{1,16})?'
+         ' ([eE] [-+]? [0-9]{1,3})? ws'),
         'scalar ::= string | number | ("true" | "false" | "null") ws',
     ]
     for d in range(1, JSON_OBJECT_DEPTH + 1):
@@ -227,7 +226,8 @@ def _rename_rules(gbnf: str, prefix: str) -> str:
 
 def tool_calls_gbnf(tools: list[tuple[str, dict[str, Any]]], max_calls: int,
                     param: str = "tools") -> str:
-    """GBNF of one to ``max_calls`` calls ``<tool_call>{"name": .., "arguments": ..}</tool_call>``."""
+    """GBNF of one to ``max_calls`` calls
+    ``<tool_call>{"name": .., "arguments": ..}</tool_call>``."""
     alts = []
     parts = []
     for i, (name, parameters) in enumerate(tools):
@@ -250,7 +250,7 @@ def check_generated(vocab: Any, gbnf: str, param: str) -> None:
     """400 unless a grammar we generated from a schema is inside the grammar budget and
     llama.cpp parses it."""
     check_gbnf_budget(gbnf, param, generated=True)
-    if not _parses(vocab, gbnf):
+    if not grammar_parses(vocab, gbnf):
         raise InvalidRequest("llama.cpp cannot parse the grammar made from this schema",
                              param=param)
 
@@ -259,14 +259,5 @@ def check_gbnf(vocab: Any, gbnf: str, param: str = "grammar") -> None:
     """400 unless a client's GBNF is inside the grammar budget (size, nesting, repetition)
     and parsed by llama.cpp (which returns a null sampler for a grammar it cannot parse)."""
     check_gbnf_budget(gbnf, param, generated=False)
-    if not _parses(vocab, gbnf):
+    if not grammar_parses(vocab, gbnf):
         raise InvalidRequest("llama.cpp cannot parse this grammar (GBNF)", param=param)
-
-
-@lru_cache(maxsize=256)
-def _parses(vocab: Any, gbnf: str) -> bool:
-    smpl = llama_cpp.llama_sampler_init_grammar(vocab, gbnf.encode(), b"root")
-    if not smpl:
-        return False
-    llama_cpp.llama_sampler_free(smpl)
-    return True

@@ -1,0 +1,51 @@
+"""Batches for llama_decode: runs of tokens in, the batch indexes of their outputs and
+llama_decode's code out (see ``LlamaRuntime.decode``)."""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+import llama_cpp
+
+
+class Run(NamedTuple):
+    """Consecutive tokens of one sequence, for one batch."""
+
+    seq_id: int
+    start: int  # position of tokens[0] in the sequence
+    tokens: list[int]
+    wants_logits: bool  # logits for the last token
+
+
+class Decoded(NamedTuple):
+    """What one llama_decode gave back."""
+
+    rc: int  # llama_decode's code (see ``decode_errors``)
+    outputs: list[int]  # per run that wants logits, the batch index of its last token
+
+
+def fill_batch(batch: llama_cpp.llama_batch, runs: list[Run],
+               every_output: bool = False) -> list[int]:
+    """Write runs of tokens into a llama_batch.
+
+    A run that wants logits gets them for its last token (all its tokens with
+    ``every_output``, as pooled embeddings need). Returns the batch index of each
+    run's last token that has logits.
+    """
+    token, pos, n_seq, seq_ids, logits = (
+        batch.token, batch.pos, batch.n_seq_id, batch.seq_id, batch.logits)
+    i = 0
+    out: list[int] = []
+    for run in runs:
+        for k, t in enumerate(run.tokens):
+            token[i] = t
+            pos[i] = run.start + k  # type: ignore[call-overload]  # stub: pos is llama_pos*
+            n_seq[i] = 1
+            seq_ids[i][0] = run.seq_id
+            logits[i] = 1 if every_output else 0
+            i += 1
+        if run.wants_logits:
+            logits[i - 1] = 1
+            out.append(i - 1)
+    batch.n_tokens = i
+    return out

@@ -1,0 +1,65 @@
+"""What a failed llama_decode does to the requests of its batch.
+
+Whatever part of the batch reached the KV cache is undone. Out of KV cells, the
+engine first evicts cached prefixes and retries; failing that, with other requests
+running, it stops only the newest request of the batch (the others go on); any other
+failure ends every request of the batch with an error.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import NamedTuple
+
+from edgeinfer.engine.delta import Failure, FailureCode
+from edgeinfer.engine.prefix_cache import PrefixCache
+from edgeinfer.engine.scheduler import Chunk
+from edgeinfer.engine.sequence import Sequence, SequenceStatus
+
+log = logging.getLogger("edgeinfer.engine.loop")  # the step loop's own log
+
+# llama_decode return codes (llama.h)
+DECODE_OK = 0
+DECODE_NO_KV_SLOT = 1
+DECODE_ABORTED = 2
+DECODE_INVALID_BATCH = -1
+
+
+def describe_decode_error(rc: int) -> str:
+    if rc == DECODE_NO_KV_SLOT:
+        return "the KV cache has no room for this batch"
+    if rc == DECODE_ABORTED:
+        return "decoding was aborted"
+    if rc == DECODE_INVALID_BATCH:
+        return "llama.cpp rejected the batch as invalid"
+    return f"llama.cpp failed to compute the batch (llama_decode returned {rc})"
+
+
+class Ending(NamedTuple):
+    """A request a failed decode ends, and how."""
+
+    seq: Sequence
+    status: SequenceStatus
+    failure: Failure | None
+
+
+def after_decode_error(rc: int, chunks: list[Chunk], cache: PrefixCache,
+                       num_running: int) -> list[Ending]:
+    """Undo the batch in the cache; the requests to end (none: retry the step)."""
+    for chunk in chunks:
+        if chunk.seq.slot is not None:
+            cache.rollback(chunk.seq.slot, chunk.start)
+    if rc == DECODE_NO_KV_SLOT and cache.evict_one():
+        log.info("KV cache full: evicted cached prefixes, retrying")
+        return []
+    if rc == DECODE_NO_KV_SLOT and num_running > 1:
+        victim = max((c.seq for c in chunks), key=lambda s: s.arrival)
+        log.warning("KV cache full: stopping request %s", victim.request_id)
+        if victim.num_generated:
+            return [Ending(victim, SequenceStatus.FINISHED_LENGTH, None)]
+        return [Ending(victim, SequenceStatus.FINISHED_ERROR, Failure(
+            FailureCode.KV_FULL, "the KV cache is full; retry when fewer requests are running"))]
+    msg = describe_decode_error(rc)
+    log.error("llama_decode failed (rc=%d): %s", rc, msg)
+    return [Ending(seq, SequenceStatus.FINISHED_ERROR, Failure(FailureCode.DECODE, msg))
+            for seq in {id(c.seq): c.seq for c in chunks}.values()]

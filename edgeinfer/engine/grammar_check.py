@@ -1,0 +1,53 @@
+"""llama.cpp's side of grammars: its JSON-schema converter, its GBNF parser, and
+grammar samplers.
+
+The prompt layer builds grammars; only this module hands them to llama.cpp. Call
+``grammar_parses`` only with a grammar inside the grammar budget
+(``edgeinfer.prompt.budget``): llama.cpp's parser can overflow the stack otherwise.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import re
+from functools import lru_cache
+
+import llama_cpp
+from llama_cpp.llama_grammar import json_schema_to_gbnf as _convert
+
+from edgeinfer.engine.handles import Sampler, SamplerPtr, VocabPtr
+
+
+def json_schema_to_gbnf(schema_json: str, prop_order: list[str]) -> str:
+    """llama-cpp-python's converter: JSON schema text -> GBNF (root rule ``root``)."""
+    gbnf: str = _convert(schema_json, prop_order)
+    return gbnf
+
+
+def grammar_sampler(vocab: VocabPtr, gbnf: str, triggers: tuple[str, ...] = ()) -> Sampler:
+    """A llama.cpp grammar sampler (lazy when trigger words are given), owned by the
+    returned ``Sampler``; ValueError if llama.cpp cannot parse the grammar.
+
+    A lazy grammar lets the model write freely until a trigger word appears;
+    from the word on, the output follows the grammar.
+    """
+    smpl: SamplerPtr | None
+    if not triggers:
+        smpl = llama_cpp.llama_sampler_init_grammar(vocab, gbnf.encode(), b"root")
+    else:
+        patterns = [r"[\s\S]*?(" + re.escape(t) + r")[\s\S]*" for t in triggers]
+        pats = (ctypes.c_char_p * len(patterns))(*(p.encode() for p in patterns))
+        smpl = llama_cpp.llama_sampler_init_grammar_lazy_patterns(
+            vocab, gbnf.encode(), b"root", pats, len(triggers), None, 0)
+    return Sampler(smpl, ValueError("llama.cpp cannot parse the grammar"))
+
+
+@lru_cache(maxsize=256)
+def grammar_parses(vocab: VocabPtr, gbnf: str) -> bool:
+    """Whether llama.cpp accepts ``gbnf`` (it returns a null sampler for one it cannot
+    parse); the sampler made to find out is freed at once."""
+    try:
+        grammar_sampler(vocab, gbnf).close()
+    except ValueError:
+        return False
+    return True

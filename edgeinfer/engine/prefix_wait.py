@@ -1,0 +1,47 @@
+"""The prefix policy of admission: a newly admitted request takes its longest cached
+prefix, or waits for an older request that is still computing a prefix they share (so a
+shared prefix is computed once), and attaches to it when that request is past it."""
+
+from __future__ import annotations
+
+from edgeinfer.engine.prefix_cache import PrefixCache
+from edgeinfer.engine.prefix_index import common_prefix
+from edgeinfer.engine.sequence import PrefixWait, Sequence, SequenceStatus
+
+
+def attach(cache: PrefixCache, running: list[Sequence], seq: Sequence) -> None:
+    """Give a newly admitted sequence its cached prefix, or make it wait for one."""
+    assert seq.slot is not None
+    limit = seq.num_prompt - 1  # at least one prompt token is computed, for logits
+    if not seq.use_cache or not cache.enabled:
+        cache.count_lookup(0)
+        return
+    seq.num_computed = seq.num_cached = cache.attach(seq.slot, seq.prompt, limit)
+    cache.count_lookup(seq.num_cached)
+    best: PrefixWait | None = None
+    for other in running:
+        # only older requests: waits then always point back in time, never in a cycle
+        if other.arrival >= seq.arrival or not other.is_prefilling or not other.use_cache:
+            continue
+        shared = min(common_prefix(other.prompt, seq.prompt), limit)
+        if shared > max(seq.num_computed, other.num_computed) and (
+                best is None or shared > best.length):
+            best = PrefixWait(other, shared)
+    seq.waiting_on = best
+
+
+def resume_waiters(cache: PrefixCache, running: list[Sequence]) -> None:
+    """Attach the waiting sequences whose prefix has been computed (or whose computing
+    request ended)."""
+    for seq in running:
+        wait = seq.waiting_on
+        if wait is None:
+            continue
+        if wait.source.status is SequenceStatus.RUNNING and wait.source.num_computed < wait.length:
+            continue
+        seq.waiting_on = None
+        assert seq.slot is not None
+        got = cache.attach(seq.slot, seq.prompt, seq.num_prompt - 1)
+        if got > seq.num_computed:
+            cache.stats.hit_tokens += got - seq.num_computed
+            seq.num_computed = seq.num_cached = got

@@ -1,0 +1,42 @@
+"""Lazy grammars' trigger words, found in a stream of token pieces (pure Python)."""
+
+from __future__ import annotations
+
+import re
+
+# What may follow a trigger word within the same token: the start of the tool-call
+# grammar's JSON object (see grammar.tool_calls_gbnf), nothing else.
+SAFE_AFTER = re.compile(rb'\n?(\{[ \t\n]*("(n(a(m(e"?)?)?)?)?)?)?\Z')
+
+
+class TriggerScan:
+    """Finds the first of some trigger words in a stream of token pieces, looking only at
+    the new bytes (plus a tail as long as the longest word): constant work per token.
+
+    ``feed`` returns, once a word has appeared, the recent tokens from the one holding
+    the word's first byte on (what a lazy grammar must be shown) and the bytes that
+    follow the word in them; else None.
+    """
+
+    def __init__(self, words: tuple[str, ...]) -> None:
+        self._words = [w.encode() for w in words if w]
+        self._keep = max((len(w) for w in self._words), default=1)
+        self._recent: list[tuple[int, bytes]] = []  # tokens whose pieces cover the tail
+
+    def feed(self, token: int, piece: bytes) -> tuple[list[int], bytes] | None:
+        self._recent.append((token, piece))
+        tail = b"".join(p for _, p in self._recent)
+        hits = [(at, w) for w in self._words if (at := tail.find(w)) != -1]
+        if not hits:
+            # drop the tokens no later word could start in
+            while len(self._recent) > 1 and sum(
+                    len(p) for _, p in self._recent[1:]) >= self._keep - 1:
+                self._recent.pop(0)
+            return None
+        start, word = min(hits)
+        out, pos = [], 0
+        for tok, p in self._recent:
+            if pos + len(p) > start:
+                out.append(tok)
+            pos += len(p)
+        return out, tail[start + len(word):]
