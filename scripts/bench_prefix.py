@@ -144,7 +144,8 @@ def main() -> int:
               f"{ours['cells']} KV cells in use after the run")
     for name, r in rows:
         if name != "edgeinfer":
-            print(f"ratios edgeinfer/{name}: warm TTFT {float(ours['warm']) / float(r['warm']):.2f}x"
+            warm = float(ours['warm']) / float(r['warm'])
+            print(f"ratios edgeinfer/{name}: warm TTFT {warm:.2f}x"
                   f", 8-warm max TTFT {max(ours['warm8']) / max(r['warm8']):.2f}x"  # type: ignore
                   f", 8-cold max TTFT {max(ours['cold8']) / max(r['cold8']):.2f}x")  # type: ignore
     return 0

@@ -1,97 +1,22 @@
-"""Fixtures: a real edgeinfer server process on 127.0.0.1 with the default model."""
+"""Markers by folder: tests/unit (no model, no server), tests/engine (a real model
+in-process), tests/server (a real server process and the official SDK).
+
+``pytest -m unit`` (or ``pytest tests/unit``) is the quick path. Imports nothing but
+pytest, so the unit tests need none of the test tools' servers or clients.
+"""
 
 from __future__ import annotations
 
-import os
-import socket
-import subprocess
-import sys
-import time
-from collections.abc import Iterator
-from dataclasses import dataclass
 from pathlib import Path
 
-import httpx
 import pytest
 
-ROOT = Path(__file__).resolve().parent.parent
+TESTS = Path(__file__).resolve().parent
+LAYERS = ("unit", "engine", "server")
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-@dataclass
-class ServerProcess:
-    proc: subprocess.Popen[bytes]
-    port: int
-    log: Path
-
-    @property
-    def base_url(self) -> str:
-        return f"http://127.0.0.1:{self.port}"
-
-    def health(self) -> dict[str, object]:
-        r = httpx.get(f"{self.base_url}/health", timeout=10)
-        return dict(r.json())
-
-    def engine_stats(self) -> dict[str, object]:
-        models = self.health()["models"]
-        assert isinstance(models, dict)
-        return dict(next(iter(models.values())))
-
-
-def start_server(tmp: Path, *args: str, timeout: float = 60.0) -> ServerProcess:
-    port = free_port()
-    log = tmp / f"server-{port}.log"
-    with log.open("wb") as out:
-        proc = subprocess.Popen(
-            [sys.executable, "-m", "edgeinfer", "serve", "--port", str(port), *args],
-            cwd=ROOT, stdout=out, stderr=subprocess.STDOUT,
-            env={**os.environ, "PYTHONUNBUFFERED": "1"},
-        )
-    server = ServerProcess(proc, port, log)
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            raise RuntimeError(f"server exited early:\n{log.read_text()[-3000:]}")
-        try:
-            if httpx.get(f"{server.base_url}/health", timeout=1).status_code == 200:
-                return server
-        except httpx.HTTPError:
-            pass
-        time.sleep(0.2)
-    proc.kill()
-    raise RuntimeError(f"server did not start:\n{log.read_text()[-3000:]}")
-
-
-def stop_server(server: ServerProcess) -> None:
-    server.proc.terminate()
-    try:
-        server.proc.wait(15)
-    except subprocess.TimeoutExpired:
-        server.proc.kill()
-
-
-@pytest.fixture(scope="session")
-def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
-    srv = start_server(tmp_path_factory.mktemp("server"), "--slots", "8", "--threads", "2")
-    yield srv
-    stop_server(srv)
-
-
-@pytest.fixture()
-def client(server: ServerProcess):  # type: ignore[no-untyped-def]
-    from openai import OpenAI
-
-    return OpenAI(base_url=f"{server.base_url}/v1", api_key="unused", max_retries=0, timeout=120)
-
-
-@pytest.fixture()
-def aclient(server: ServerProcess):  # type: ignore[no-untyped-def]
-    from openai import AsyncOpenAI
-
-    return AsyncOpenAI(base_url=f"{server.base_url}/v1", api_key="unused", max_retries=0,
-                       timeout=120)
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    for item in items:
+        folder = Path(str(item.path)).resolve().relative_to(TESTS).parts[0]
+        if folder in LAYERS:
+            item.add_marker(getattr(pytest.mark, folder))

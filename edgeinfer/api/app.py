@@ -1,8 +1,9 @@
 """The Starlette application: the route table, middleware, error handlers, lifespan.
 
 Each dialect module owns its routes' handlers (``openai_chat``,
-``openai_completions``, ``embeddings``, ``tokens``, ``models_routes``,
-``cache_routes``, ``ops``); this module only wires them together.
+``openai_completions``, ``openai_responses``, ``anthropic_messages``, ``ollama_api``,
+``embeddings``, ``tokens``, ``models_routes``, ``cache_routes``, ``ops``); this module
+only wires them together.
 """
 
 from __future__ import annotations
@@ -17,7 +18,15 @@ from starlette.exceptions import HTTPException
 from starlette.middleware import Middleware
 from starlette.routing import Route
 
-from edgeinfer.api import cache_routes, models_routes, ops, tokens
+from edgeinfer.api import (
+    anthropic_messages,
+    cache_routes,
+    models_routes,
+    ollama_api,
+    openai_responses,
+    ops,
+    tokens,
+)
 from edgeinfer.api.embeddings import embeddings
 from edgeinfer.api.errors import on_api_error, on_http_error, on_internal_error
 from edgeinfer.api.guard import ApiKeyGuard, CorsGuard, HostGuard
@@ -48,6 +57,9 @@ ROUTES = [
     Route("/v1/cache", cache_routes.cache_stats, methods=["GET"]),
     Route("/v1/cache/pin", cache_routes.pin_prefix, methods=["POST"]),
     Route("/v1/cache/pins", cache_routes.unpin_prefixes, methods=["DELETE"]),
+    *openai_responses.ROUTES,
+    *anthropic_messages.ROUTES,
+    *ollama_api.ROUTES,
 ]
 
 

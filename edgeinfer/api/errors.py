@@ -1,9 +1,16 @@
-"""The one error shaper: every error a client sees, as OpenAI's ``{"error": {...}}``."""
+"""The one error shaper: every error a client sees, in the shape of the dialect it spoke.
+
+OpenAI's ``{"error": {"message", "type", "param", "code"}}`` everywhere, except under
+Anthropic's Messages routes (``{"type": "error", "error": {"type", "message"}}``) and
+Ollama's ``/api/`` routes (``{"error": "message"}``): a client library reads errors in
+its own API's shape. The status is the same for all.
+"""
 
 from __future__ import annotations
 
 import json
 import logging
+from typing import Any
 
 from starlette.exceptions import HTTPException
 from starlette.requests import Request
@@ -13,33 +20,55 @@ from edgeinfer.errors import APIError, MethodNotAllowed, NotFound, ServerError
 
 log = logging.getLogger("edgeinfer.api")
 
+ANTHROPIC_PREFIX = "/v1/messages"
+OLLAMA_PREFIX = "/api/"
 
-def error_response(exc: APIError) -> JSONResponse:
-    return JSONResponse(exc.to_dict(), status_code=exc.status, headers=exc.headers)
+# Anthropic's error types, by status (https://docs.anthropic.com/en/api/errors)
+_ANTHROPIC_TYPES = {400: "invalid_request_error", 401: "authentication_error",
+                    403: "permission_error", 404: "not_found_error",
+                    405: "invalid_request_error", 409: "invalid_request_error",
+                    413: "request_too_large", 415: "invalid_request_error",
+                    429: "rate_limit_error", 503: "overloaded_error", 504: "timeout_error"}
 
 
-def error_body(exc: APIError) -> bytes:
+def shape(exc: APIError, path: str = "") -> dict[str, Any]:
+    """The JSON body of ``exc`` for a request to ``path``."""
+    if path == ANTHROPIC_PREFIX or path.startswith(ANTHROPIC_PREFIX + "/"):
+        return {"type": "error", "error": {
+            "type": _ANTHROPIC_TYPES.get(exc.status, "api_error"), "message": exc.message}}
+    if path.startswith(OLLAMA_PREFIX):
+        return {"error": exc.message}
+    return exc.to_dict()
+
+
+def error_response(exc: APIError, path: str = "") -> JSONResponse:
+    return JSONResponse(shape(exc, path), status_code=exc.status, headers=exc.headers)
+
+
+def error_body(exc: APIError, path: str = "") -> bytes:
     """The JSON body of an error, for ASGI code that sends its own response."""
-    return json.dumps(exc.to_dict()).encode()
+    return json.dumps(shape(exc, path)).encode()
 
 
 async def on_api_error(request: Request, exc: Exception) -> Response:
     assert isinstance(exc, APIError)
-    return error_response(exc)
+    return error_response(exc, request.url.path)
 
 
 async def on_http_error(request: Request, exc: Exception) -> Response:
     """Starlette's own 404 / 405 (no route, wrong method) in the same shape."""
     assert isinstance(exc, HTTPException)
+    path = request.url.path
     if exc.status_code == 405:
-        return error_response(MethodNotAllowed(str(exc.detail), code="method_not_allowed"))
+        return error_response(MethodNotAllowed(str(exc.detail), code="method_not_allowed"), path)
     if exc.status_code == 404:
-        return error_response(NotFound(f"no route for {request.method} {request.url.path}",
-                                       code="not_found"))
+        return error_response(NotFound(f"no route for {request.method} {path}",
+                                       code="not_found"), path)
     err = ServerError(str(exc.detail))
-    return JSONResponse(err.to_dict(), status_code=exc.status_code)
+    return JSONResponse(shape(err, path), status_code=exc.status_code)
 
 
 async def on_internal_error(request: Request, exc: Exception) -> Response:
     log.exception("internal error on %s", request.url.path, exc_info=exc)
-    return error_response(ServerError("internal server error", code="internal_error"))
+    return error_response(ServerError("internal server error", code="internal_error"),
+                          request.url.path)

@@ -57,7 +57,7 @@ class HostGuard:
         if scope["type"] == "http":
             host = _host_only(_headers(scope).get("host", ""))
             if host is None or not self.any_host and host not in self.hosts:
-                await _deny(send, PermissionDenied(
+                await _deny(scope, send, PermissionDenied(
                     "the Host header names an address this server does not serve",
                     code="invalid_host"))
                 return
@@ -83,7 +83,7 @@ class CorsGuard:
             await self.app(scope, receive, send)
             return
         if not self.origin_allowed(origin):
-            await _deny(send, PermissionDenied(
+            await _deny(scope, send, PermissionDenied(
                 "cross-origin requests from this origin are not allowed",
                 code="origin_not_allowed"))
             return
@@ -126,7 +126,7 @@ class ApiKeyGuard:
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if (self.keys and scope["type"] == "http" and scope["path"] not in OPEN_PATHS
                 and not self.key_ok(_headers(scope))):
-            await _deny(send, AuthenticationFailed(
+            await _deny(scope, send, AuthenticationFailed(
                 "a valid API key is required (Authorization: Bearer KEY or x-api-key: KEY)",
                 code="invalid_api_key"))
             return
@@ -140,8 +140,8 @@ def front_door(app: ASGIApp, *, api_keys: tuple[str, ...] = (),
     return HostGuard(CorsGuard(ApiKeyGuard(app, api_keys), cors_origins), allowed_hosts)
 
 
-async def _deny(send: Send, err: APIError) -> None:
-    body = error_body(err)
+async def _deny(scope: Scope, send: Send, err: APIError) -> None:
+    body = error_body(err, str(scope.get("path", "")))
     await send({"type": "http.response.start", "status": err.status, "headers": [
         (b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]})
     await send({"type": "http.response.body", "body": body})

@@ -8,7 +8,7 @@ is counted twice; latencies are histograms the engines observe as tokens come.
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator
-from typing import Any
+from typing import Any, cast
 
 from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
@@ -30,7 +30,7 @@ class EngineCollector:
             fam = kind(name, doc, labels=["model"])
             for model, s in snaps.items():
                 fam.add_metric([model], float(key(s)))
-            return fam
+            return cast(Metric, fam)
 
         yield family(CounterMetricFamily, "edgeinfer_prompt_tokens",
                      "Prompt tokens computed (cache hits excluded)", lambda s: s["prompt_tokens"])
@@ -44,7 +44,8 @@ class EngineCollector:
                      lambda s: s["queued"])
         yield family(GaugeMetricFamily, "edgeinfer_slots_busy", "Slots running a request",
                      lambda s: s["slots_busy"])
-        yield family(GaugeMetricFamily, "edgeinfer_slots_total", "Slots", lambda s: s["slots_total"])
+        yield family(GaugeMetricFamily, "edgeinfer_slots_total", "Slots",
+                     lambda s: s["slots_total"])
         yield family(GaugeMetricFamily, "edgeinfer_kv_cells_used",
                      "KV cells holding tokens (running and cached)",
                      lambda s: s["prefix_cache"]["cells_used"])
@@ -72,7 +73,7 @@ class Metrics:
         self.itl = Histogram("edgeinfer_inter_token_latency_seconds",
                              "Time between two generated tokens of a request", ["model"],
                              buckets=LATENCY_BUCKETS, registry=self.registry)
-        self.registry.register(EngineCollector(snapshots))  # type: ignore[arg-type]
+        self.registry.register(EngineCollector(snapshots))
 
     def render(self) -> bytes:
         return generate_latest(self.registry)

@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from edgeinfer import __version__
+from edgeinfer.api import anthropic_messages, ollama_api, openai_responses
 
 _INT = {"type": "integer"}
 _STR = {"type": "string"}
@@ -129,6 +130,9 @@ def openapi_spec() -> dict[str, Any]:
                                 "schema": _STR}],
                 "responses": _responses("Unpinned")}},
             "/health": _get("Liveness and engine counters"),
+            **openai_responses.OPENAPI_PATHS,
+            **anthropic_messages.OPENAPI_PATHS,
+            **ollama_api.OPENAPI_PATHS,
         },
         "components": {"schemas": {"Error": _ERROR}},
     }

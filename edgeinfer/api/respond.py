@@ -1,10 +1,16 @@
-"""Running a generation for an HTTP request: leases, streaming or one body, disconnects."""
+"""Running a generation for an HTTP request: leases, streaming or one body, disconnects.
+
+Every dialect uses ``start`` (the service's ``generate`` with this request's pool and
+leases), ``unless_disconnected`` (a whole answer, abandoned when the client goes away)
+and ``sse`` (a server-sent event stream with keep-alive pings and the send timeout).
+"""
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-from typing import Any
+from collections.abc import AsyncIterator, Awaitable
+from typing import Any, TypeVar
 
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
@@ -12,10 +18,12 @@ from starlette.responses import JSONResponse, Response
 from edgeinfer.api.openai_render import CompletionMeta, Stream, collect, sse_chunks
 from edgeinfer.models.pool import ModelPool
 from edgeinfer.models.served import Lease
-from edgeinfer.service.generation import generate
+from edgeinfer.service.generation import Generation, generate
 from edgeinfer.service.request import GenerateRequest
 
 LEASES = "edgeinfer.leases"
+CLIENT_GONE = 499  # nginx's status for a request whose client closed the connection
+T = TypeVar("T")
 
 
 def leases(request: Request) -> list[Lease]:
@@ -37,24 +45,43 @@ async def _wait_disconnect(request: Request) -> None:
             return
 
 
+async def start(request: Request, req: GenerateRequest, request_id: str) -> Generation:
+    """Start ``req`` on this request's pool, its leases held until the response is sent."""
+    return await generate(pool(request), req, leases(request), request_id)
+
+
+def sse(request: Request, events: AsyncIterator[dict[str, str]]) -> Stream:
+    """Server-sent events (``{"event": ..., "data": ...}`` dicts), pinged every 10 s and
+    closed when the client stops reading for the server's ``send_timeout``."""
+    return Stream(events, ping=10, sep="\n", send_timeout=request.app.state.send_timeout)
+
+
+async def unless_disconnected(request: Request, work: Awaitable[T]) -> T | None:
+    """The result of ``work``, or None when the client disconnected first (then ``work``
+    is cancelled, which aborts its generation and frees its slots)."""
+    task: asyncio.Future[T] = asyncio.ensure_future(work)
+    watcher = asyncio.ensure_future(_wait_disconnect(request))
+    try:
+        both: list[asyncio.Future[Any]] = [task, watcher]
+        await asyncio.wait(both, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        watcher.cancel()
+    if not task.done():
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
+        return None
+    return task.result()
+
+
 async def respond(request: Request, req: GenerateRequest, meta: CompletionMeta, stream: bool,
                   include_usage: bool) -> Response:
     """Generate ``req`` and answer in OpenAI's shape (``meta.kind``: chat or text)."""
-    gen = await generate(pool(request), req, leases(request), meta.id)
+    gen = await start(request, req, meta.id)
     meta.model, meta.piece = gen.model, gen.piece
     if stream:
-        return Stream(sse_chunks(meta, gen.events, gen.num_choices, include_usage), ping=10,
-                      sep="\n", send_timeout=request.app.state.send_timeout)
-    work: asyncio.Future[dict[str, Any]] = asyncio.ensure_future(
-        collect(meta, gen.events, gen.num_choices))
-    watcher = asyncio.ensure_future(_wait_disconnect(request))
-    try:
-        await asyncio.wait({work, watcher}, return_when=asyncio.FIRST_COMPLETED)
-    finally:
-        watcher.cancel()
-    if not work.done():  # the client went away: abort the generation, free its slots
-        work.cancel()
-        with contextlib.suppress(asyncio.CancelledError):
-            await work
-        return Response(status_code=499)
-    return JSONResponse(work.result())
+        return sse(request, sse_chunks(meta, gen.events, gen.num_choices, include_usage))
+    body = await unless_disconnected(request, collect(meta, gen.events, gen.num_choices))
+    if body is None:
+        return Response(status_code=CLIENT_GONE)
+    return JSONResponse(body)

@@ -47,7 +47,7 @@ def parse_detokenize(body: Any) -> tuple[str | None, list[int]]:
 
 
 def _json_bytes(value: Any) -> bytes:
-    return JSONResponse(value).body
+    return bytes(JSONResponse(value).body)
 
 
 async def tokenize(request: Request) -> Response:

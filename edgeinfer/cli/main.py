@@ -8,6 +8,7 @@ import os
 import sys
 from dataclasses import replace
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from edgeinfer import __version__
 from edgeinfer.config import (
@@ -23,7 +24,8 @@ from edgeinfer.errors import ConfigError, ModelLoadError
 log = logging.getLogger("edgeinfer")
 
 LOOPBACK_BIND = frozenset({"127.0.0.1", "localhost", "::1"})
-Sub = argparse._SubParsersAction  # type: ignore[type-arg]
+if TYPE_CHECKING:
+    Sub = argparse._SubParsersAction[argparse.ArgumentParser]
 
 
 def _common(p: argparse.ArgumentParser) -> None:

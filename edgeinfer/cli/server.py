@@ -49,7 +49,7 @@ def _summary(app: Any, url: str) -> str:
 
 def _alive(pid: int) -> bool:
     try:
-        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
+        return bool(psutil.Process(pid).status() != psutil.STATUS_ZOMBIE)
     except psutil.Error:  # gone (NoSuchProcess) or not ours to see
         return False
 
@@ -70,7 +70,7 @@ class EdgeServer(uvicorn.Server):
         self.ready_file = ready_file
         self.parent_pid = parent_pid
         # sse-starlette would cut every stream at the first signal; we drain instead
-        AppStatus.disable_automatic_graceful_drain()
+        AppStatus.disable_automatic_graceful_drain()  # type: ignore[no-untyped-call]
 
     async def startup(self, sockets: Any = None) -> None:
         await super().startup(sockets)

@@ -9,6 +9,7 @@ timing); the engine owns it from admission to finish, on its thread only.
 
 from __future__ import annotations
 
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import NamedTuple, Protocol
 
@@ -96,3 +97,11 @@ def last_delta(seq: Sequence, out: Output, status: SequenceStatus,
         prompt_tokens=seq.num_prompt, completion_tokens=seq.num_generated,
         cached_tokens=seq.num_cached, timings=timings_json(seq, out.timing),
     )
+
+
+def overdue(seqs: Iterable[Sequence], outputs: Mapping[Sequence, Output], now: float,
+            limit: float) -> list[Sequence]:
+    """The requests, waiting or running, submitted more than ``limit`` seconds before
+    ``now`` (``time.perf_counter``): they end with a time-out, so no slot is held forever."""
+    return [seq for seq in seqs
+            if (out := outputs.get(seq)) is not None and now - out.timing.submitted > limit]

@@ -27,7 +27,7 @@ from edgeinfer.engine import finishing
 from edgeinfer.engine.batch import Run
 from edgeinfer.engine.decode_errors import DECODE_OK, after_decode_error
 from edgeinfer.engine.delta import Delta, Failure, FailureCode
-from edgeinfer.engine.finishing import DeltaSink, Output, Sampled
+from edgeinfer.engine.finishing import DeltaSink, Output, Sampled, overdue
 from edgeinfer.engine.native import LlamaRuntime
 from edgeinfer.engine.prefix_cache import PrefixCache
 from edgeinfer.engine.prefix_wait import attach, resume_waiters
@@ -269,12 +269,10 @@ class Engine:
     def _expire(self) -> None:
         """End requests past the time limit, waiting or running: no slot is held forever."""
         limit = self.runtime.cfg.request_timeout
-        now = time.perf_counter()
-        for seq in [*self.scheduler.running, *self.scheduler.waiting]:
-            out = self._outputs.get(seq)
-            if out is not None and now - out.timing.submitted > limit:
-                self._finish(seq, SequenceStatus.FINISHED_ERROR, Failure(
-                    FailureCode.TIMEOUT, f"the request exceeded the time limit of {limit:g} s"))
+        seqs = [*self.scheduler.running, *self.scheduler.waiting]
+        for seq in overdue(seqs, self._outputs, time.perf_counter(), limit):
+            self._finish(seq, SequenceStatus.FINISHED_ERROR, Failure(
+                FailureCode.TIMEOUT, f"the request exceeded the time limit of {limit:g} s"))
 
     def _postprocess(self, chunks: list[Chunk], outputs: list[int], now: float) -> None:
         """The batch is in the KV cache: record it, then sample each chunk that wants a

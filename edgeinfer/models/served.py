@@ -197,8 +197,8 @@ class ServedModel:
         last = None
         lease = self.lease()
         try:
-            async for last in self.engine.generate(rid, tokens, PIN_PARAMS, pin=True):
-                pass
+            async for delta in self.engine.generate(rid, tokens, PIN_PARAMS, pin=True):
+                last = delta
         finally:
             lease.release()
         if last is None or last.finish_reason == "error":

@@ -80,7 +80,7 @@ async def generate(pool: ModelPool, req: GenerateRequest, leases: list[Lease],
     streams = [served.generate(f"{request_id}-{k}", prompt, p, use_cache=req.cache_prompt,
                                priority=req.priority, group=request_id)
                for k, (_, prompt, p) in enumerate(jobs)]
-    events = _events(merge(streams), [pi for pi, _, _ in jobs], [len(p) for p in prompts],
+    events = to_events(merge(streams), [pi for pi, _, _ in jobs], [len(p) for p in prompts],
                      tools=req.constraint.offers_tools)
     return Generation(served.cfg.id, len(jobs), served.runtime.piece, events)
 
@@ -152,7 +152,7 @@ def _tool_event(choice: int, e: ToolEvent) -> Event:
     return TextDelta(choice, e.text)
 
 
-async def _events(merged: AsyncIterator[tuple[int, Delta]], prompt_of: list[int],
+async def to_events(merged: AsyncIterator[tuple[int, Delta]], prompt_of: list[int],
                   prompt_lengths: list[int], *, tools: bool) -> AsyncIterator[Event]:
     """Engine deltas -> events; ends with UsageReport, or with one ErrorEvent."""
     parsers = [ToolCallStream() for _ in prompt_of] if tools else []

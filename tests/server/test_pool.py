@@ -10,7 +10,7 @@ from pathlib import Path
 import httpx
 import openai
 import pytest
-from conftest import ServerProcess, start_server, stop_server
+from serverproc import ServerProcess, start_server, stop_server
 
 from edgeinfer.config import ModelConfig, PackageSource
 from edgeinfer.models.routing import Features, route
@@ -180,7 +180,7 @@ def test_models_command_lists_three(tmp_path: Path) -> None:
     import subprocess
     import sys
 
-    from conftest import ROOT
+    from serverproc import ROOT
     out = subprocess.run([sys.executable, "-m", "edgeinfer", "models", "--json"], cwd=ROOT,
                          capture_output=True, text=True, timeout=120, check=True).stdout
     rows = {r["id"]: r for r in json.loads(out)}

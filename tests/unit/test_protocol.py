@@ -5,9 +5,8 @@ from typing import Any
 
 import pytest
 
-from edgeinfer.engine.sequence import SamplingParams
-
 from edgeinfer.api import openai_chat, openai_completions
+from edgeinfer.engine.sequence import SamplingParams
 from edgeinfer.errors import InvalidRequest
 from edgeinfer.service.request import ChatPrompt, GenerateRequest, TextPrompts
 

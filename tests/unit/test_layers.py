@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-PACKAGE = Path(__file__).resolve().parent.parent / "edgeinfer"
+PACKAGE = Path(__file__).resolve().parents[2] / "edgeinfer"
 # bottom to top; a module may import its own layer and the ones below it
 LAYERS = ["config", "errors", "engine", "prompt", "models", "service", "api", "cli", "inprocess"]
 RANK = {"config": 0, "errors": 0, "engine": 1, "prompt": 2, "models": 3, "service": 4,

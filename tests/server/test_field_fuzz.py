@@ -8,7 +8,7 @@ from typing import Any
 
 import httpx
 import pytest
-from conftest import ServerProcess
+from serverproc import ServerProcess
 
 MARK = "__HOSTILE__"
 # raw JSON text put where a field's value goes

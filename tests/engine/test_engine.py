@@ -9,8 +9,8 @@ import pytest
 
 from edgeinfer.config import load_config, override_model
 from edgeinfer.engine.loop import Delta
-from edgeinfer.models.served import ServedModel, load_model
 from edgeinfer.engine.sequence import SamplingParams
+from edgeinfer.models.served import ServedModel, load_model
 
 
 @pytest.fixture(scope="module")

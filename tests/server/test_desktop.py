@@ -7,13 +7,12 @@ import json
 import re
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import httpx
 import openai
 import pytest
-from conftest import ROOT, ServerProcess, start_server, stop_server
+from serverproc import ROOT, ServerProcess, start_server, stop_server
 
 
 def cli(*args: str, timeout: float = 120, **kw: object) -> subprocess.CompletedProcess[str]:
@@ -136,12 +135,13 @@ def test_terminal_chat(server: ServerProcess) -> None:
 
 
 def test_embedded_example_runs() -> None:
-    t0 = time.monotonic()
     r = subprocess.run([sys.executable, "examples/embedded.py"], cwd=ROOT, capture_output=True,
                        text=True, timeout=300, check=False)
     assert r.returncode == 0, r.stderr[-2000:]
-    assert r.stdout.count(" -> ") == 4 and "mounted API -> " in r.stdout
-    assert time.monotonic() - t0 < 300
+    assert "Traceback" not in r.stderr
+    answers = [line.split(" -> ", 1)[1] for line in r.stdout.splitlines() if " -> " in line]
+    assert len(answers) == 4 and all(a.strip() for a in answers), r.stdout
+    assert "mounted API -> " in r.stdout
 
 
 def test_pull_knows_the_default_model_is_here() -> None:
@@ -154,3 +154,9 @@ def test_bench_against_the_running_server(server: ServerProcess) -> None:
     assert r.returncode == 0, r.stderr[-2000:]
     line = r.stdout.strip()
     assert line.startswith("2 streams x 16 tokens:") and float(line.split()[5]) > 1
+
+
+def test_refuses_network_bind_without_keys() -> None:
+    r = subprocess.run([sys.executable, "-m", "edgeinfer", "serve", "--host", "0.0.0.0"],
+                       capture_output=True, text=True, timeout=60, check=False)
+    assert r.returncode == 2 and "without API keys" in r.stderr

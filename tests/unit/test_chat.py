@@ -1,9 +1,12 @@
+"""Chat templates in the sandbox: rendering, prefill, escapes refused, budgets."""
+
 from __future__ import annotations
 
 import pytest
 
-from edgeinfer.prompt.template import CHATML, ChatTemplate
 from edgeinfer.errors import InvalidRequest
+from edgeinfer.prompt import template
+from edgeinfer.prompt.template import CHATML, ChatTemplate
 
 
 def test_renders_generation_prompt() -> None:
@@ -32,7 +35,8 @@ def test_raise_exception_becomes_400() -> None:
     assert "roles must alternate" in info.value.message
 
 
-def test_template_time_and_size_budgets() -> None:
+def test_template_time_and_size_budgets(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(template, "RENDER_SECONDS", 0.1)  # the real budget is 2 s
     slow = ("{% for a in range(100000) %}{% for b in range(100000) %}{% for c in range(100000) %}"
             "{% endfor %}{% endfor %}{% endfor %}")
     with pytest.raises(InvalidRequest) as info:

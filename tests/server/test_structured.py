@@ -5,17 +5,17 @@ from __future__ import annotations
 import asyncio
 import json
 import time
-from enum import Enum
+from enum import StrEnum
 
 import httpx
 import jsonschema
 import openai
 import pytest
-from conftest import ServerProcess
 from pydantic import BaseModel
+from serverproc import ServerProcess
 
 
-class Color(str, Enum):
+class Color(StrEnum):
     red = "red"
     green = "green"
     blue = "blue"

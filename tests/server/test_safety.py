@@ -16,7 +16,7 @@ import httpx
 import openai
 import psutil
 import pytest
-from conftest import ServerProcess, start_server, stop_server
+from serverproc import ServerProcess, start_server, stop_server
 
 CHAT = "/v1/chat/completions"
 HI = [{"role": "user", "content": "hi"}]
@@ -226,10 +226,9 @@ def test_fuzz_the_api_from_its_openapi_description(small_server: ServerProcess) 
         @given(case=op.as_strategy())
         def run(case: Any) -> None:
             nonlocal calls
-            t0 = time.monotonic()
+            # a call that takes over 30 s raises (a timeout), which fails the test
             response = case.call(base_url=small_server.base_url, timeout=30)
             calls += 1
-            assert time.monotonic() - t0 < 30
             if response.status_code >= 500 and response.status_code not in (503, 504):
                 failures.append((case.path, response.status_code, response.text[:200]))
 

@@ -11,12 +11,11 @@ import sys
 import threading
 import time
 from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import httpx
 import pytest
-from conftest import ServerProcess, start_server, stop_server
+from serverproc import ServerProcess, start_server, stop_server
 
 CHAT = "/v1/chat/completions"
 HI = [{"role": "user", "content": "hi"}]
@@ -235,12 +234,13 @@ def test_a_request_with_n_16_does_not_starve_a_bystander(server: ServerProcess) 
 STORM = r"""
 import json, sys, threading, httpx
 base = sys.argv[1]
+JSON = {"content-type": "application/json"}
 def tok(): httpx.post(base + "/tokenize", timeout=120, content=json.dumps(
-    {"content": "abc " * 250_000, "with_pieces": True}), headers={"content-type": "application/json"})
+    {"content": "abc " * 250_000, "with_pieces": True}), headers=JSON)
 def detok(): httpx.post(base + "/detokenize", timeout=120, content=json.dumps(
-    {"tokens": list(range(200_000))}), headers={"content-type": "application/json"})
+    {"tokens": list(range(200_000))}), headers=JSON)
 def pieces(): httpx.post(base + "/tokenize", timeout=120, content=json.dumps(
-    {"content": "abc " * 60_000, "with_pieces": True}), headers={"content-type": "application/json"})
+    {"content": "abc " * 60_000, "with_pieces": True}), headers=JSON)
 ts = [threading.Thread(target=f) for f in (tok, tok, tok, tok, detok, pieces)]
 [t.start() for t in ts]; [t.join() for t in ts]
 """

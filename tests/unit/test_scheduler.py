@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import zlib
+
 import pytest
 
 from edgeinfer.engine.scheduler import Chunk, Scheduler
@@ -12,8 +14,15 @@ def make_seq(rid: str, n_prompt: int, max_tokens: int = 4) -> Sequence:
     return Sequence(rid, list(range(1, n_prompt + 1)), SamplingParams(), max_tokens)
 
 
+def own_token(seq: Sequence, k: int) -> int:
+    """The fake model's k-th token for a sequence: different for every sequence."""
+    return 1000 * (zlib.crc32(seq.request_id.encode()) % 1000 + 1) + k
+
+
 class FakeEngine:
-    """Runs schedule -> fake decode -> commit -> 'sample' (token 7) like the real engine."""
+    """Runs schedule -> fake decode -> commit -> 'sample' like the real engine; each
+    sequence 'samples' its own tokens (``own_token``), and every chunk is checked to
+    carry its sequence's own tokens at its own positions."""
 
     def __init__(self, sched: Scheduler) -> None:
         self.sched = sched
@@ -23,11 +32,13 @@ class FakeEngine:
         self.sched.admit()
         chunks = self.sched.schedule()
         assert sum(len(c.tokens) for c in chunks) <= self.sched.token_budget
+        for c in chunks:
+            assert c.tokens == c.seq.tokens[c.start:c.end]
         self.batches.append(chunks)
         self.sched.commit(chunks)
         for c in chunks:
             if c.wants_logits:
-                self.sched.append_token(c.seq, 7)
+                self.sched.append_token(c.seq, own_token(c.seq, c.seq.num_generated))
                 if c.seq.num_generated >= c.seq.max_tokens:
                     self.sched.finish(c.seq, SequenceStatus.FINISHED_LENGTH)
         return chunks
@@ -57,10 +68,12 @@ def test_every_request_completes_with_its_own_tokens() -> None:
     seqs = [make_seq(f"r{i}", 5 + i, max_tokens=3 + i) for i in range(7)]
     for s in seqs:
         sched.add(s)
+    assert len({own_token(s, 0) for s in seqs}) == len(seqs)  # no two alike
     FakeEngine(sched).run()
     for s in seqs:
         assert s.status is SequenceStatus.FINISHED_LENGTH
-        assert s.num_generated == s.max_tokens
+        assert s.tokens[:s.num_prompt] == list(range(1, s.num_prompt + 1))
+        assert s.tokens[s.num_prompt:] == [own_token(s, k) for k in range(s.max_tokens)]
         assert s.num_computed == len(s.tokens) - 1  # the last sampled token is never fed
     assert sched.num_free_slots == 3
 

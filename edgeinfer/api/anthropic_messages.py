@@ -1,0 +1,10 @@
+"""Registration point of an API dialect: its routes and its OpenAPI paths (none yet)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from starlette.routing import Route
+
+ROUTES: list[Route] = []
+OPENAPI_PATHS: dict[str, Any] = {}

@@ -1,0 +1,270 @@
+"""The engine's policies as pure units, on fakes: the prefix cache over a fake KV memory,
+the prefix wait of admission, what a failed decode does, and the time limit."""
+
+from __future__ import annotations
+
+from typing import Any, cast
+
+from edgeinfer.engine.decode_errors import (
+    DECODE_INVALID_BATCH,
+    DECODE_NO_KV_SLOT,
+    after_decode_error,
+)
+from edgeinfer.engine.delta import FailureCode
+from edgeinfer.engine.finishing import DeltaSink, Output, overdue
+from edgeinfer.engine.native import LlamaRuntime
+from edgeinfer.engine.prefix_cache import PrefixCache
+from edgeinfer.engine.prefix_wait import attach, resume_waiters
+from edgeinfer.engine.report import Timing
+from edgeinfer.engine.sampler import SamplerChain
+from edgeinfer.engine.scheduler import Chunk, Scheduler
+from edgeinfer.engine.sequence import SamplingParams, Sequence, SequenceStatus
+from edgeinfer.engine.textstream import TextStream
+
+
+class FakeMemory:
+    """The two KV-memory calls the prefix cache makes, applied to a dict of sequences."""
+
+    def __init__(self) -> None:
+        self.cells: dict[int, dict[int, bool]] = {}  # seq id -> positions held
+        self.calls: list[tuple[Any, ...]] = []
+
+    def seq_cp(self, src: int, dst: int, p0: int, p1: int) -> None:
+        self.calls.append(("cp", src, dst, p0, p1))
+        held = self.cells.get(src, {})
+        lo, hi = max(p0, 0), (max(held, default=-1) + 1 if p1 < 0 else p1)
+        self.cells.setdefault(dst, {}).update({p: True for p in range(lo, hi) if p in held})
+
+    def seq_rm(self, seq: int, p0: int, p1: int) -> None:
+        self.calls.append(("rm", seq, p0, p1))
+        held = self.cells.get(seq, {})
+        for p in [p for p in held if p >= max(p0, 0) and (p1 < 0 or p < p1)]:
+            del held[p]
+
+    def holds(self, seq: int) -> int:
+        return len(self.cells.get(seq, {}))
+
+
+def make_cache(entries: int = 2, slots: int = 2) -> tuple[PrefixCache, FakeMemory]:
+    mem = FakeMemory()
+    return PrefixCache(cast(LlamaRuntime, mem), slots, entries, True), mem
+
+
+def fill(cache: PrefixCache, mem: FakeMemory, slot: int, tokens: list[int]) -> None:
+    """What a decode of ``tokens`` into ``slot`` does."""
+    start = cache.index.length(slot)
+    mem.cells.setdefault(slot, {}).update({start + i: True for i in range(len(tokens))})
+    cache.committed(slot, tokens)
+
+
+def seq(rid: str, prompt: list[int], **kw: Any) -> Sequence:
+    return Sequence(rid, prompt, SamplingParams(), 8, **kw)
+
+
+# -- PrefixCache ------------------------------------------------------------------
+
+def test_a_finished_prompt_is_kept_and_its_longest_prefix_given_to_the_next() -> None:
+    cache, mem = make_cache()
+    fill(cache, mem, 0, [1, 2, 3, 4, 5])
+    cache.release(0, keep=True)
+    assert mem.holds(0) == 0 and len(cache.entries) == 1
+    (entry,) = cache.entries
+    assert mem.holds(entry) == 5
+    # the next request shares 3 tokens; limit 4: at most 4 could be taken
+    got = cache.attach(1, [1, 2, 3, 9, 9], limit=4)
+    assert got == 3 and mem.holds(1) == 3
+    assert ("cp", entry, 1, 0, 3) in mem.calls
+    assert cache.entries[entry].hits == 1
+
+
+def test_attach_takes_no_more_than_the_limit_and_a_second_attach_only_the_extension() -> None:
+    cache, mem = make_cache()
+    fill(cache, mem, 0, list(range(1, 11)))
+    cache.release(0, keep=True)
+    (entry,) = cache.entries
+    assert cache.attach(1, list(range(1, 11)), limit=4) == 4
+    assert cache.attach(1, list(range(1, 11)), limit=9) == 9
+    assert mem.calls[-1] == ("cp", entry, 1, 4, 9)
+
+
+def test_a_prompt_already_covered_by_an_entry_is_not_kept_twice() -> None:
+    cache, mem = make_cache()
+    fill(cache, mem, 0, [1, 2, 3, 4])
+    cache.release(0, keep=True)
+    fill(cache, mem, 1, [1, 2, 3])
+    cache.release(1, keep=True)
+    assert len(cache.entries) == 1 and cache.stats.kept == 1
+    assert mem.holds(1) == 0  # the slot itself is always cleared
+
+
+def test_least_recently_used_entry_goes_first_and_pinned_ones_never() -> None:
+    cache, mem = make_cache(entries=2)
+    fill(cache, mem, 0, [1, 1])
+    cache.release(0, keep=True, pinned=True)
+    fill(cache, mem, 0, [2, 2])
+    cache.release(0, keep=True)
+    fill(cache, mem, 0, [3, 3])
+    cache.release(0, keep=True)  # no free id: the unpinned [2, 2] makes room
+    kept = sorted(cache.index.tokens_of(e) for e in cache.entries)
+    assert kept == [[1, 1], [3, 3]]
+    assert cache.stats.evictions == 1
+    # all that remains evictable is [3, 3]; then only the pinned entry is left
+    assert cache.evict_one() is True
+    assert cache.evict_one() is False
+    assert [cache.index.tokens_of(e) for e in cache.entries] == [[1, 1]]
+    assert cache.unpin_all() == 1 and cache.evict_one() is True and not cache.entries
+
+
+def test_rollback_forgets_a_failed_batch() -> None:
+    cache, mem = make_cache()
+    fill(cache, mem, 0, [1, 2, 3, 4, 5, 6])
+    cache.rollback(0, 2)
+    assert cache.index.length(0) == 2 and mem.holds(0) == 2
+
+
+def test_a_disabled_cache_only_clears_slots() -> None:
+    mem = FakeMemory()
+    cache = PrefixCache(cast(LlamaRuntime, mem), 2, 4, enabled=False)
+    fill(cache, mem, 0, [1, 2, 3])
+    cache.release(0, keep=True)
+    assert not cache.entries and mem.holds(0) == 0
+    fill(cache, mem, 0, [1, 2, 3])
+    assert cache.attach(1, [1, 2, 3, 4], limit=3) == 0
+
+
+# -- the prefix wait of admission --------------------------------------------------
+
+def admitted(sched: Scheduler, *seqs: Sequence) -> None:
+    for s in seqs:
+        sched.add(s)
+    sched.admit()
+
+
+def test_a_newer_request_waits_for_an_older_one_computing_their_shared_prefix() -> None:
+    cache, mem = make_cache(slots=2)
+    sched = Scheduler(2, 64)
+    shared = list(range(100, 140))
+    old, new = seq("a", shared + [1, 2]), seq("b", shared + [3, 4, 5])
+    admitted(sched, old, new)
+    for s in (old, new):
+        attach(cache, sched.running, s)
+    assert old.waiting_on is None
+    assert new.waiting_on is not None and new.waiting_on.source is old
+    assert new.waiting_on.length == len(shared)
+    # the waiting request gets no prompt chunk; the older one computes
+    chunks = sched.schedule()
+    assert [c.seq for c in chunks] == [old]
+    # halfway: still waiting
+    sched.commit([Chunk(old, 0, old.prompt[:20], False)])
+    fill(cache, mem, 0, old.prompt[:20])
+    resume_waiters(cache, sched.running)
+    assert new.waiting_on is not None
+    # past the shared part: attached, with the prefix copied rather than recomputed
+    sched.commit([Chunk(old, 20, old.prompt[20:], True)])
+    fill(cache, mem, 0, old.prompt[20:])
+    resume_waiters(cache, sched.running)
+    assert new.waiting_on is None and new.num_computed == new.num_cached == len(shared)
+    assert ("cp", 0, 1, 0, len(shared)) in mem.calls
+    assert cache.stats.hit_tokens == len(shared)
+
+
+def test_an_older_request_never_waits_for_a_newer_one() -> None:
+    cache, _ = make_cache(slots=2)
+    sched = Scheduler(2, 64)
+    old, new = seq("a", list(range(50))), seq("b", list(range(50)))
+    admitted(sched, old, new)
+    attach(cache, sched.running, new)
+    attach(cache, sched.running, old)
+    assert old.waiting_on is None and new.waiting_on is not None
+
+
+def test_a_waiter_whose_source_ends_early_attaches_what_there_is() -> None:
+    cache, mem = make_cache(slots=2)
+    sched = Scheduler(2, 64)
+    old, new = seq("a", list(range(30))), seq("b", list(range(30)) + [7])
+    admitted(sched, old, new)
+    attach(cache, sched.running, old)
+    attach(cache, sched.running, new)
+    sched.commit([Chunk(old, 0, old.prompt[:10], False)])
+    fill(cache, mem, 0, old.prompt[:10])
+    sched.finish(old, SequenceStatus.FINISHED_ABORTED)
+    cache.release(0, keep=True)
+    resume_waiters(cache, sched.running)
+    assert new.waiting_on is None and new.num_computed == 10
+
+
+def test_no_cache_no_wait() -> None:
+    cache, _ = make_cache(slots=2)
+    sched = Scheduler(2, 64)
+    old, new = seq("a", list(range(30))), seq("b", list(range(30)), use_cache=False)
+    admitted(sched, old, new)
+    attach(cache, sched.running, old)
+    attach(cache, sched.running, new)
+    assert new.waiting_on is None and cache.stats.misses == 2
+
+
+# -- a failed decode --------------------------------------------------------------
+
+def running_pair(cache: PrefixCache, mem: FakeMemory) -> tuple[Scheduler, list[Chunk]]:
+    sched = Scheduler(2, 64)
+    a, b = seq("a", [1, 2, 3]), seq("b", [4, 5, 6])
+    admitted(sched, a, b)
+    for s in (a, b):
+        assert s.slot is not None
+        fill(cache, mem, s.slot, s.prompt[:1])
+    return sched, [Chunk(a, 1, a.prompt[1:], True), Chunk(b, 1, b.prompt[1:], True)]
+
+
+def test_out_of_kv_cells_evicts_a_cached_prefix_and_retries() -> None:
+    cache, mem = make_cache(slots=2)
+    fill(cache, mem, 0, [9, 9, 9])
+    cache.release(0, keep=True)
+    sched, chunks = running_pair(cache, mem)
+    for c in chunks:  # the failed batch had partly reached the cache
+        assert c.seq.slot is not None
+        fill(cache, mem, c.seq.slot, c.tokens)
+    assert after_decode_error(DECODE_NO_KV_SLOT, chunks, cache, len(sched.running)) == []
+    assert not cache.entries and cache.stats.evictions == 1
+    assert mem.holds(0) == mem.holds(1) == 1  # the batch undone, the prompt heads kept
+
+
+def test_out_of_kv_cells_with_nothing_to_evict_stops_only_the_newest() -> None:
+    cache, mem = make_cache(slots=2)
+    sched, chunks = running_pair(cache, mem)
+    (end,) = after_decode_error(DECODE_NO_KV_SLOT, chunks, cache, len(sched.running))
+    assert end.seq.request_id == "b" and end.status is SequenceStatus.FINISHED_ERROR
+    assert end.failure is not None and end.failure.code is FailureCode.KV_FULL
+    # a victim that already generated ends as if it reached its length
+    chunks[1].seq.tokens.append(11)
+    (end,) = after_decode_error(DECODE_NO_KV_SLOT, chunks, cache, len(sched.running))
+    assert end.status is SequenceStatus.FINISHED_LENGTH and end.failure is None
+
+
+def test_out_of_kv_cells_alone_and_any_other_failure_end_the_whole_batch() -> None:
+    cache, mem = make_cache(slots=2)
+    sched, chunks = running_pair(cache, mem)
+    ends = after_decode_error(DECODE_NO_KV_SLOT, chunks[:1], cache, 1)
+    assert [e.seq.request_id for e in ends] == ["a"]
+    ends = after_decode_error(DECODE_INVALID_BATCH, chunks + chunks[:1], cache, 2)
+    assert sorted(e.seq.request_id for e in ends) == ["a", "b"]  # each request once
+    assert all(e.failure is not None and e.failure.code is FailureCode.DECODE for e in ends)
+
+
+# -- the time limit -----------------------------------------------------------------
+
+def test_requests_past_the_time_limit_are_overdue_waiting_or_running() -> None:
+    sched = Scheduler(1, 64)
+    running, waiting, fresh, unknown = (seq(r, [1, 2]) for r in "abcd")
+    for s in (running, waiting, fresh, unknown):
+        sched.add(s)
+    sched.admit()
+    assert sched.running == [running]
+
+    def output(submitted: float) -> Output:
+        return Output(cast(DeltaSink, None), cast(SamplerChain, None), TextStream(()),
+                      Timing(submitted=submitted))
+
+    outputs = {running: output(100.0), waiting: output(105.0), fresh: output(119.0)}
+    found = overdue([*sched.running, *sched.waiting], outputs, now=120.0, limit=10.0)
+    assert found == [running, waiting]  # `unknown` has no output: not the engine's yet
+    assert overdue([running], outputs, now=110.0, limit=10.0) == []  # exactly at the limit

@@ -1,0 +1,109 @@
+"""The service's turning of engine deltas into events, on fake engine streams: choices
+interleaved, tool calls parsed as they stream, finish reasons, usage, failures."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+
+from edgeinfer.engine.delta import Delta, Failure, FailureCode
+from edgeinfer.errors import EngineError, Timeout
+from edgeinfer.service.events import (
+    ErrorEvent,
+    Event,
+    Finish,
+    TextDelta,
+    ToolCallDelta,
+    UsageReport,
+)
+from edgeinfer.service.generation import failure_error, merge, to_events
+
+
+async def fake(*deltas: Delta, pause: float = 0.0) -> AsyncIterator[Delta]:
+    for d in deltas:
+        await asyncio.sleep(pause)
+        yield d
+
+
+def run(streams: list[AsyncIterator[Delta]], prompt_of: list[int], lengths: list[int],
+        tools: bool = False) -> list[Event]:
+    async def main() -> list[Event]:
+        return [e async for e in to_events(merge(streams), prompt_of, lengths, tools=tools)]
+    return asyncio.run(main())
+
+
+def end(reason: str, n: int, cached: int = 0) -> Delta:
+    return Delta("", finish_reason=reason, completion_tokens=n, cached_tokens=cached)
+
+
+def test_text_of_two_choices_then_finishes_then_one_usage() -> None:
+    events = run([fake(Delta("Hel"), Delta("lo"), end("stop", 2, cached=5), pause=0.001),
+                  fake(Delta("Hi"), end("length", 1, cached=3), pause=0.001)],
+                 prompt_of=[0, 0], lengths=[10])
+    text = {c: "".join(e.text for e in events if isinstance(e, TextDelta) and e.choice == c)
+            for c in (0, 1)}
+    assert text == {0: "Hello", 1: "Hi"}
+    finishes = {e.choice: e.reason for e in events if isinstance(e, Finish)}
+    assert finishes == {0: "stop", 1: "length"}
+    assert events[-1] == UsageReport(prompt_tokens=10, completion_tokens=3, cached_tokens=3)
+    assert sum(isinstance(e, UsageReport) for e in events) == 1
+
+
+def test_each_prompt_counted_once_with_its_fewest_cached_tokens() -> None:
+    events = run([fake(end("stop", 1, cached=8)), fake(end("stop", 1, cached=2)),
+                  fake(end("stop", 4, cached=6))], prompt_of=[0, 0, 1], lengths=[10, 20])
+    assert events[-1] == UsageReport(prompt_tokens=30, completion_tokens=6, cached_tokens=8)
+
+
+def test_a_streamed_tool_call_becomes_call_events_and_finish_reason_tool_calls() -> None:
+    pieces = ["Sure.<tool", '_call>\n{"name": "get_weather", "arg', 'uments": {"city": ',
+              '"Paris"}}\n</tool_call>']
+    events = run([fake(*(Delta(p) for p in pieces), end("stop", 9))], [0], [4], tools=True)
+    calls = [e for e in events if isinstance(e, ToolCallDelta)]
+    assert calls[0].name == "get_weather" and calls[0].id and calls[0].index == 0
+    assert "".join(c.arguments for c in calls) == '{"city": "Paris"}'
+    text = "".join(e.text for e in events if isinstance(e, TextDelta))
+    assert text == "Sure."  # no marker leaks into the text
+    (fin,) = [e for e in events if isinstance(e, Finish)]
+    assert fin.reason == "tool_calls"
+
+
+def test_tools_offered_but_plain_text_answered_finishes_with_stop() -> None:
+    events = run([fake(Delta("No call <tool"), Delta(" needed"), end("stop", 3))], [0], [4],
+                 tools=True)
+    assert "".join(e.text for e in events if isinstance(e, TextDelta)) == "No call <tool needed"
+    assert [e.reason for e in events if isinstance(e, Finish)] == ["stop"]
+
+
+def test_a_failure_ends_the_stream_with_one_typed_error_and_aborts_the_rest() -> None:
+    aborted = asyncio.Event()
+
+    async def endless() -> AsyncIterator[Delta]:
+        try:
+            while True:
+                await asyncio.sleep(0.001)
+                yield Delta("x")
+        finally:
+            aborted.set()
+
+    timeout = Delta("", finish_reason="error", failure=Failure(FailureCode.TIMEOUT, "too slow"))
+
+    async def main() -> list[Event]:
+        gen = to_events(merge([endless(), fake(Delta("a"), timeout, pause=0.005)]), [0, 0], [3],
+                        tools=False)
+        out = [e async for e in gen]
+        await asyncio.sleep(0)
+        assert aborted.is_set()  # the other choice's engine request was aborted
+        return out
+
+    events = asyncio.run(main())
+    assert isinstance(events[-1], ErrorEvent) and isinstance(events[-1].error, Timeout)
+    assert not any(isinstance(e, (Finish, UsageReport)) for e in events)
+
+
+def test_failure_codes_map_to_api_errors() -> None:
+    assert failure_error(Failure(FailureCode.TIMEOUT, "t")).status == 504
+    assert failure_error(Failure(FailureCode.SHUTDOWN, "s")).status == 503
+    err = failure_error(Failure(FailureCode.KV_FULL, "k"))
+    assert isinstance(err, EngineError) and err.code == "kv_cache_full"
+    assert failure_error(None).status == 500
