@@ -22,6 +22,7 @@ from edgeinfer.service.events import (
     ToolCallDelta,
     UsageReport,
 )
+from edgeinfer.service.outcome import ChoiceOutcome, gather
 
 log = logging.getLogger("edgeinfer.api")
 
@@ -139,81 +140,30 @@ async def sse_chunks(meta: CompletionMeta, events: AsyncIterator[Event], num_cho
     yield {"data": "[DONE]"}
 
 
-@dataclass(slots=True)
-class _Choice:
-    text: list[str] = field(default_factory=list)
-    reasoning: list[str] = field(default_factory=list)
-    logprobs: list[TokenLogprob] = field(default_factory=list)
-    calls: list[dict[str, Any]] = field(default_factory=list)
-    finish: str = ""
-
-
-def _complete_calls(calls: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """The calls whose arguments parse (a call cut off by max_tokens is left out)."""
-    out = []
-    for c in calls:
-        try:
-            json.loads(c["function"]["arguments"])
-        except ValueError:
-            continue
-        out.append(c)
-    return out
-
-
 async def collect(meta: CompletionMeta, events: AsyncIterator[Event],
                   num_choices: int) -> dict[str, Any]:
     """The whole (non-streamed) response body; raises the APIError of an ErrorEvent."""
-    choices = [_Choice() for _ in range(num_choices)]
-    usage: UsageReport | None = None
-    timings = None
-    try:
-        async for e in events:
-            if isinstance(e, ErrorEvent):
-                raise e.error
-            if isinstance(e, UsageReport):
-                usage = e
-                continue
-            c = choices[e.choice]
-            if isinstance(e, TextDelta):
-                c.text.append(e.text)
-                if e.logprob:
-                    c.logprobs.append(e.logprob)
-            elif isinstance(e, ReasoningDelta):
-                c.reasoning.append(e.text)
-            elif isinstance(e, ToolCallDelta):
-                if e.name is not None:
-                    c.calls.append({"id": e.id, "type": "function",
-                                    "function": {"name": e.name, "arguments": ""}})
-                c.calls[e.index]["function"]["arguments"] += e.arguments
-            else:
-                c.finish = e.reason
-                timings = timings or e.timings
-    finally:
-        await events.aclose()  # type: ignore[attr-defined]
-    assert usage is not None, "a generation ends with its usage"
+    out = await gather(events, num_choices)
     body = {**meta.base("chat.completion" if meta.kind == "chat" else "text_completion"),
-            "choices": [_body_choice(meta, i, c) for i, c in enumerate(choices)],
-            "usage": usage_body(usage)}
-    if timings:
-        body["timings"] = timings
+            "choices": [_body_choice(meta, i, c) for i, c in enumerate(out.choices)],
+            "usage": usage_body(out.usage)}
+    if out.timings:
+        body["timings"] = out.timings
     return body
 
 
-def _body_choice(meta: CompletionMeta, i: int, c: _Choice) -> dict[str, Any]:
-    text = "".join(c.text)
+def _body_choice(meta: CompletionMeta, i: int, c: ChoiceOutcome) -> dict[str, Any]:
     lps = logprobs_body(meta, c.logprobs)
     if meta.kind != "chat":
-        return {"index": i, "text": text, "logprobs": lps, "finish_reason": c.finish}
-    message: dict[str, Any] = {"role": "assistant", "content": text}
-    reason = c.finish
-    calls = _complete_calls(c.calls)
-    if calls:
-        message = {"role": "assistant", "content": text.strip() or None, "tool_calls": calls}
-    elif reason == "tool_calls":
-        reason = "stop"
+        return {"index": i, "text": c.text, "logprobs": lps, "finish_reason": c.finish}
+    message: dict[str, Any] = {"role": "assistant", "content": c.text}
+    if c.calls:
+        message = {"role": "assistant", "content": c.text.strip() or None, "tool_calls": [
+            {"id": k.id, "type": "function",
+             "function": {"name": k.name, "arguments": k.arguments}} for k in c.calls]}
     if c.reasoning:
-        message["reasoning_content"] = "".join(c.reasoning)
-    return {"index": i, "message": message, "logprobs": lps, "finish_reason": reason}
+        message["reasoning_content"] = c.reasoning
+    return {"index": i, "message": message, "logprobs": lps, "finish_reason": c.finish}
 
 
 class Stream(EventSourceResponse):
