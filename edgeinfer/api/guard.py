@@ -91,7 +91,11 @@ class CorsGuard:
         if scope["method"] == "OPTIONS" and "access-control-request-method" in headers:
             await send({"type": "http.response.start", "status": 204, "headers": cors + [
                 (b"access-control-allow-methods", b"GET, POST, DELETE, OPTIONS"),
-                (b"access-control-allow-headers", b"authorization, content-type, x-api-key"),
+                # an allowed origin may send what its client library sends (the SDKs'
+                # x-stainless-*, anthropic-version, ...): echo what the preflight asks for
+                (b"access-control-allow-headers", headers.get(
+                    "access-control-request-headers",
+                    "authorization, content-type, x-api-key, anthropic-version").encode("latin-1")),
                 (b"access-control-max-age", b"600")]})
             await send({"type": "http.response.body", "body": b""})
             return

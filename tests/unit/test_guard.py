@@ -54,3 +54,16 @@ def test_cors_allows_only_local_and_configured_origins() -> None:
     pre = call(g, "OPTIONS", "/v1/chat/completions", {
         "origin": "http://127.0.0.1:3000", "access-control-request-method": "POST"})
     assert pre.status_code == 204 and "authorization" in pre.headers["access-control-allow-headers"]
+
+
+def test_preflight_allows_the_headers_an_sdk_sends_from_an_allowed_origin_only() -> None:
+    g = front_door(ok_app, cors_origins=("app://desk",))
+    asked = "x-api-key, anthropic-version, x-stainless-os, content-type"
+    pre = call(g, "OPTIONS", "/v1/messages", {
+        "origin": "app://desk", "access-control-request-method": "POST",
+        "access-control-request-headers": asked})
+    assert pre.status_code == 204 and pre.headers["access-control-allow-headers"] == asked
+    pre = call(g, "OPTIONS", "/v1/messages", {
+        "origin": "https://evil.example.com", "access-control-request-method": "POST",
+        "access-control-request-headers": asked})
+    assert pre.status_code == 403 and "access-control-allow-headers" not in pre.headers
