@@ -1,4 +1,4 @@
-"""Registration point of an API dialect: its routes and its OpenAPI paths (none yet)."""
+"""(being written)"""
 
 from __future__ import annotations
 

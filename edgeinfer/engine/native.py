@@ -111,8 +111,6 @@ class ModelInfo:
     n_vocab: int
     n_ctx_train: int
     n_ctx: int
-    bos: int
-    eos: int
     add_bos: bool
     bos_text: str
     eos_text: str
@@ -199,8 +197,6 @@ class LlamaRuntime:
             n_vocab=llama_cpp.llama_vocab_n_tokens(vocab),
             n_ctx_train=llama_cpp.llama_model_n_ctx_train(model),
             n_ctx=llama_cpp.llama_n_ctx(self._ctx.ptr),
-            bos=bos,
-            eos=eos,
             add_bos=bool(llama_cpp.llama_vocab_get_add_bos(vocab)),
             bos_text=self._token_text(bos),
             eos_text=self._token_text(eos),
