@@ -37,7 +37,9 @@ _MODEL_KEYS = {
     "id", "aliases", "path", "source", "context", "slots", "threads", "gpu_layers", "batch",
     "chat_template", "max_tokens", "prefix_cache", "cache_entries", "pinned_prompts", "max_queue",
     "request_timeout", "tags", "preload", "ttl", "fallback", "max_slots_per_request",
+    "reasoning_format", "chat_template_file",
 }
+REASONING_FORMATS = ("auto", "deepseek", "none")  # see edgeinfer.prompt.reasoning
 TAGS = {"chat", "completion", "code", "tools", "reasoning"}
 
 
@@ -85,6 +87,8 @@ class ModelConfig:
     request_timeout: float = 600.0  # seconds a request may take, queue time included
     # slots one request's n choices may hold at once (None: all but one)
     max_slots_per_request: int | None = None
+    # reasoning split from the answer: "auto" (when the template uses <think>), "deepseek", "none"
+    reasoning_format: str = "auto"
 
     def __post_init__(self) -> None:
         if (self.path is None) == (self.source is None):
@@ -112,6 +116,9 @@ class ModelConfig:
                               "and slots")
         if self.context < 16:
             raise ConfigError(f"model {self.id!r}: context must be >= 16")
+        if self.reasoning_format not in REASONING_FORMATS:
+            raise ConfigError(f"model {self.id!r}: reasoning_format must be one of "
+                              f"{', '.join(REASONING_FORMATS)}")
 
     @property
     def names(self) -> tuple[str, ...]:
@@ -142,6 +149,22 @@ def _source(src: Any, model_id: str) -> PackageSource | DerivedSource:
                          bool(src.get("assemble", False)), bool(src.get("deps", False)))
 
 
+def _template_file(kwargs: dict[str, Any], base: Path) -> str:
+    """The text of ``chat_template_file`` (relative to models.toml), which replaces the
+    GGUF's chat template."""
+    name = kwargs.pop("chat_template_file")
+    if "chat_template" in kwargs:
+        raise ConfigError(f"model {kwargs['id']!r}: give 'chat_template' or "
+                          "'chat_template_file', not both")
+    p = Path(os.path.expanduser(str(name)))
+    p = p if p.is_absolute() else base / p
+    try:
+        return p.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as exc:
+        raise ConfigError(f"model {kwargs['id']!r}: cannot read chat_template_file {p}: "
+                          f"{exc}") from None
+
+
 def _model_from_table(table: dict[str, Any], base: Path) -> ModelConfig:
     unknown = set(table) - _MODEL_KEYS
     if unknown:
@@ -154,6 +177,8 @@ def _model_from_table(table: dict[str, Any], base: Path) -> ModelConfig:
         kwargs["path"] = p if p.is_absolute() else (base / p)
     if "source" in kwargs:
         kwargs["source"] = _source(kwargs["source"], table["id"])
+    if "chat_template_file" in kwargs:
+        kwargs["chat_template"] = _template_file(kwargs, base)
     for key in ("aliases", "tags", "fallback"):
         if key in kwargs:
             kwargs[key] = tuple(kwargs[key])

@@ -10,6 +10,7 @@ from starlette.responses import JSONResponse, Response
 from edgeinfer.api.respond import pool
 from edgeinfer.errors import Conflict
 from edgeinfer.models.pool import PoolEntry
+from edgeinfer.prompt.reasoning import splits
 
 
 def model_card(entry: PoolEntry) -> dict[str, Any]:
@@ -26,7 +27,11 @@ def model_card(entry: PoolEntry) -> dict[str, Any]:
         card["meta"] = {"description": info.description, "n_ctx": info.n_ctx,
                         "n_ctx_train": info.n_ctx_train, "n_vocab": info.n_vocab,
                         "slots": cfg.slots, "size_bytes": info.size_bytes,
-                        "memory_bytes": served.runtime.memory_bytes()}
+                        "memory_bytes": served.runtime.memory_bytes(),
+                        "tool_format": "native" if served.template.takes_tools else "generic",
+                        "reasoning_format": cfg.reasoning_format,
+                        "splits_reasoning": splits(cfg.reasoning_format,
+                                                   served.template.source)}
     return card
 
 

@@ -29,7 +29,10 @@ FIELDS = {
     "n", "logit_bias", "user", "ignore_eos", "metadata", "store", "service_tier", "cache_prompt",
     "priority", "messages", "max_completion_tokens", "response_format", "logprobs",
     "top_logprobs", "tools", "tool_choice", "parallel_tool_calls", "grammar",
+    "reasoning_format", "chat_template_kwargs", "reasoning_effort",
 }
+REASONING_FORMATS = ("auto", "deepseek", "none")
+REASONING_EFFORTS = ("minimal", "low", "medium", "high")
 MAX_TOOLS = 128
 _TOOL_NAME = re.compile(r"^[a-zA-Z0-9_-]{1,64}$")
 
@@ -99,6 +102,27 @@ def _response_format(b: Body) -> tuple[dict[str, Any] | None, bool]:
                          param="response_format")
 
 
+def reasoning(b: Body) -> tuple[str | None, dict[str, Any]]:
+    """(reasoning_format, template variables) from ``reasoning_format``,
+    ``chat_template_kwargs`` and ``reasoning_effort`` (passed to templates that take it)."""
+    fmt = b.string("reasoning_format")
+    if fmt is not None and fmt not in REASONING_FORMATS:
+        raise InvalidRequest(f"'reasoning_format' must be one of {', '.join(REASONING_FORMATS)}",
+                             param="reasoning_format")
+    kwargs = b.body.get("chat_template_kwargs", {})
+    if not isinstance(kwargs, dict) or len(kwargs) > 32 or not all(
+            isinstance(k, str) and len(k) <= 64 for k in kwargs):
+        raise InvalidRequest("'chat_template_kwargs' must be an object of at most 32 variables",
+                             param="chat_template_kwargs")
+    effort = b.string("reasoning_effort")
+    if effort is not None:
+        if effort not in REASONING_EFFORTS:
+            raise InvalidRequest("'reasoning_effort' must be one of "
+                                 f"{', '.join(REASONING_EFFORTS)}", param="reasoning_effort")
+        kwargs = {**kwargs, "reasoning_effort": effort}
+    return fmt, dict(kwargs)
+
+
 def parse(body: Any, headers: dict[str, str]) -> tuple[GenerateRequest, bool, bool]:
     """(request, stream, include_usage) from a chat completions body."""
     b = Body(body, FIELDS)
@@ -122,6 +146,7 @@ def parse(body: Any, headers: dict[str, str]) -> tuple[GenerateRequest, bool, bo
     if max_tokens is None:
         max_tokens = b.integer("max_tokens", 1, MAX_TOKENS_LIMIT, None)
     stream, include_usage = fields.stream_options(b)
+    reasoning_format, template_kwargs = reasoning(b)
     req = GenerateRequest(
         model, ChatPrompt(msgs), fields.sampling_params(b, max_tokens, logprobs),
         n=int(b.integer("n", 1, MAX_CHOICES, 1) or 1),
@@ -129,7 +154,8 @@ def parse(body: Any, headers: dict[str, str]) -> tuple[GenerateRequest, bool, bo
         constraint=Constraint(grammar=grammar, json_schema=json_schema, json_object=json_object,
                               tools=tools, tool_choice=tool_choice, parallel_tool_calls=parallel),
         cache_prompt=b.boolean("cache_prompt", True),
-        wait_for_model=headers.get("x-edgeinfer-wait", "true").lower() != "false")
+        wait_for_model=headers.get("x-edgeinfer-wait", "true").lower() != "false",
+        reasoning_format=reasoning_format, template_kwargs=template_kwargs)
     return req, stream, include_usage
 
 

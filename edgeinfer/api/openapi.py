@@ -90,7 +90,10 @@ def openapi_spec() -> dict[str, Any]:
             "max_completion_tokens": {"type": "integer", "minimum": 1},
             "logprobs": _BOOL, "top_logprobs": {"type": "integer", "minimum": 0, "maximum": 20},
             "response_format": {"type": "object"}, "tools": {"type": "array"},
-            "tool_choice": {}, "parallel_tool_calls": _BOOL, "grammar": _STR}
+            "tool_choice": {}, "parallel_tool_calls": _BOOL, "grammar": _STR,
+            "reasoning_format": {"enum": ["auto", "deepseek", "none"]},
+            "chat_template_kwargs": {"type": "object"},
+            "reasoning_effort": {"enum": ["minimal", "low", "medium", "high"]}}
     completion = {**_SAMPLING, "prompt": {"oneOf": [
         _STR, _TOKENS, {"type": "array", "items": {"oneOf": [_STR, _TOKENS]}, "minItems": 1}]},
         "logprobs": {"type": "integer", "minimum": 0, "maximum": 20}, "echo": _BOOL,

@@ -13,7 +13,7 @@ import numpy.typing as npt
 from edgeinfer.engine.grammar_check import grammar_sampler
 from edgeinfer.engine.handles import ContextPtr, Sampler, SamplerPtr, VocabPtr
 from edgeinfer.engine.sequence import SamplingParams
-from edgeinfer.engine.trigger import SAFE_AFTER, TriggerScan
+from edgeinfer.engine.trigger import TriggerScan, safe_after
 
 LLAMA_DEFAULT_SEED = 0xFFFFFFFF
 SUBSET = 256  # candidates a grammar-constrained step checks before the whole vocabulary
@@ -117,8 +117,8 @@ class SamplerChain:
         if found is None:
             return
         self._scan = None
-        recent, after = found
-        if not SAFE_AFTER.match(after):
+        recent, word, after = found
+        if not safe_after(word, after):
             # llama.cpp would abort the process on text after the word that its grammar
             # cannot take; such output is left unconstrained (and is not a valid call)
             return

@@ -4,9 +4,19 @@ from __future__ import annotations
 
 import re
 
-# What may follow a trigger word within the same token: the start of the tool-call
-# grammar's JSON object (see grammar.tool_calls_gbnf), nothing else.
-SAFE_AFTER = re.compile(rb'\n?(\{[ \t\n]*("(n(a(m(e"?)?)?)?)?)?)?\Z')
+# What may follow a trigger word within the same token, so that the lazy grammar can take
+# it (llama.cpp aborts the process on text its grammar cannot take). After the tool-call
+# marker: the start of the call's JSON object (see prompt.grammar.tool_calls_gbnf); after
+# any other word (the end of a reasoning block, see prompt.grammar.after_marker): blanks.
+SAFE_AFTER = {
+    b"<tool_call>": re.compile(rb'\n?(\{[ \t\n]*("(n(a(m(e"?)?)?)?)?)?)?\Z'),
+}
+BLANKS = re.compile(rb"[ \t\n]*\Z")
+
+
+def safe_after(word: bytes, after: bytes) -> bool:
+    """Whether ``after`` (what followed ``word`` in its token) is safe to show the grammar."""
+    return SAFE_AFTER.get(word, BLANKS).match(after) is not None
 
 
 class TriggerScan:
@@ -14,8 +24,8 @@ class TriggerScan:
     the new bytes (plus a tail as long as the longest word): constant work per token.
 
     ``feed`` returns, once a word has appeared, the recent tokens from the one holding
-    the word's first byte on (what a lazy grammar must be shown) and the bytes that
-    follow the word in them; else None.
+    the word's first byte on (what a lazy grammar must be shown), the word, and the
+    bytes that follow the word in them; else None.
     """
 
     def __init__(self, words: tuple[str, ...]) -> None:
@@ -23,7 +33,7 @@ class TriggerScan:
         self._keep = max((len(w) for w in self._words), default=1)
         self._recent: list[tuple[int, bytes]] = []  # tokens whose pieces cover the tail
 
-    def feed(self, token: int, piece: bytes) -> tuple[list[int], bytes] | None:
+    def feed(self, token: int, piece: bytes) -> tuple[list[int], bytes, bytes] | None:
         self._recent.append((token, piece))
         tail = b"".join(p for _, p in self._recent)
         hits = [(at, w) for w in self._words if (at := tail.find(w)) != -1]
@@ -39,4 +49,4 @@ class TriggerScan:
             if pos + len(p) > start:
                 out.append(tok)
             pos += len(p)
-        return out, tail[start + len(word):]
+        return out, word, tail[start + len(word):]

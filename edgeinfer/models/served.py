@@ -28,6 +28,7 @@ from edgeinfer.models.modelinfo import gguf_facts
 from edgeinfer.models.offload import gpu_free_bytes, plan_gpu_layers, warn_cpu_only_once
 from edgeinfer.models.source import check_gguf, resolve_model_path
 from edgeinfer.prompt.markup import Markup, segments
+from edgeinfer.prompt.reasoning import starts_in_thought
 from edgeinfer.prompt.template import ChatTemplate
 from edgeinfer.prompt.tools import ToolSpec, prepare_messages
 
@@ -40,6 +41,17 @@ _native_work = ThreadPoolExecutor(max_workers=max(1, (os.cpu_count() or 2) - 1),
                                   thread_name_prefix="edgeinfer-native")
 
 log = logging.getLogger("edgeinfer.models.served")
+# template variables a request's chat_template_kwargs may not replace
+RESERVED_VARS = frozenset({"messages", "tools", "add_generation_prompt", "bos_token",
+                           "eos_token", "raise_exception", "strftime_now"})
+
+
+@dataclass(frozen=True, slots=True)
+class RenderedChat:
+    """A chat prompt's tokens, and whether it leaves a reasoning block open."""
+
+    tokens: list[int]
+    in_thought: bool
 
 
 class Users:
@@ -169,17 +181,31 @@ class ServedModel:
         return tokens
 
     def chat_prompt(self, messages: list[dict[str, Any]], tools: tuple[ToolSpec, ...] = (),
-                    *, add_generation_prompt: bool = True) -> list[int]:
+                    *, add_generation_prompt: bool = True,
+                    template_kwargs: dict[str, Any] | None = None) -> list[int]:
         """Render ``messages`` (and ``tools``) with the model's template and tokenize them,
         request text escaped so it stays text. Blocking: call it through ``run``."""
+        return self.chat_render(messages, tools, add_generation_prompt=add_generation_prompt,
+                                template_kwargs=template_kwargs).tokens
+
+    def chat_render(self, messages: list[dict[str, Any]], tools: tuple[ToolSpec, ...] = (),
+                    *, add_generation_prompt: bool = True,
+                    template_kwargs: dict[str, Any] | None = None) -> RenderedChat:
+        """``chat_prompt``, with what the rendered text says about the output to come.
+        ``template_kwargs`` (a request's ``chat_template_kwargs``, such as
+        ``enable_thinking``) are extra template variables; they cannot replace the
+        template's own (messages, tools, bos_token ...). Blocking: call it through ``run``."""
         escape = self.markup.escape
         messages = escape(messages)
         tools = tuple(replace(t, description=escape(t.description),
                               parameters=escape(t.parameters)) for t in tools)
         messages, extra = prepare_messages(messages, tools, native=self.template.takes_tools)
+        # request text, like the messages: escaped so it cannot become control tokens
+        variables = escape({k: v for k, v in (template_kwargs or {}).items()
+                            if k not in RESERVED_VARS})
         text = self.template.render(messages, add_generation_prompt=add_generation_prompt,
-                                    **extra)
-        return self.tokenize_chat(text)
+                                    **{**variables, **extra})
+        return RenderedChat(self.tokenize_chat(text), starts_in_thought(text))
 
     def tokenize_text(self, text: str) -> list[int]:
         return self.runtime.tokenize(text, add_special=True, parse_special=True)

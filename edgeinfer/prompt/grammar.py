@@ -224,6 +224,15 @@ def _rename_rules(gbnf: str, prefix: str) -> str:
     return pattern.sub(lambda m: f"{prefix}{m.group(1)}" if m.group(1) else m.group(0), gbnf)
 
 
+def after_marker(gbnf: str, marker: str) -> str:
+    """``marker``, blanks, then what ``gbnf`` describes. Used lazily, with ``marker`` as
+    the trigger word, the output is free until the marker and constrained after it: the
+    reasoning block of a thinking model comes before its structured answer."""
+    if '"' in marker or "\\" in marker:
+        raise ValueError("a marker is plain text")
+    return f'root ::= "{marker}" [ \\t\\n]* a-root\n' + _rename_rules(gbnf, "a-")
+
+
 def tool_calls_gbnf(tools: list[tuple[str, dict[str, Any]]], max_calls: int,
                     param: str = "tools") -> str:
     """GBNF of one to ``max_calls`` calls

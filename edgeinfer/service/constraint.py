@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from edgeinfer.prompt.grammar import (
+    after_marker,
     check_gbnf,
     check_generated,
     json_object_gbnf,
@@ -17,13 +18,8 @@ from edgeinfer.service.request import Constraint
 MAX_PARALLEL_CALLS = 4
 
 
-def grammar_for(vocab: Any, c: Constraint) -> tuple[str | None, tuple[str, ...]]:
-    """(GBNF, lazy trigger words) for a constraint; (None, ()) when there is none.
-
-    Blocking (schema conversion, grammar parsing by llama.cpp): run it off the event
-    loop, holding the model (``ServedModel.run``). Raises InvalidRequest (400) for
-    what cannot be turned into a grammar or is over the grammar budget.
-    """
+def _grammar(vocab: Any, c: Constraint) -> tuple[str | None, tuple[str, ...]]:
+    """``grammar_for`` without the ``after`` marker."""
     if c.grammar is not None:
         check_gbnf(vocab, c.grammar)
         return c.grammar, ()
@@ -44,3 +40,21 @@ def grammar_for(vocab: Any, c: Constraint) -> tuple[str | None, tuple[str, ...]]
     gbnf = tool_calls_gbnf([(t.name, t.parameters) for t in chosen], calls)
     check_generated(vocab, gbnf, "tools")
     return gbnf, ((TOOL_CALL_TRIGGER,) if c.tool_choice == "auto" else ())
+
+
+def grammar_for(vocab: Any, c: Constraint, after: str | None = None
+                ) -> tuple[str | None, tuple[str, ...]]:
+    """(GBNF, lazy trigger words) for a constraint; (None, ()) when there is none.
+
+    ``after``: a marker the output writes before the constraint applies (the end of a
+    reasoning block the prompt left open): the grammar is then lazy, triggered by it.
+    Blocking (schema conversion, grammar parsing by llama.cpp): run it off the event
+    loop, holding the model (``ServedModel.run``). Raises InvalidRequest (400) for
+    what cannot be turned into a grammar or is over the grammar budget.
+    """
+    gbnf, triggers = _grammar(vocab, c)
+    if gbnf is None or after is None or triggers:
+        return gbnf, triggers  # a lazy tool grammar already waits for its own marker
+    wrapped = after_marker(gbnf, after)
+    check_generated(vocab, wrapped, "response_format" if c.grammar is None else "grammar")
+    return wrapped, (after,)

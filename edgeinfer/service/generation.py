@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, replace
 
@@ -20,17 +21,15 @@ from edgeinfer.engine.sequence import SamplingParams
 from edgeinfer.errors import APIError, EngineError, InvalidRequest, Timeout, Unavailable
 from edgeinfer.models.pool import ModelPool
 from edgeinfer.models.served import Lease, ServedModel
-from edgeinfer.prompt.tools import CallArgs, CallOpen, ToolCallStream
-from edgeinfer.prompt.tools import Event as ToolEvent
+from edgeinfer.prompt.reasoning import THINK_CLOSE, splits
 from edgeinfer.service.constraint import grammar_for
 from edgeinfer.service.events import (
     ErrorEvent,
     Event,
     Finish,
-    TextDelta,
-    ToolCallDelta,
     UsageReport,
 )
+from edgeinfer.service.reader import ChoiceReader
 from edgeinfer.service.request import ChatPrompt, GenerateRequest
 from edgeinfer.service.selection import features, model_for
 
@@ -66,10 +65,13 @@ async def generate(pool: ModelPool, req: GenerateRequest, leases: list[Lease],
     params = req.params
     if params.max_tokens is None and served.cfg.max_tokens is not None:
         params = replace(params, max_tokens=served.cfg.max_tokens)  # the model's default
-    prompts = await _prompt_tokens(served, req)
+    read = await _prompts(served, req)
+    prompts = read.tokens
     for p in prompts:
         served.check_fits(len(p), params.max_tokens)
-    gbnf, triggers = await served.run(grammar_for, served.runtime.vocab, req.constraint)
+    # a prompt that leaves a reasoning block open: the constraint applies after the block
+    after = THINK_CLOSE if read.in_thought else None
+    gbnf, triggers = await served.run(grammar_for, served.runtime.vocab, req.constraint, after)
     if gbnf is not None:
         params = replace(params, grammar=gbnf, grammar_triggers=triggers)
     jobs = [(pi, prompt, _choice_params(params, i))
@@ -81,7 +83,8 @@ async def generate(pool: ModelPool, req: GenerateRequest, leases: list[Lease],
                                priority=req.priority, group=request_id)
                for k, (_, prompt, p) in enumerate(jobs)]
     events = to_events(merge(streams), [pi for pi, _, _ in jobs], [len(p) for p in prompts],
-                     tools=req.constraint.offers_tools)
+                       tools=req.constraint.offers_tools, reasoning=read.reasoning,
+                       in_thought=read.in_thought)
     return Generation(served.cfg.id, len(jobs), served.runtime.piece, events)
 
 
@@ -97,19 +100,32 @@ def _check_vocab(req: GenerateRequest, n_vocab: int) -> None:
                                      param="prompt")
 
 
-async def _prompt_tokens(served: ServedModel, req: GenerateRequest) -> list[list[int]]:
-    """The token ids of each prompt (rendering and tokenizing run off the event loop)."""
+@dataclass(frozen=True, slots=True)
+class Prompts:
+    """The token ids of each prompt, and how the output is to be read."""
+
+    tokens: list[list[int]]
+    reasoning: bool = False  # split <think> blocks into reasoning
+    in_thought: bool = False  # the output starts inside a reasoning block
+
+
+async def _prompts(served: ServedModel, req: GenerateRequest) -> Prompts:
+    """Render and tokenize the prompts (off the event loop)."""
     if isinstance(req.prompt, ChatPrompt):
         tools = req.constraint.tools if req.constraint.offers_tools else ()
-        return [await served.run(served.chat_prompt, [dict(m) for m in req.prompt.messages],
-                                 tools)]
+        chat = await served.run(functools.partial(
+            served.chat_render, [dict(m) for m in req.prompt.messages], tools,
+            template_kwargs=req.template_kwargs))
+        fmt = req.reasoning_format or served.cfg.reasoning_format
+        split = splits(fmt, served.template.source)
+        return Prompts([chat.tokens], split, split and chat.in_thought)
     out = []
     for p in req.prompt.prompts:
         tokens = await served.run(served.tokenize_text, p) if isinstance(p, str) else p
         if not tokens:
             raise InvalidRequest("'prompt' is empty", param="prompt")
         out.append(tokens)
-    return out
+    return Prompts(out)
 
 
 def _choice_params(params: SamplingParams, i: int) -> SamplingParams:
@@ -144,18 +160,14 @@ async def merge(gens: list[AsyncIterator[Delta]]) -> AsyncIterator[tuple[int, De
                 await t
 
 
-def _tool_event(choice: int, e: ToolEvent) -> Event:
-    if isinstance(e, CallOpen):
-        return ToolCallDelta(choice, e.index, id=e.id, name=e.name)
-    if isinstance(e, CallArgs):
-        return ToolCallDelta(choice, e.index, arguments=e.text)
-    return TextDelta(choice, e.text)
-
-
 async def to_events(merged: AsyncIterator[tuple[int, Delta]], prompt_of: list[int],
-                  prompt_lengths: list[int], *, tools: bool) -> AsyncIterator[Event]:
-    """Engine deltas -> events; ends with UsageReport, or with one ErrorEvent."""
-    parsers = [ToolCallStream() for _ in prompt_of] if tools else []
+                    prompt_lengths: list[int], *, tools: bool, reasoning: bool = False,
+                    in_thought: bool = False) -> AsyncIterator[Event]:
+    """Engine deltas -> events; ends with UsageReport, or with one ErrorEvent.
+    ``tools``: tool calls are parsed out of the text; ``reasoning``: <think> blocks
+    become ReasoningDeltas (``in_thought``: the output starts inside one)."""
+    readers = [ChoiceReader(i, tools=tools, reasoning=reasoning, in_thought=in_thought)
+               for i in range(len(prompt_of))]
     completion = 0
     cached: dict[int, int] = {}  # prompt index -> fewest cached tokens among its choices
     try:
@@ -163,20 +175,14 @@ async def to_events(merged: AsyncIterator[tuple[int, Delta]], prompt_of: list[in
             if d.finish_reason == "error":
                 yield ErrorEvent(failure_error(d.failure))
                 return
-            if parsers:
-                found = parsers[i].feed(d.text)
-                if d.finish_reason is not None:
-                    found += parsers[i].finish()
-                for e in found:
-                    yield _tool_event(i, e)
-            elif d.text or d.logprob:
-                yield TextDelta(i, d.text, d.logprob)
+            for e in readers[i].read(d):
+                yield e
             if d.finish_reason is not None:
                 completion += d.completion_tokens
                 p = prompt_of[i]
                 cached[p] = min(cached.get(p, d.cached_tokens), d.cached_tokens)
                 reason = d.finish_reason
-                if parsers and parsers[i].num_calls and reason == "stop":
+                if readers[i].num_calls and reason == "stop":
                     reason = "tool_calls"
                 yield Finish(i, reason, d.completion_tokens, d.timings)
         yield UsageReport(sum(prompt_lengths), completion, sum(cached.values()))

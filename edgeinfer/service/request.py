@@ -58,6 +58,10 @@ class GenerateRequest:
     constraint: Constraint = field(default_factory=Constraint)
     cache_prompt: bool = True  # reuse cached prompt prefixes
     wait_for_model: bool = True  # wait for a model that is loading (else 503 + Retry-After)
+    # reasoning split from the answer: "auto", "deepseek", "none"; None: the model's setting
+    reasoning_format: str | None = None
+    # extra chat template variables (chat_template_kwargs, such as enable_thinking)
+    template_kwargs: dict[str, Any] = field(default_factory=dict)
 
     @property
     def num_choices(self) -> int:

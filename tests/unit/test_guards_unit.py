@@ -150,10 +150,18 @@ def test_trigger_scan_finds_a_word_split_over_tokens_and_returns_its_tokens() ->
                 break
         assert (found is not None) == (b"<tool_call>" in text)
         if found is not None:
-            tokens, after = found
+            tokens, word, after = found
+            assert word == b"<tool_call>"
             held = b"".join(pieces[t] for t in tokens)
             assert held.endswith(b"<tool_call>" + after)
             assert held.find(b"<tool_call>") < len(pieces[tokens[0]])  # from the word's start
+
+
+def test_what_may_follow_a_trigger_word_in_its_token() -> None:
+    from edgeinfer.engine.trigger import safe_after
+
+    assert safe_after(b"<tool_call>", b'\n{"na') and not safe_after(b"<tool_call>", b"  {")
+    assert safe_after(b"</think>", b"\n\n") and not safe_after(b"</think>", b"\n{")
 
 
 # -- fair admission ----------------------------------------------------------------------

@@ -12,6 +12,7 @@ from edgeinfer.service.events import (
     ErrorEvent,
     Event,
     Finish,
+    ReasoningDelta,
     TextDelta,
     ToolCallDelta,
     UsageReport,
@@ -26,9 +27,10 @@ async def fake(*deltas: Delta, pause: float = 0.0) -> AsyncIterator[Delta]:
 
 
 def run(streams: list[AsyncIterator[Delta]], prompt_of: list[int], lengths: list[int],
-        tools: bool = False) -> list[Event]:
+        tools: bool = False, **kw: bool) -> list[Event]:
     async def main() -> list[Event]:
-        return [e async for e in to_events(merge(streams), prompt_of, lengths, tools=tools)]
+        return [e async for e in to_events(merge(streams), prompt_of, lengths, tools=tools,
+                                           **kw)]
     return asyncio.run(main())
 
 
@@ -107,3 +109,22 @@ def test_failure_codes_map_to_api_errors() -> None:
     err = failure_error(Failure(FailureCode.KV_FULL, "k"))
     assert isinstance(err, EngineError) and err.code == "kv_cache_full"
     assert failure_error(None).status == 500
+
+
+def test_reasoning_is_split_from_the_answer_and_a_call_after_it_is_parsed() -> None:
+    pieces = ["Let me th", "ink.</thi", "nk>\n\n<tool_call>\n", '{"name": "f", "arguments": {}}',
+              "\n</tool_call>"]
+    events = run([fake(*(Delta(p) for p in pieces), end("stop", 12))], [0], [4], tools=True,
+                 reasoning=True, in_thought=True)
+    thought = "".join(e.text for e in events if isinstance(e, ReasoningDelta))
+    assert thought == "Let me think."
+    assert not [e for e in events if isinstance(e, TextDelta) and e.text]
+    calls = [e for e in events if isinstance(e, ToolCallDelta)]
+    assert calls[0].name == "f" and "".join(c.arguments for c in calls) == "{}"
+    assert [e.reason for e in events if isinstance(e, Finish)] == ["tool_calls"]
+
+
+def test_reasoning_off_leaves_think_tags_in_the_text() -> None:
+    events = run([fake(Delta("<think>x</think>y"), end("stop", 3))], [0], [4])
+    assert "".join(e.text for e in events if isinstance(e, TextDelta)) == "<think>x</think>y"
+    assert not any(isinstance(e, ReasoningDelta) for e in events)

@@ -1,0 +1,121 @@
+"""Reasoning kept apart from the answer: ``<think> ... </think>`` blocks.
+
+Models of the Qwen3, QwQ, DeepSeek R1, SmolLM3 and GLM families write their
+reasoning inside ``<think>`` tags (llama-server's "deepseek" reasoning format).
+Their templates often open the block in the generation prompt itself, so the
+output starts inside it; ``ReasoningSplit(in_thought=True)`` covers that.
+
+Formats, per model (models.toml ``reasoning_format``) or per request
+(``reasoning_format``): ``"auto"`` (split when the chat template uses ``<think>``),
+``"deepseek"`` (always split), ``"none"`` (leave everything in the content).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+THINK_OPEN = "<think>"
+THINK_CLOSE = "</think>"
+FORMATS = ("auto", "deepseek", "none")
+
+
+def splits(reasoning_format: str, template_source: str) -> bool:
+    """Whether output is split into reasoning and content for this format and template."""
+    if reasoning_format == "none":
+        return False
+    return reasoning_format == "deepseek" or THINK_OPEN in template_source
+
+
+def starts_in_thought(rendered_prompt: str) -> bool:
+    """Whether the prompt leaves a ``<think>`` block open (the output starts inside it)."""
+    tail = rendered_prompt.rstrip()
+    return tail.endswith(THINK_OPEN)
+
+
+@dataclass(frozen=True, slots=True)
+class Thought:
+    """Reasoning text."""
+
+    text: str
+
+
+@dataclass(frozen=True, slots=True)
+class Said:
+    """Answer text (outside any reasoning block)."""
+
+    text: str
+
+
+def _partial_suffix(text: str, marker: str) -> int:
+    """Length of the longest tail of ``text`` that is a proper prefix of ``marker``."""
+    for k in range(min(len(marker) - 1, len(text)), 0, -1):
+        if text.endswith(marker[:k]):
+            return k
+    return 0
+
+
+class ReasoningSplit:
+    """Incremental splitter of generated text into ``Thought`` and ``Said`` pieces.
+
+    A reasoning block opens with ``<think>`` at the start of the output (leading
+    whitespace allowed) or is already open (``in_thought``); it closes at
+    ``</think>``, after which everything is answer (a later ``<think>`` is answer
+    text). Text that could be the start of a marker is held back until it is
+    known; ``finish`` releases it. Whitespace right after the block is dropped.
+    """
+
+    def __init__(self, in_thought: bool = False) -> None:
+        self._buf = ""
+        self._state = "thinking" if in_thought else "start"
+        self._trim = False  # drop whitespace that follows the closing marker
+
+    @property
+    def in_answer(self) -> bool:
+        """Past the reasoning block (or there was none): what comes is answer text."""
+        return self._state == "answer"
+
+    def feed(self, text: str) -> list[Thought | Said]:
+        self._buf += text
+        out: list[Thought | Said] = []
+        if self._state == "start":
+            head = self._buf.lstrip()
+            if head.startswith(THINK_OPEN):
+                self._buf = head[len(THINK_OPEN):]
+                self._state = "thinking"
+            elif THINK_OPEN.startswith(head):
+                return out  # undecided: could still become <think>
+            else:
+                self._state = "answer"
+        if self._state == "thinking":
+            at = self._buf.find(THINK_CLOSE)
+            if at == -1:
+                keep = _partial_suffix(self._buf, THINK_CLOSE)
+                cut = len(self._buf) - keep
+                if cut:
+                    out.append(Thought(self._buf[:cut]))
+                self._buf = self._buf[cut:]
+                return out
+            if at:
+                out.append(Thought(self._buf[:at]))
+            self._buf = self._buf[at + len(THINK_CLOSE):]
+            self._state, self._trim = "answer", True
+        if self._trim:
+            self._buf = self._buf.lstrip()
+            if not self._buf:
+                return out
+            self._trim = False
+        if self._buf:
+            out.append(Said(self._buf))
+            self._buf = ""
+        return out
+
+    def finish(self) -> list[Thought | Said]:
+        """End of output: what was held back (an unclosed block stays reasoning)."""
+        rest, self._buf = self._buf, ""
+        if not rest:
+            return []
+        if self._state == "thinking":
+            return [Thought(rest)]
+        if self._trim:
+            rest = rest.lstrip()
+        return [Said(rest)] if rest else []

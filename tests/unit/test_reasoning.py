@@ -1,0 +1,71 @@
+"""Reasoning blocks split from the answer, whole and cut at every position while streaming."""
+
+from __future__ import annotations
+
+import pytest
+
+from edgeinfer.prompt.reasoning import (
+    ReasoningSplit,
+    Said,
+    Thought,
+    splits,
+    starts_in_thought,
+)
+
+
+def split(text: str, in_thought: bool = False, cuts: tuple[int, ...] = ()) -> tuple[str, str]:
+    s = ReasoningSplit(in_thought)
+    events = []
+    last = 0
+    for c in (*cuts, len(text)):
+        events += s.feed(text[last:c])
+        last = c
+    events += s.finish()
+    thought = "".join(e.text for e in events if isinstance(e, Thought))
+    said = "".join(e.text for e in events if isinstance(e, Said))
+    return thought, said
+
+
+CASES = [
+    ("<think>Let me see.</think>\n\nThe answer is 4.", False, ("Let me see.", "The answer is 4.")),
+    ("  <think>a</think>b", False, ("a", "b")),
+    ("Plain answer, no thinking.", False, ("", "Plain answer, no thinking.")),
+    ("The tag <think> later is text", False, ("", "The tag <think> later is text")),
+    ("<", False, ("", "<")),
+    ("<thi", False, ("", "<thi")),
+    ("still thinking when cut off", True, ("still thinking when cut off", "")),
+    ("reasoning</think>answer", True, ("reasoning", "answer")),
+    ("x < y </thin k></think>ok</think>", True, ("x < y </thin k>", "ok</think>")),
+    ("<think></think>", False, ("", "")),
+    ("<think>a</think>   ", False, ("a", "")),
+]
+
+
+@pytest.mark.parametrize(("text", "in_thought", "expected"), CASES)
+def test_whole_outputs(text: str, in_thought: bool, expected: tuple[str, str]) -> None:
+    assert split(text, in_thought) == expected
+
+
+@pytest.mark.parametrize(("text", "in_thought", "expected"), CASES)
+def test_every_single_cut_and_every_character_alone_give_the_same(
+        text: str, in_thought: bool, expected: tuple[str, str]) -> None:
+    for cut in range(len(text) + 1):
+        assert split(text, in_thought, (cut,)) == expected, cut
+    assert split(text, in_thought, tuple(range(1, len(text)))) == expected
+
+
+def test_no_marker_leaks_while_streaming() -> None:
+    s = ReasoningSplit()
+    pieces = ["<th", "ink>pla", "n</th", "ink>\n", "Do", " it"]
+    seen = [e for p in pieces for e in s.feed(p)] + s.finish()
+    assert all("<" not in e.text for e in seen)
+    assert [type(e) for e in seen] == [Thought, Thought, Said, Said]
+
+
+def test_format_choice() -> None:
+    thinking_template = "{% if enable_thinking %}<think>{% endif %}"
+    assert splits("auto", thinking_template) and not splits("auto", "{{ messages }}")
+    assert splits("deepseek", "{{ messages }}")
+    assert not splits("none", thinking_template)
+    assert starts_in_thought("<|im_start|>assistant\n<think>\n")
+    assert not starts_in_thought("<|im_start|>assistant\n<think>\n\n</think>\n\n")
