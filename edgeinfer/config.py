@@ -37,8 +37,9 @@ _MODEL_KEYS = {
     "id", "aliases", "path", "source", "context", "slots", "threads", "gpu_layers", "batch",
     "chat_template", "max_tokens", "prefix_cache", "cache_entries", "pinned_prompts", "max_queue",
     "request_timeout", "tags", "preload", "ttl", "fallback", "max_slots_per_request",
-    "reasoning_format", "chat_template_file",
+    "reasoning_format", "chat_template_file", "tool_format",
 }
+TOOL_FORMATS = ("auto", "hermes", "llama3", "mistral", "granite", "generic")
 REASONING_FORMATS = ("auto", "deepseek", "none")  # see edgeinfer.prompt.reasoning
 TAGS = {"chat", "completion", "code", "tools", "reasoning"}
 
@@ -89,6 +90,8 @@ class ModelConfig:
     max_slots_per_request: int | None = None
     # reasoning split from the answer: "auto" (when the template uses <think>), "deepseek", "none"
     reasoning_format: str = "auto"
+    # tool-call format: "auto" (detected from the chat template) or one of TOOL_FORMATS
+    tool_format: str = "auto"
 
     def __post_init__(self) -> None:
         if (self.path is None) == (self.source is None):
@@ -116,6 +119,9 @@ class ModelConfig:
                               "and slots")
         if self.context < 16:
             raise ConfigError(f"model {self.id!r}: context must be >= 16")
+        if self.tool_format not in TOOL_FORMATS:
+            raise ConfigError(f"model {self.id!r}: tool_format must be one of "
+                              f"{', '.join(TOOL_FORMATS)}")
         if self.reasoning_format not in REASONING_FORMATS:
             raise ConfigError(f"model {self.id!r}: reasoning_format must be one of "
                               f"{', '.join(REASONING_FORMATS)}")

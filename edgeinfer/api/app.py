@@ -27,6 +27,7 @@ from edgeinfer.api import (
     ops,
     tokens,
 )
+from edgeinfer.api.apply_template import apply_template
 from edgeinfer.api.embeddings import embeddings
 from edgeinfer.api.errors import on_api_error, on_http_error, on_internal_error
 from edgeinfer.api.guard import ApiKeyGuard, CorsGuard, HostGuard
@@ -54,6 +55,7 @@ ROUTES = [
     Route("/v1/embeddings", embeddings, methods=["POST"]),
     Route("/tokenize", tokens.tokenize, methods=["POST"]),
     Route("/detokenize", tokens.detokenize, methods=["POST"]),
+    Route("/apply-template", apply_template, methods=["POST"]),
     Route("/v1/cache", cache_routes.cache_stats, methods=["GET"]),
     Route("/v1/cache/pin", cache_routes.pin_prefix, methods=["POST"]),
     Route("/v1/cache/pins", cache_routes.unpin_prefixes, methods=["DELETE"]),

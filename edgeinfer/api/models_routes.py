@@ -28,7 +28,7 @@ def model_card(entry: PoolEntry) -> dict[str, Any]:
                         "n_ctx_train": info.n_ctx_train, "n_vocab": info.n_vocab,
                         "slots": cfg.slots, "size_bytes": info.size_bytes,
                         "memory_bytes": served.runtime.memory_bytes(),
-                        "tool_format": "native" if served.template.takes_tools else "generic",
+                        "tool_format": served.tool_format.name,
                         "reasoning_format": cfg.reasoning_format,
                         "splits_reasoning": splits(cfg.reasoning_format,
                                                    served.template.source)}

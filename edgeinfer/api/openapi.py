@@ -123,6 +123,8 @@ def openapi_spec() -> dict[str, Any]:
             "/detokenize": _post("Token ids to text", _body({
                 "model": _STR, "tokens": {"type": "array", "items": {
                     "type": "integer", "minimum": 0}}}, ["tokens"])),
+            "/apply-template": _post("The prompt a chat request renders to",
+                                     _body(chat, ["model", "messages"])),
             "/v1/cache": _get("Prefix cache statistics"),
             "/v1/cache/pin": _post("Keep a prefix resident", _body({
                 "model": _STR, "messages": {"type": "array", "items": _MESSAGE},

@@ -30,6 +30,7 @@ from edgeinfer.models.source import check_gguf, resolve_model_path
 from edgeinfer.prompt.markup import Markup, segments
 from edgeinfer.prompt.reasoning import starts_in_thought
 from edgeinfer.prompt.template import ChatTemplate
+from edgeinfer.prompt.toolformat import ToolFormat, choose
 from edgeinfer.prompt.tools import ToolSpec, prepare_messages
 
 PIN_PARAMS = SamplingParams(temperature=0, max_tokens=1)
@@ -117,6 +118,12 @@ class ServedModel:
     users: Users = field(default_factory=Users)
     markup: Markup = field(default_factory=lambda: Markup(()))
 
+    @property
+    def tool_format(self) -> ToolFormat:
+        """The tool-call format of this model (models.toml ``tool_format``, or detected
+        from its chat template)."""
+        return choose(self.cfg.tool_format, self.template.source)
+
     def lease(self) -> Lease:
         return Lease(self.users)
 
@@ -192,20 +199,28 @@ class ServedModel:
                     *, add_generation_prompt: bool = True,
                     template_kwargs: dict[str, Any] | None = None) -> RenderedChat:
         """``chat_prompt``, with what the rendered text says about the output to come.
-        ``template_kwargs`` (a request's ``chat_template_kwargs``, such as
-        ``enable_thinking``) are extra template variables; they cannot replace the
-        template's own (messages, tools, bos_token ...). Blocking: call it through ``run``."""
+        Blocking: call it through ``run``."""
+        text = self.chat_text(messages, tools, add_generation_prompt=add_generation_prompt,
+                              template_kwargs=template_kwargs)
+        return RenderedChat(self.tokenize_chat(text), starts_in_thought(text))
+
+    def chat_text(self, messages: list[dict[str, Any]], tools: tuple[ToolSpec, ...] = (),
+                  *, add_generation_prompt: bool = True,
+                  template_kwargs: dict[str, Any] | None = None) -> str:
+        """The rendered prompt, request text marked (``prompt.markup``) so that it is
+        tokenized as text. ``template_kwargs`` (a request's ``chat_template_kwargs``, such
+        as ``enable_thinking``) are extra template variables; they cannot replace the
+        template's own (messages, tools, bos_token ...)."""
         escape = self.markup.escape
         messages = escape(messages)
         tools = tuple(replace(t, description=escape(t.description),
                               parameters=escape(t.parameters)) for t in tools)
-        messages, extra = prepare_messages(messages, tools, native=self.template.takes_tools)
+        messages, extra = prepare_messages(messages, tools, self.tool_format)
         # request text, like the messages: escaped so it cannot become control tokens
         variables = escape({k: v for k, v in (template_kwargs or {}).items()
                             if k not in RESERVED_VARS})
-        text = self.template.render(messages, add_generation_prompt=add_generation_prompt,
+        return self.template.render(messages, add_generation_prompt=add_generation_prompt,
                                     **{**variables, **extra})
-        return RenderedChat(self.tokenize_chat(text), starts_in_thought(text))
 
     def tokenize_text(self, text: str) -> list[int]:
         return self.runtime.tokenize(text, add_special=True, parse_special=True)

@@ -24,7 +24,7 @@ from edgeinfer.prompt.budget import (
     check_schema_node,
 )
 from edgeinfer.prompt.intrange import int_range_gbnf
-from edgeinfer.prompt.tools import TOOL_CALL_CLOSE, TOOL_CALL_OPEN
+from edgeinfer.prompt.toolformat import GENERIC, ToolFormat
 
 # Arrays without maxItems get this bound: a small model that keeps adding items
 # could otherwise loop until max_tokens and leave JSON that does not parse.
@@ -233,26 +233,46 @@ def after_marker(gbnf: str, marker: str) -> str:
     return f'root ::= "{marker}" [ \\t\\n]* a-root\n' + _rename_rules(gbnf, "a-")
 
 
+def _call_schema(name: str, parameters: dict[str, Any], fmt: ToolFormat
+                 ) -> tuple[dict[str, Any], tuple[str, ...]]:
+    """The JSON schema of one call object in ``fmt`` (and its key order)."""
+    props: dict[str, Any] = {"name": {"const": name}, fmt.args_key: parameters}
+    order: tuple[str, ...] = ("name", fmt.args_key)
+    if fmt.id_length:
+        props["id"] = {"type": "string", "pattern": f"^[a-zA-Z0-9]{{{fmt.id_length}}}$"}
+        order += ("id",)
+    schema: dict[str, Any] = {"type": "object", "properties": props, "required": list(order),
+                              "additionalProperties": False}
+    for key in ("$defs", "definitions"):  # keep references resolvable
+        if key in parameters:
+            schema[key] = parameters[key]
+    return schema, order
+
+
 def tool_calls_gbnf(tools: list[tuple[str, dict[str, Any]]], max_calls: int,
-                    param: str = "tools") -> str:
-    """GBNF of one to ``max_calls`` calls
-    ``<tool_call>{"name": .., "arguments": ..}</tool_call>``."""
-    alts = []
-    parts = []
+                    param: str = "tools", fmt: ToolFormat = GENERIC) -> str:
+    """GBNF of one to ``max_calls`` calls of ``tools`` in ``fmt``'s syntax, such as
+    ``<tool_call>{"name": .., "arguments": ..}</tool_call>`` (Hermes) or
+    ``[TOOL_CALLS][{"name": .., "arguments": .., "id": ..}]`` (Mistral). The grammar
+    starts with the format's trigger word, as a lazy grammar must."""
+    alts, parts = [], []
     for i, (name, parameters) in enumerate(tools):
-        schema = {"type": "object", "properties": {"name": {"const": name},
-                                                   "arguments": parameters},
-                  "required": ["name", "arguments"], "additionalProperties": False}
-        if "$defs" in parameters or "definitions" in parameters:  # keep refs resolvable
-            for key in ("$defs", "definitions"):
-                if key in parameters:
-                    schema[key] = parameters[key]
-        gbnf = schema_to_gbnf(schema, param, ("name", "arguments"))
-        parts.append(_rename_rules(gbnf, f"t{i}-"))
+        schema, order = _call_schema(name, parameters, fmt)
+        parts.append(_rename_rules(schema_to_gbnf(schema, param, order), f"t{i}-"))
         alts.append(f"t{i}-root")
-    call = f'"{TOOL_CALL_OPEN}" "\\n"? ({" | ".join(alts)}) "\\n"? "{TOOL_CALL_CLOSE}"'
-    more = f' ("\\n" call){{0,{max_calls - 1}}}' if max_calls > 1 else ""
-    return f"root ::= call{more}\ncall ::= {call}\n" + "\n".join(parts)
+    obj = f"({' | '.join(alts)})"
+    n = max(1, min(max_calls, fmt.max_calls))
+    if fmt.listed:
+        more = f' ("," space-c call){{0,{n - 1}}}' if n > 1 else ""
+        root = (f'root ::= "{fmt.open}" "[" space-c call{more} "]"\n'
+                f'space-c ::= [ \\n]?\ncall ::= {obj}\n')
+    elif fmt.close:
+        more = f' ("\\n" call){{0,{n - 1}}}' if n > 1 else ""
+        root = (f"root ::= call{more}\n"
+                f'call ::= "{fmt.open}" "\\n"? {obj} "\\n"? "{fmt.close}"\n')
+    else:  # a bare object (Llama 3)
+        root = f"root ::= {obj}\n"
+    return root + "\n".join(parts)
 
 
 def check_generated(vocab: Any, gbnf: str, param: str) -> None:

@@ -8,24 +8,27 @@ default SmolLM2 one) follows the widespread Hermes convention::
     </tool_call>
 
 Tools are described in a system message; results go back as
-``<tool_response>`` user turns. Templates that take a ``tools`` variable get
-the tools and the raw tool messages instead. Either way the calls are
+``<tool_response>`` user turns. Templates that speak a native format
+(``edgeinfer.prompt.toolformat``) get the tools and the tool messages themselves,
+and the model writes calls in its own syntax. Either way the calls are
 grammar-constrained (see ``grammar.tool_calls_gbnf``), so they always parse.
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
-import re
-import uuid
 from dataclasses import dataclass
 from typing import Any
 
-TOOL_CALL_OPEN = "<tool_call>"
-TOOL_CALL_CLOSE = "</tool_call>"
+from edgeinfer.prompt.callparser import CallArgs, CallOpen, CallParser, Content, Event
+from edgeinfer.prompt.toolformat import GENERIC, ToolFormat
 
-# Lazy-grammar trigger: free text until the model opens a call, then the grammar.
-TOOL_CALL_TRIGGER = TOOL_CALL_OPEN
+__all__ = ["CallArgs", "CallOpen", "CallParser", "Content", "Event", "ToolCall", "ToolSpec",
+           "parse_tool_calls", "prepare_messages", "tools_system_text"]
+
+TOOL_CALL_OPEN = GENERIC.open
+TOOL_CALL_CLOSE = GENERIC.close
 
 
 @dataclass(frozen=True, slots=True)
@@ -38,10 +41,6 @@ class ToolSpec:
     def openai(self) -> dict[str, Any]:
         return {"type": "function", "function": {
             "name": self.name, "description": self.description, "parameters": self.parameters}}
-
-
-def new_call_id() -> str:
-    return "call_" + uuid.uuid4().hex[:24]
 
 
 def tools_system_text(tools: tuple[ToolSpec, ...]) -> str:
@@ -67,15 +66,50 @@ def _call_text(call: dict[str, Any]) -> str:
     return f"{TOOL_CALL_OPEN}\n{body}\n{TOOL_CALL_CLOSE}"
 
 
+def fitted_id(call_id: str, length: int) -> str:
+    """A call id as a format wants it: ``length`` letters and digits (Mistral's templates
+    refuse others), the same for the same id every time (so an assistant turn and its
+    tool result still match, and a conversation renders the same on every turn)."""
+    if not length or (len(call_id) == length and call_id.isalnum()):
+        return call_id
+    digest = hashlib.sha256(call_id.encode()).digest()
+    alphabet = "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789"
+    return "".join(alphabet[b % len(alphabet)] for b in digest[:length])
+
+
+def _native_call(call: dict[str, Any], fmt: ToolFormat) -> dict[str, Any]:
+    """A past call as templates render it: arguments as an object, the id fitted."""
+    fn = call.get("function", {})
+    try:
+        args: Any = json.loads(fn.get("arguments") or "{}")
+    except ValueError:
+        args = fn.get("arguments")
+    return {**call, "id": fitted_id(str(call.get("id", "")), fmt.id_length),
+            "function": {**fn, "arguments": args}}
+
+
+def _native(messages: list[dict[str, Any]], tools: tuple[ToolSpec, ...], fmt: ToolFormat
+            ) -> tuple[list[dict[str, Any]], dict[str, Any]]:
+    out = []
+    for m in messages:
+        if m["role"] == "assistant" and m.get("tool_calls"):
+            m = {**m, "tool_calls": [_native_call(c, fmt) for c in m["tool_calls"]]}
+        elif m["role"] == "tool" and fmt.id_length:
+            m = {**m, "tool_call_id": fitted_id(str(m.get("tool_call_id", "")), fmt.id_length)}
+        out.append(m)
+    return out, ({"tools": [t.openai() for t in tools]} if tools else {})
+
+
 def prepare_messages(messages: list[dict[str, Any]], tools: tuple[ToolSpec, ...],
-                     native: bool) -> tuple[list[dict[str, Any]], dict[str, Any]]:
+                     fmt: ToolFormat = GENERIC) -> tuple[list[dict[str, Any]], dict[str, Any]]:
     """Messages (and extra template variables) carrying the tools and past calls.
 
-    ``native``: the chat template takes ``tools`` and tool messages itself.
+    A native format's template takes ``tools``, assistant ``tool_calls`` (arguments as
+    objects) and ``tool`` messages itself; the generic format writes the tools into a
+    system message, past calls in its own syntax and results as user turns.
     """
-    if native:
-        extra = {"tools": [t.openai() for t in tools]} if tools else {}
-        return messages, extra
+    if fmt.native:
+        return _native(messages, tools, fmt)
     out: list[dict[str, Any]] = []
     for m in messages:
         if m["role"] == "assistant" and m.get("tool_calls"):
@@ -96,9 +130,6 @@ def prepare_messages(messages: list[dict[str, Any]], tools: tuple[ToolSpec, ...]
     return out, {}
 
 
-_CALL_HEAD = re.compile(r'^\s*\{\s*"name"\s*:\s*"((?:[^"\\]|\\.)*)"\s*,\s*"arguments"\s*:\s*')
-
-
 @dataclass(slots=True)
 class ToolCall:
     id: str
@@ -110,9 +141,9 @@ class ToolCall:
                 "function": {"name": self.name, "arguments": self.arguments}}
 
 
-def parse_tool_calls(text: str) -> tuple[str | None, list[ToolCall]]:
+def parse_tool_calls(text: str, fmt: ToolFormat = GENERIC) -> tuple[str | None, list[ToolCall]]:
     """Split a whole generated text into content and tool calls."""
-    stream = ToolCallStream()
+    stream = CallParser(fmt)
     events = stream.feed(text) + stream.finish()
     content = "".join(e.text for e in events if isinstance(e, Content))
     calls: list[ToolCall] = []
@@ -131,107 +162,3 @@ def parse_tool_calls(text: str) -> tuple[str | None, list[ToolCall]]:
             continue
         complete.append(c)
     return (content.strip() or None), complete
-
-
-@dataclass(frozen=True, slots=True)
-class Content:
-    """Text outside any tool call."""
-
-    text: str
-
-
-@dataclass(frozen=True, slots=True)
-class CallOpen:
-    """Call ``index`` begins: its id and function name."""
-
-    index: int
-    id: str
-    name: str
-
-
-@dataclass(frozen=True, slots=True)
-class CallArgs:
-    """A fragment of call ``index``'s arguments (JSON text)."""
-
-    index: int
-    text: str
-
-
-Event = Content | CallOpen | CallArgs
-
-
-class ToolCallStream:
-    """Incremental parser of generated text with tool calls in the generic format.
-
-    Content is released as it comes, except a tail that could begin
-    ``<tool_call>``. Inside a call, the name is announced once it is complete
-    and the arguments are released in fragments, holding back only from the
-    last ``}`` on (it may be the call object's own closing brace).
-    """
-
-    def __init__(self) -> None:
-        self._buf = ""
-        self._in_call = False
-        self._index = 0
-        self._named = False
-        self._args_start = 0
-        self._sent = 0  # characters of the arguments already released
-        self.num_calls = 0
-
-    def feed(self, text: str) -> list[Event]:
-        self._buf += text
-        events: list[Event] = []
-        while True:
-            if not self._in_call:
-                at = self._buf.find(TOOL_CALL_OPEN)
-                if at == -1:
-                    keep = _partial_suffix(self._buf, TOOL_CALL_OPEN)
-                    cut = len(self._buf) - keep
-                    if cut:
-                        events.append(Content(self._buf[:cut]))
-                    self._buf = self._buf[cut:]
-                    return events
-                if at:
-                    events.append(Content(self._buf[:at]))
-                self._buf = self._buf[at + len(TOOL_CALL_OPEN):]
-                self._in_call, self._named, self._sent = True, False, 0
-                continue
-            if not self._named:
-                head = _CALL_HEAD.match(self._buf)
-                if head is None:
-                    return events
-                name = json.loads(f'"{head.group(1)}"')
-                events.append(CallOpen(self._index, new_call_id(), name))
-                self._named, self._args_start = True, head.end()
-                self.num_calls += 1
-            if self._sent == 0:  # the arguments start at their first non-space character
-                while self._args_start < len(self._buf) and self._buf[self._args_start].isspace():
-                    self._args_start += 1
-            end = self._buf.find(TOOL_CALL_CLOSE)
-            body = self._buf[self._args_start: end if end != -1 else len(self._buf)]
-            stop = body.rstrip().rfind("}") if end != -1 else body.rfind("}")
-            if stop > self._sent:
-                events.append(CallArgs(self._index, body[self._sent:stop]))
-                self._sent = stop
-            if end == -1:
-                return events
-            self._buf = self._buf[end + len(TOOL_CALL_CLOSE):].lstrip("\n")
-            self._in_call = False
-            self._index += 1
-
-    def finish(self) -> list[Event]:
-        """End of text: release what was held back."""
-        rest, self._buf = self._buf, ""
-        if not self._in_call:
-            return [Content(rest)] if rest else []
-        if self._named:  # an unfinished call: pass its arguments on as they are
-            tail = rest[self._args_start + self._sent:]
-            return [CallArgs(self._index, tail)] if tail else []
-        return [Content(TOOL_CALL_OPEN + rest)]
-
-
-def _partial_suffix(text: str, marker: str) -> int:
-    for k in range(min(len(marker) - 1, len(text)), 0, -1):
-        if text.endswith(marker[:k]):
-            return k
-    return 0

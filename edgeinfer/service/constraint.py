@@ -12,13 +12,13 @@ from edgeinfer.prompt.grammar import (
     schema_to_gbnf,
     tool_calls_gbnf,
 )
-from edgeinfer.prompt.tools import TOOL_CALL_TRIGGER
+from edgeinfer.prompt.toolformat import GENERIC, ToolFormat
 from edgeinfer.service.request import Constraint
 
 MAX_PARALLEL_CALLS = 4
 
 
-def _grammar(vocab: Any, c: Constraint) -> tuple[str | None, tuple[str, ...]]:
+def _grammar(vocab: Any, c: Constraint, fmt: ToolFormat) -> tuple[str | None, tuple[str, ...]]:
     """``grammar_for`` without the ``after`` marker."""
     if c.grammar is not None:
         check_gbnf(vocab, c.grammar)
@@ -37,22 +37,23 @@ def _grammar(vocab: Any, c: Constraint) -> tuple[str | None, tuple[str, ...]]:
     chosen = named or list(c.tools)
     # parallel: at most one call per tool (a small model repeats a lone call endlessly)
     calls = min(MAX_PARALLEL_CALLS, len(chosen)) if c.parallel_tool_calls and not named else 1
-    gbnf = tool_calls_gbnf([(t.name, t.parameters) for t in chosen], calls)
+    gbnf = tool_calls_gbnf([(t.name, t.parameters) for t in chosen], calls, fmt=fmt)
     check_generated(vocab, gbnf, "tools")
-    return gbnf, ((TOOL_CALL_TRIGGER,) if c.tool_choice == "auto" else ())
+    return gbnf, ((fmt.trigger,) if c.tool_choice == "auto" else ())
 
 
-def grammar_for(vocab: Any, c: Constraint, after: str | None = None
-                ) -> tuple[str | None, tuple[str, ...]]:
+def grammar_for(vocab: Any, c: Constraint, after: str | None = None,
+                fmt: ToolFormat = GENERIC) -> tuple[str | None, tuple[str, ...]]:
     """(GBNF, lazy trigger words) for a constraint; (None, ()) when there is none.
 
     ``after``: a marker the output writes before the constraint applies (the end of a
     reasoning block the prompt left open): the grammar is then lazy, triggered by it.
+    ``fmt``: the model's tool-call format (calls are forced in its syntax).
     Blocking (schema conversion, grammar parsing by llama.cpp): run it off the event
     loop, holding the model (``ServedModel.run``). Raises InvalidRequest (400) for
     what cannot be turned into a grammar or is over the grammar budget.
     """
-    gbnf, triggers = _grammar(vocab, c)
+    gbnf, triggers = _grammar(vocab, c, fmt)
     if gbnf is None or after is None or triggers:
         return gbnf, triggers  # a lazy tool grammar already waits for its own marker
     wrapped = after_marker(gbnf, after)

@@ -22,6 +22,7 @@ from edgeinfer.errors import APIError, EngineError, InvalidRequest, Timeout, Una
 from edgeinfer.models.pool import ModelPool
 from edgeinfer.models.served import Lease, ServedModel
 from edgeinfer.prompt.reasoning import THINK_CLOSE, splits
+from edgeinfer.prompt.toolformat import ToolFormat
 from edgeinfer.service.constraint import grammar_for
 from edgeinfer.service.events import (
     ErrorEvent,
@@ -71,7 +72,9 @@ async def generate(pool: ModelPool, req: GenerateRequest, leases: list[Lease],
         served.check_fits(len(p), params.max_tokens)
     # a prompt that leaves a reasoning block open: the constraint applies after the block
     after = THINK_CLOSE if read.in_thought else None
-    gbnf, triggers = await served.run(grammar_for, served.runtime.vocab, req.constraint, after)
+    fmt = served.tool_format
+    gbnf, triggers = await served.run(grammar_for, served.runtime.vocab, req.constraint, after,
+                                      fmt)
     if gbnf is not None:
         params = replace(params, grammar=gbnf, grammar_triggers=triggers)
     jobs = [(pi, prompt, _choice_params(params, i))
@@ -83,8 +86,8 @@ async def generate(pool: ModelPool, req: GenerateRequest, leases: list[Lease],
                                priority=req.priority, group=request_id)
                for k, (_, prompt, p) in enumerate(jobs)]
     events = to_events(merge(streams), [pi for pi, _, _ in jobs], [len(p) for p in prompts],
-                       tools=req.constraint.offers_tools, reasoning=read.reasoning,
-                       in_thought=read.in_thought)
+                       tools=fmt if req.constraint.offers_tools else None,
+                       reasoning=read.reasoning, in_thought=read.in_thought)
     return Generation(served.cfg.id, len(jobs), served.runtime.piece, events)
 
 
@@ -161,10 +164,11 @@ async def merge(gens: list[AsyncIterator[Delta]]) -> AsyncIterator[tuple[int, De
 
 
 async def to_events(merged: AsyncIterator[tuple[int, Delta]], prompt_of: list[int],
-                    prompt_lengths: list[int], *, tools: bool, reasoning: bool = False,
-                    in_thought: bool = False) -> AsyncIterator[Event]:
+                    prompt_lengths: list[int], *, tools: ToolFormat | None,
+                    reasoning: bool = False, in_thought: bool = False
+                    ) -> AsyncIterator[Event]:
     """Engine deltas -> events; ends with UsageReport, or with one ErrorEvent.
-    ``tools``: tool calls are parsed out of the text; ``reasoning``: <think> blocks
+    ``tools``: tool calls in this format are parsed out of the text; ``reasoning``: <think> blocks
     become ReasoningDeltas (``in_thought``: the output starts inside one)."""
     readers = [ChoiceReader(i, tools=tools, reasoning=reasoning, in_thought=in_thought)
                for i in range(len(prompt_of))]

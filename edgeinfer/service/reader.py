@@ -5,9 +5,10 @@ answer (``edgeinfer.prompt.reasoning``), then tool calls out of the answer
 from __future__ import annotations
 
 from edgeinfer.engine.delta import Delta
+from edgeinfer.prompt.callparser import CallArgs, CallOpen, CallParser
+from edgeinfer.prompt.callparser import Event as ToolEvent
 from edgeinfer.prompt.reasoning import ReasoningSplit, Thought
-from edgeinfer.prompt.tools import CallArgs, CallOpen, ToolCallStream
-from edgeinfer.prompt.tools import Event as ToolEvent
+from edgeinfer.prompt.toolformat import ToolFormat
 from edgeinfer.service.events import Event, ReasoningDelta, TextDelta, ToolCallDelta
 
 
@@ -22,16 +23,16 @@ def _tool_event(choice: int, e: ToolEvent) -> Event:
 class ChoiceReader:
     """Turns one choice's deltas into text / reasoning / tool-call events.
 
-    ``tools``: parse tool calls out of the answer; ``reasoning``: split ``<think>``
+    ``tools``: parse tool calls in this format out of the answer; ``reasoning``: split ``<think>``
     blocks off as reasoning (``in_thought``: the output starts inside one). With
     neither, each delta is one TextDelta carrying its token's logprob; a token's
     logprob is kept only when the token is part of the answer.
     """
 
-    def __init__(self, choice: int, *, tools: bool, reasoning: bool,
+    def __init__(self, choice: int, *, tools: ToolFormat | None, reasoning: bool,
                  in_thought: bool = False) -> None:
         self.choice = choice
-        self.calls = ToolCallStream() if tools else None
+        self.calls = CallParser(tools) if tools is not None else None
         self.split = ReasoningSplit(in_thought) if reasoning else None
 
     @property

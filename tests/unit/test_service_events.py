@@ -8,6 +8,7 @@ from collections.abc import AsyncIterator
 
 from edgeinfer.engine.delta import Delta, Failure, FailureCode
 from edgeinfer.errors import EngineError, Timeout
+from edgeinfer.prompt.toolformat import GENERIC
 from edgeinfer.service.events import (
     ErrorEvent,
     Event,
@@ -28,8 +29,9 @@ async def fake(*deltas: Delta, pause: float = 0.0) -> AsyncIterator[Delta]:
 
 def run(streams: list[AsyncIterator[Delta]], prompt_of: list[int], lengths: list[int],
         tools: bool = False, **kw: bool) -> list[Event]:
+    fmt = GENERIC if tools else None
     async def main() -> list[Event]:
-        return [e async for e in to_events(merge(streams), prompt_of, lengths, tools=tools,
+        return [e async for e in to_events(merge(streams), prompt_of, lengths, tools=fmt,
                                            **kw)]
     return asyncio.run(main())
 
@@ -92,7 +94,7 @@ def test_a_failure_ends_the_stream_with_one_typed_error_and_aborts_the_rest() ->
 
     async def main() -> list[Event]:
         gen = to_events(merge([endless(), fake(Delta("a"), timeout, pause=0.005)]), [0, 0], [3],
-                        tools=False)
+                        tools=None)
         out = [e async for e in gen]
         await asyncio.sleep(0)
         assert aborted.is_set()  # the other choice's engine request was aborted

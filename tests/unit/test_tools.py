@@ -5,11 +5,12 @@ from __future__ import annotations
 import json
 import random
 
+from edgeinfer.prompt.toolformat import GENERIC, HERMES
 from edgeinfer.prompt.tools import (
     CallArgs,
     CallOpen,
+    CallParser,
     Content,
-    ToolCallStream,
     ToolSpec,
     parse_tool_calls,
     prepare_messages,
@@ -33,7 +34,7 @@ def test_parse_whole_text() -> None:
 def test_streaming_in_any_fragmentation_gives_the_same_calls() -> None:
     rng = random.Random(3)
     for _ in range(200):
-        stream = ToolCallStream()
+        stream = CallParser(GENERIC)
         events = []
         i = 0
         while i < len(TEXT):
@@ -63,10 +64,11 @@ def test_generic_prompt_renders_tools_calls_and_results() -> None:
                 {"id": "call_1", "type": "function",
                  "function": {"name": "get_weather", "arguments": '{"city": "Paris"}'}}]},
             {"role": "tool", "tool_call_id": "call_1", "content": "21 C"}]
-    out, extra = prepare_messages(msgs, tools, native=False)
+    out, extra = prepare_messages(msgs, tools, GENERIC)
     assert extra == {}
     assert out[0]["role"] == "system" and "get_weather" in out[0]["content"]
     assert '"arguments": {"city": "Paris"}' in out[2]["content"]
     assert out[3] == {"role": "user", "content": "<tool_response>\n21 C\n</tool_response>"}
-    native, extra = prepare_messages(msgs, tools, native=True)
-    assert native == msgs and extra["tools"][0]["function"]["name"] == "get_weather"
+    native, extra = prepare_messages(msgs, tools, HERMES)
+    assert native[1]["tool_calls"][0]["function"]["arguments"] == {"city": "Paris"}
+    assert native[2] == msgs[2] and extra["tools"][0]["function"]["name"] == "get_weather"

