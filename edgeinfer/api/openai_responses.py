@@ -1,10 +1,403 @@
-"""(being written)"""
+"""The OpenAI Responses dialect: /v1/responses (create; retrieve, delete and list the input
+items of stored responses) and /v1/responses/input_tokens.
+
+``instructions`` (a system message, never carried over, as OpenAI does) + the stored
+conversation of ``previous_response_id`` + ``input`` (a string, or message, function_call
+and function_call_output items) become OpenAI chat messages (calls: assistant
+``tool_calls``; outputs: ``tool`` messages) checked by ``api.messages``. Earlier turns
+render the same way each time, so a continued conversation's prompt is a prefix-cache hit.
+Function ``tools``, ``tool_choice``, ``parallel_tool_calls`` and ``text.format`` (text,
+json_object, json_schema) become the ``Constraint``.
+
+400 naming the field: unknown fields, non-function tools (web_search, file_search,
+computer_use ...), other input items, non-text content, set ``UNSUPPORTED`` fields.
+Accepted, ignored: ``IGNORED`` (``reasoning``: no reasoning output), known ``include``s.
+``truncation: "auto"``: a conversation over the context loses its oldest turns (up to a
+user message; instructions stay) until it fits; "disabled" (default): 400
+``context_length_exceeded``. Stored responses (``store``, default true; see
+``service.response_store``) are readable only with the API key that created them.
+"""
 
 from __future__ import annotations
 
+import hashlib
+import re
+from dataclasses import dataclass
 from typing import Any
 
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
-ROUTES: list[Route] = []
-OPENAPI_PATHS: dict[str, Any] = {}
+from edgeinfer.api import fields
+from edgeinfer.api.body import read_json
+from edgeinfer.api.fields import MAX_TOKENS_LIMIT, Body
+from edgeinfer.api.messages import MAX_MESSAGES, messages
+from edgeinfer.api.respond import CLIENT_GONE, leases, pool, sse, start, unless_disconnected
+from edgeinfer.api.responses_render import (
+    ResponseMeta,
+    chat_messages,
+    collect,
+    input_items_page,
+    new_id,
+    openapi_paths,
+    sse_events,
+)
+from edgeinfer.engine.sequence import SamplingParams
+from edgeinfer.errors import InvalidRequest, NotFound
+from edgeinfer.prompt.tools import ToolSpec
+from edgeinfer.service.generation import Generation
+from edgeinfer.service.request import ChatPrompt, Constraint, GenerateRequest
+from edgeinfer.service.response_store import StoredResponse, kept_on
+from edgeinfer.service.selection import model_named
+
+TOKEN_FIELDS = {"model", "input", "instructions", "tools", "tool_choice", "parallel_tool_calls",
+                "previous_response_id", "reasoning", "text", "truncation"}
+IGNORED = {"user": str, "service_tier": str, "safety_identifier": str, "prompt_cache_key": str,
+           "prompt_cache_retention": str, "prompt_cache_options": dict, "stream_options": dict,
+           "reasoning": dict}
+UNSUPPORTED = ("background", "conversation", "prompt", "max_tool_calls", "top_logprobs",
+               "context_management")
+FIELDS = TOKEN_FIELDS | set(IGNORED) | set(UNSUPPORTED) | {
+    "stream", "store", "metadata", "max_output_tokens", "temperature", "top_p", "include",
+    "seed", "top_k", "min_p", "presence_penalty", "frequency_penalty", "repeat_penalty",
+    "stop", "priority"}
+INCLUDABLE = {"file_search_call.results", "web_search_call.results", "reasoning.encrypted_content",
+              "web_search_call.action.sources", "message.input_image.image_url",
+              "computer_call_output.output.image_url", "code_interpreter_call.outputs",
+              "message.output_text.logprobs"}
+ITEM_KEYS = {"message": {"type", "id", "role", "content", "status", "phase"},
+             "function_call": {"type", "id", "call_id", "name", "arguments", "status",
+                               "namespace", "caller"},
+             "function_call_output": {"type", "id", "call_id", "output", "status", "name",
+                                      "namespace", "caller"}}
+PART_KEYS = {"type", "text", "annotations", "logprobs", "prompt_cache_breakpoint"}
+TOOL_KEYS = {"type", "name", "description", "parameters", "strict", "defer_loading",
+             "allowed_callers", "output_schema"}
+MAX_TOOLS = 128
+RENAMED = {"response_format.json_schema.schema": "text.format.schema",
+           "response_format": "text.format", "messages": "input"}
+_NAME = re.compile(r"^[a-zA-Z0-9_-]{1,64}$")
+
+
+@dataclass(slots=True)
+class Draft:
+    """A parsed body: everything but the earlier conversation (which needs the store)."""
+
+    model: str | None
+    instructions: str | None
+    items: list[dict[str, Any]]  # the input items, normalised, with ids
+    messages: list[dict[str, Any]]  # the input as OpenAI chat messages
+    previous_id: str | None
+    constraint: Constraint
+    params: SamplingParams
+    echo: dict[str, Any]  # the request fields a response object repeats
+    stream: bool = False
+    store: bool = True
+    truncate: bool = False
+    priority: int = 0
+
+    def request(self, conversation: list[dict[str, Any]]) -> GenerateRequest:
+        system = [{"role": "system", "content": self.instructions}] if self.instructions else []
+        msgs = messages(Body({"messages": system + conversation}, {"messages"}))
+        return GenerateRequest(self.model or "", ChatPrompt(msgs), self.params,
+                               priority=self.priority, constraint=self.constraint)
+
+
+def _bad(where: str, what: str) -> InvalidRequest:
+    return InvalidRequest(f"'{where}' {what}", param=where)
+
+
+def _texts(content: Any, where: str) -> list[str]:
+    """The texts of message content: a string or a list of text parts."""
+    if isinstance(content, str):
+        return [content]
+    if not isinstance(content, list):
+        raise _bad(where, "must be a string or a list of content parts")
+    for j, p in enumerate(content):
+        if not isinstance(p, dict) or p.get("type") not in ("input_text", "output_text", "text"
+                                                             ) or set(p) - PART_KEYS or \
+                not isinstance(p.get("text"), str):
+            raise _bad(f"{where}[{j}]", "must be {'type': 'input_text' or 'output_text', "
+                       "'text': string}: only text content is supported")
+    return [p["text"] for p in content]
+
+
+def _strings(raw: dict[str, Any], where: str, *names: str) -> list[str]:
+    for name in names:
+        if not isinstance(raw.get(name), str):
+            raise _bad(f"{where}.{name}", "must be a string")
+    return [raw[name] for name in names]
+
+
+def _item(raw: Any, where: str) -> dict[str, Any]:
+    """One input item, checked and normalised (the shape input_items lists), with an id."""
+    kind = raw.get("type", "message") if isinstance(raw, dict) else None
+    if not isinstance(kind, str) or kind not in ITEM_KEYS:
+        raise _bad(f"{where}.type" if isinstance(raw, dict) else where,
+                   "must be a message, function_call or function_call_output item")
+    extra: list[str] = sorted(set(raw) - ITEM_KEYS[kind])
+    if extra:
+        raise _bad(f"{where}.{extra[0]}", "is not a recognized field of this item")
+    rid = raw["id"] if isinstance(raw.get("id"), str) and raw["id"] else None
+    if kind == "function_call":
+        call_id, name, args = _strings(raw, where, "call_id", "name", "arguments")
+        return {"id": rid or new_id("fc"), "type": kind, "call_id": call_id, "name": name,
+                "arguments": args, "status": "completed"}
+    if kind == "function_call_output":
+        (call_id,) = _strings(raw, where, "call_id")
+        return {"id": rid or new_id("fco"), "type": kind, "call_id": call_id,
+                "output": "".join(_texts(raw.get("output"), f"{where}.output")),
+                "status": "completed"}
+    role = raw.get("role")
+    if role not in ("user", "assistant", "system", "developer"):
+        raise _bad(f"{where}.role", "must be 'user', 'assistant', 'system' or 'developer'")
+    kind = "output_text" if role == "assistant" else "input_text"
+    extra_keys: dict[str, Any] = {"annotations": []} if role == "assistant" else {}
+    return {"id": rid or new_id("msg"), "type": "message", "role": role, "status": "completed",
+            "content": [{"type": kind, "text": t, **extra_keys}
+                        for t in _texts(raw.get("content"), f"{where}.content")]}
+
+
+def _input(b: Body) -> list[dict[str, Any]]:
+    raw = b.body.get("input")
+    if isinstance(raw, str):
+        raw = [{"role": "user", "content": raw}]
+    if not isinstance(raw, list) or not raw or len(raw) > MAX_MESSAGES:
+        raise _bad("input", f"must be a string or a list of 1 to {MAX_MESSAGES} items")
+    return [_item(r, f"input[{i}]") for i, r in enumerate(raw)]
+
+
+def _tools(b: Body) -> tuple[tuple[ToolSpec, ...], list[dict[str, Any]]]:
+    raw = b.body["tools"] if b.present("tools") else []
+    if not isinstance(raw, list) or len(raw) > MAX_TOOLS:
+        raise _bad("tools", f"must be a list of at most {MAX_TOOLS} tools")
+    specs, echo = [], []
+    for j, t in enumerate(raw):
+        kind = t.get("type") if isinstance(t, dict) else None
+        if kind != "function":
+            raise _bad(f"tools[{j}].type", f"{kind!r} is not supported: only 'function' tools "
+                       "(web_search, file_search, computer_use and other hosted tools are not)")
+        extra = sorted(set(t) - TOOL_KEYS)
+        if extra:
+            raise _bad(f"tools[{j}].{extra[0]}", "is not a recognized field of a function tool")
+        name, desc = t.get("name"), t.get("description") or ""
+        params = t.get("parameters")
+        params = {"type": "object", "properties": {}} if params is None else params
+        if not isinstance(name, str) or not _NAME.match(name):
+            raise _bad(f"tools[{j}].name", "must be 1-64 letters, digits, _ or -")
+        strict = t.get("strict")
+        if not isinstance(params, dict) or not isinstance(desc, str) or not isinstance(
+                strict, bool | None):
+            raise _bad(f"tools[{j}]", "needs a JSON schema object 'parameters', a string "
+                       "'description' and a boolean 'strict'")
+        specs.append(ToolSpec(name, desc, params, strict is not False))
+        echo.append({"type": "function", "name": name, "description": desc or None,
+                     "parameters": params, "strict": strict is not False})
+    if len({s.name for s in specs}) != len(specs):
+        raise _bad("tools", "must have unique names")
+    return tuple(specs), echo
+
+
+def _tool_choice(b: Body, tools: tuple[ToolSpec, ...]) -> tuple[str, Any]:
+    """(the constraint's tool_choice, its echo)."""
+    raw = b.body.get("tool_choice")
+    if raw is None or raw in ("none", "auto", "required"):
+        choice = raw or "auto"
+        if choice == "required" and not tools:
+            raise _bad("tool_choice", "'required' needs 'tools'")
+        return (choice if tools else "none"), choice
+    if isinstance(raw, dict) and raw.get("type") == "function" and isinstance(
+            raw.get("name"), str) and set(raw) == {"type", "name"}:
+        if raw["name"] not in {t.name for t in tools}:
+            raise _bad("tool_choice", f"names {raw['name']!r}, which is not in 'tools'")
+        return raw["name"], {"type": "function", "name": raw["name"]}
+    raise _bad("tool_choice", "must be 'none', 'auto', 'required' or "
+               "{'type': 'function', 'name': ...}")
+
+
+def _text_format(b: Body) -> tuple[dict[str, Any] | None, bool, dict[str, Any]]:
+    """(json schema, json object, echo) of ``text``."""
+    raw = b.body["text"] if b.present("text") else {}
+    if not isinstance(raw, dict) or set(raw) - {"format", "verbosity"}:
+        raise _bad("text", "must be an object with 'format' (and 'verbosity')")
+    if raw.get("verbosity") not in (None, "low", "medium", "high"):
+        raise _bad("text.verbosity", "must be 'low', 'medium' or 'high'")
+    fmt: Any = {"type": "text"} if raw.get("format") is None else raw["format"]
+    kind = fmt.get("type") if isinstance(fmt, dict) else None
+    echo = {"format": {"type": kind}, "verbosity": raw.get("verbosity")}
+    if kind in ("text", "json_object") and set(fmt) == {"type"}:
+        return None, kind == "json_object", echo
+    if kind != "json_schema":
+        raise _bad("text.format", "must be {'type': 'text'}, {'type': 'json_object'} or "
+                   "{'type': 'json_schema', 'name': ..., 'schema': {...}}")
+    if set(fmt) - {"type", "name", "schema", "strict", "description"}:
+        raise _bad("text.format", "has fields a json_schema format does not take")
+    if not isinstance(fmt.get("name"), str) or not _NAME.match(fmt["name"]):
+        raise _bad("text.format.name", "must be 1-64 letters, digits, _ or -")
+    if not isinstance(fmt.get("schema"), dict):
+        raise _bad("text.format.schema", "must be a JSON schema object")
+    if not isinstance(fmt.get("strict", False), bool | None) or not isinstance(
+            fmt.get("description", ""), str):
+        raise _bad("text.format", "'strict' must be a boolean and 'description' a string")
+    echo["format"] = {k: fmt[k] for k in ("type", "name", "schema", "strict", "description")
+                      if k in fmt}
+    return fmt["schema"], False, echo
+
+
+def _metadata(b: Body) -> dict[str, str]:
+    raw = b.body["metadata"] if b.present("metadata") else {}
+    if not isinstance(raw, dict) or len(raw) > 16 or not all(isinstance(v, str) and len(
+            v) <= 512 and len(k) <= 64 for k, v in raw.items()):
+        raise _bad("metadata", "must map at most 16 keys (64 characters) to strings (512)")
+    return dict(raw)
+
+
+def _accepted(b: Body) -> None:
+    """Fields taken and ignored must still have the right type; unsupported ones be unset."""
+    for name, kind in IGNORED.items():
+        if b.body.get(name) is not None and not isinstance(b.body[name], kind):
+            raise _bad(name, f"must be {'a string' if kind is str else 'an object'}")
+    include = b.body["include"] if b.present("include") else []
+    if not isinstance(include, list) or not all(isinstance(i, str) and i in INCLUDABLE
+                                                for i in include):
+        raise _bad("include", f"must be a list of {sorted(INCLUDABLE)}")
+    if b.body.get("truncation") not in (None, "auto", "disabled"):
+        raise _bad("truncation", "must be 'auto' or 'disabled'")
+    fields.unsupported(b, UNSUPPORTED)
+
+
+def parse(body: Any, headers: dict[str, str], allowed: set[str]) -> Draft:
+    """A Responses body (``allowed``: its fields) as a ``Draft``; every error a 400."""
+    b = Body(body, allowed)
+    _accepted(b)
+    model = b.string("model", required=allowed is FIELDS)
+    items = _input(b)
+    tools, tools_echo = _tools(b)
+    choice, choice_echo = _tool_choice(b, tools)
+    schema, json_object, text_echo = _text_format(b)
+    if (schema is not None or json_object) and choice not in ("none", "auto"):
+        raise _bad("text.format", "cannot be JSON when 'tool_choice' forces a call")
+    max_tokens = b.integer("max_output_tokens", 1, MAX_TOKENS_LIMIT, None)
+    params = fields.sampling_params(b, max_tokens)
+    parallel = b.boolean("parallel_tool_calls", True)
+    instructions, previous = b.string("instructions"), b.string("previous_response_id")
+    store = b.boolean("store", True)
+    echo = {"instructions": instructions, "metadata": _metadata(b), "tools": tools_echo,
+            "tool_choice": choice_echo, "parallel_tool_calls": parallel, "text": text_echo,
+            "temperature": params.temperature, "top_p": params.top_p,
+            "max_output_tokens": max_tokens, "previous_response_id": previous,
+            "store": store, "truncation": b.body.get("truncation") or "disabled",
+            "reasoning": {"effort": None, "summary": None}, "user": b.string("user"),
+            "service_tier": "default", "background": False, "top_logprobs": 0,
+            "prompt_cache_key": b.string("prompt_cache_key")}
+    constraint = Constraint(json_schema=schema, json_object=json_object, tools=tools,
+                            tool_choice=choice, parallel_tool_calls=parallel)
+    priority = fields.priority(b.body.get("priority"), headers.get("x-priority"))
+    return Draft(model, instructions, items, chat_messages(items), previous, constraint,
+                 params, echo, b.boolean("stream"), store, echo["truncation"] == "auto",
+                 priority)
+
+
+def key_owner(request: Request) -> str:
+    """Whose responses these are: on a server with API keys, the SHA-256 of the key the
+    request gave (the bearer token, else x-api-key, as the guard reads it); on a server
+    without keys, everybody's ("": any local client reads what another stored)."""
+    if not pool(request).config.api_keys:
+        return ""
+    headers = request.headers
+    auth = headers.get("authorization", "")
+    key = auth[7:].strip() if auth[:7].lower() == "bearer " else headers.get("x-api-key", "")
+    return hashlib.sha256(key.encode()).hexdigest() if key else ""
+
+
+async def _earlier(request: Request, previous_id: str | None) -> list[dict[str, Any]]:
+    """The stored conversation ``previous_id`` continues (400 when there is none)."""
+    if previous_id is None:
+        return []
+    found = await kept_on(request.app.state).get(key_owner(request), previous_id)
+    if found is None:
+        raise InvalidRequest(f"Previous response with id '{previous_id}' not found.",
+                             param="previous_response_id", code="previous_response_not_found")
+    return found.conversation
+
+
+async def _start(request: Request, d: Draft, conversation: list[dict[str, Any]],
+                 request_id: str) -> Generation:
+    """Start the generation; with truncation "auto", drop the oldest turns while the
+    prompt does not fit (cutting before user messages, 1, 2, 4, ... turns at a time)."""
+    turns = [i for i, m in enumerate(conversation) if i > 0 and m["role"] == "user"]
+    cuts = [0]
+    if d.truncate and turns:
+        cuts += sorted({turns[min(2 ** k - 1, len(turns) - 1)]
+                        for k in range(len(turns).bit_length() + 1)})
+    for cut in cuts:
+        try:
+            return await start(request, d.request(conversation[cut:]), request_id)
+        except InvalidRequest as exc:
+            if exc.code != "context_length_exceeded" or cut == cuts[-1]:
+                exc.param = RENAMED.get(exc.param or "", exc.param)  # the service's names
+                raise
+    raise AssertionError("unreachable")
+
+
+async def create_response(request: Request) -> Response:
+    d = parse(await read_json(request), dict(request.headers), FIELDS)
+    owner = key_owner(request)
+    conversation = await _earlier(request, d.previous_id) + d.messages
+    meta = ResponseMeta("", d.echo)
+    gen = await _start(request, d, conversation, meta.id)
+    meta.model = gen.model
+
+    async def save(body: dict[str, Any]) -> None:
+        if d.store:
+            await kept_on(request.app.state).put(owner, StoredResponse(
+                meta.id, body, d.items, conversation + chat_messages(body["output"])))
+
+    if d.stream:
+        return sse(request, sse_events(meta, gen.events, save, request.url.path))
+    body = await unless_disconnected(request, collect(meta, gen.events))
+    if body is None:
+        return Response(status_code=CLIENT_GONE)
+    await save(body)
+    return JSONResponse(body)
+
+
+async def stored_response(request: Request) -> Response:
+    """GET (the response), DELETE, or GET .../input_items of a stored response: 404 when
+    there is none or another API key stored it."""
+    rid, owner = request.path_params["response_id"], key_owner(request)
+    found = None
+    if request.method == "DELETE":
+        if await kept_on(request.app.state).delete(owner, rid):
+            return JSONResponse({"id": rid, "object": "response.deleted", "deleted": True})
+    else:
+        found = await kept_on(request.app.state).get(owner, rid)
+    if found is None:
+        raise NotFound(f"Response with id '{rid}' not found.", param="response_id",
+                       code="not_found")
+    if request.url.path.endswith("/input_items"):
+        return JSONResponse(input_items_page(found.input_items, request.query_params))
+    return JSONResponse(found.response)
+
+
+async def count_input_tokens(request: Request) -> Response:
+    """The prompt tokens ``input`` (with instructions, tools and the previous response's
+    conversation) would take, rendered with the model's chat template."""
+    d = parse(await read_json(request), dict(request.headers), TOKEN_FIELDS)
+    req = d.request(await _earlier(request, d.previous_id) + d.messages)
+    served = await model_named(pool(request), d.model, leases(request))
+    tools = req.constraint.tools if req.constraint.offers_tools else ()
+    assert isinstance(req.prompt, ChatPrompt)
+    tokens = await served.run(served.chat_prompt, [dict(m) for m in req.prompt.messages], tools)
+    return JSONResponse({"object": "response.input_tokens", "input_tokens": len(tokens)})
+
+
+ROUTES: list[Route] = [
+    Route("/v1/responses", create_response, methods=["POST"]),
+    Route("/v1/responses/input_tokens", count_input_tokens, methods=["POST"]),
+    Route("/v1/responses/{response_id}/input_items", stored_response, methods=["GET"]),
+    Route("/v1/responses/{response_id}", stored_response, methods=["GET", "DELETE"]),
+]
+
+OPENAPI_PATHS: dict[str, Any] = openapi_paths(FIELDS, TOKEN_FIELDS)
