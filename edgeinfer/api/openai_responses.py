@@ -22,24 +22,25 @@ from __future__ import annotations
 
 import hashlib
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
-from edgeinfer.api import fields
+from edgeinfer.api import fields, openai_chat
 from edgeinfer.api.body import read_json
 from edgeinfer.api.fields import MAX_TOKENS_LIMIT, Body
-from edgeinfer.api.messages import MAX_MESSAGES, messages
+from edgeinfer.api.messages import messages
 from edgeinfer.api.respond import CLIENT_GONE, leases, pool, sse, start, unless_disconnected
+from edgeinfer.api.responses_input import bad as _bad
+from edgeinfer.api.responses_input import input_items
 from edgeinfer.api.responses_render import (
     ResponseMeta,
     chat_messages,
     collect,
     input_items_page,
-    new_id,
     openapi_paths,
     sse_events,
 )
@@ -61,17 +62,11 @@ UNSUPPORTED = ("background", "conversation", "prompt", "max_tool_calls", "top_lo
 FIELDS = TOKEN_FIELDS | set(IGNORED) | set(UNSUPPORTED) | {
     "stream", "store", "metadata", "max_output_tokens", "temperature", "top_p", "include",
     "seed", "top_k", "min_p", "presence_penalty", "frequency_penalty", "repeat_penalty",
-    "stop", "priority"}
+    "stop", "priority", "reasoning_format", "chat_template_kwargs"}
 INCLUDABLE = {"file_search_call.results", "web_search_call.results", "reasoning.encrypted_content",
               "web_search_call.action.sources", "message.input_image.image_url",
               "computer_call_output.output.image_url", "code_interpreter_call.outputs",
               "message.output_text.logprobs"}
-ITEM_KEYS = {"message": {"type", "id", "role", "content", "status", "phase"},
-             "function_call": {"type", "id", "call_id", "name", "arguments", "status",
-                               "namespace", "caller"},
-             "function_call_output": {"type", "id", "call_id", "output", "status", "name",
-                                      "namespace", "caller"}}
-PART_KEYS = {"type", "text", "annotations", "logprobs", "prompt_cache_breakpoint"}
 TOOL_KEYS = {"type", "name", "description", "parameters", "strict", "defer_loading",
              "allowed_callers", "output_schema"}
 MAX_TOOLS = 128
@@ -96,76 +91,16 @@ class Draft:
     store: bool = True
     truncate: bool = False
     priority: int = 0
+    reasoning_format: str | None = None
+    template_kwargs: dict[str, Any] = field(default_factory=dict)
 
     def request(self, conversation: list[dict[str, Any]]) -> GenerateRequest:
         system = [{"role": "system", "content": self.instructions}] if self.instructions else []
         msgs = messages(Body({"messages": system + conversation}, {"messages"}))
         return GenerateRequest(self.model or "", ChatPrompt(msgs), self.params,
-                               priority=self.priority, constraint=self.constraint)
-
-
-def _bad(where: str, what: str) -> InvalidRequest:
-    return InvalidRequest(f"'{where}' {what}", param=where)
-
-
-def _texts(content: Any, where: str) -> list[str]:
-    """The texts of message content: a string or a list of text parts."""
-    if isinstance(content, str):
-        return [content]
-    if not isinstance(content, list):
-        raise _bad(where, "must be a string or a list of content parts")
-    for j, p in enumerate(content):
-        if not isinstance(p, dict) or p.get("type") not in ("input_text", "output_text", "text"
-                                                             ) or set(p) - PART_KEYS or \
-                not isinstance(p.get("text"), str):
-            raise _bad(f"{where}[{j}]", "must be {'type': 'input_text' or 'output_text', "
-                       "'text': string}: only text content is supported")
-    return [p["text"] for p in content]
-
-
-def _strings(raw: dict[str, Any], where: str, *names: str) -> list[str]:
-    for name in names:
-        if not isinstance(raw.get(name), str):
-            raise _bad(f"{where}.{name}", "must be a string")
-    return [raw[name] for name in names]
-
-
-def _item(raw: Any, where: str) -> dict[str, Any]:
-    """One input item, checked and normalised (the shape input_items lists), with an id."""
-    kind = raw.get("type", "message") if isinstance(raw, dict) else None
-    if not isinstance(kind, str) or kind not in ITEM_KEYS:
-        raise _bad(f"{where}.type" if isinstance(raw, dict) else where,
-                   "must be a message, function_call or function_call_output item")
-    extra: list[str] = sorted(set(raw) - ITEM_KEYS[kind])
-    if extra:
-        raise _bad(f"{where}.{extra[0]}", "is not a recognized field of this item")
-    rid = raw["id"] if isinstance(raw.get("id"), str) and raw["id"] else None
-    if kind == "function_call":
-        call_id, name, args = _strings(raw, where, "call_id", "name", "arguments")
-        return {"id": rid or new_id("fc"), "type": kind, "call_id": call_id, "name": name,
-                "arguments": args, "status": "completed"}
-    if kind == "function_call_output":
-        (call_id,) = _strings(raw, where, "call_id")
-        return {"id": rid or new_id("fco"), "type": kind, "call_id": call_id,
-                "output": "".join(_texts(raw.get("output"), f"{where}.output")),
-                "status": "completed"}
-    role = raw.get("role")
-    if role not in ("user", "assistant", "system", "developer"):
-        raise _bad(f"{where}.role", "must be 'user', 'assistant', 'system' or 'developer'")
-    kind = "output_text" if role == "assistant" else "input_text"
-    extra_keys: dict[str, Any] = {"annotations": []} if role == "assistant" else {}
-    return {"id": rid or new_id("msg"), "type": "message", "role": role, "status": "completed",
-            "content": [{"type": kind, "text": t, **extra_keys}
-                        for t in _texts(raw.get("content"), f"{where}.content")]}
-
-
-def _input(b: Body) -> list[dict[str, Any]]:
-    raw = b.body.get("input")
-    if isinstance(raw, str):
-        raw = [{"role": "user", "content": raw}]
-    if not isinstance(raw, list) or not raw or len(raw) > MAX_MESSAGES:
-        raise _bad("input", f"must be a string or a list of 1 to {MAX_MESSAGES} items")
-    return [_item(r, f"input[{i}]") for i, r in enumerate(raw)]
+                               priority=self.priority, constraint=self.constraint,
+                               reasoning_format=self.reasoning_format,
+                               template_kwargs=self.template_kwargs)
 
 
 def _tools(b: Body) -> tuple[tuple[ToolSpec, ...], list[dict[str, Any]]]:
@@ -272,7 +207,7 @@ def parse(body: Any, headers: dict[str, str], allowed: set[str]) -> Draft:
     b = Body(body, allowed)
     _accepted(b)
     model = b.string("model", required=allowed is FIELDS)
-    items = _input(b)
+    items = input_items(b.body.get("input"))
     tools, tools_echo = _tools(b)
     choice, choice_echo = _tool_choice(b, tools)
     schema, json_object, text_echo = _text_format(b)
@@ -294,9 +229,15 @@ def parse(body: Any, headers: dict[str, str], allowed: set[str]) -> Draft:
     constraint = Constraint(json_schema=schema, json_object=json_object, tools=tools,
                             tool_choice=choice, parallel_tool_calls=parallel)
     priority = fields.priority(b.body.get("priority"), headers.get("x-priority"))
+    reasoning_format, template_kwargs = openai_chat.reasoning(b)
+    asked = b.body.get("reasoning")
+    effort = asked.get("effort") if isinstance(asked, dict) else None
+    if isinstance(effort, str):  # for templates that take it, as chat's reasoning_effort
+        template_kwargs.setdefault("reasoning_effort", effort)
+        echo["reasoning"]["effort"] = effort
     return Draft(model, instructions, items, chat_messages(items), previous, constraint,
                  params, echo, b.boolean("stream"), store, echo["truncation"] == "auto",
-                 priority)
+                 priority, reasoning_format, template_kwargs)
 
 
 def key_owner(request: Request) -> str:

@@ -34,6 +34,7 @@ from edgeinfer.service.events import (
     ErrorEvent,
     Event,
     Finish,
+    ReasoningDelta,
     TextDelta,
     ToolCallDelta,
     UsageReport,
@@ -103,6 +104,8 @@ class OutputBuilder:
     def feed(self, e: Event) -> list[dict[str, Any]]:
         if isinstance(e, TextDelta):
             return self._text(e.text)
+        if isinstance(e, ReasoningDelta):
+            return self._reasoning(e.text)
         if isinstance(e, ToolCallDelta):
             return self._call(e)
         if isinstance(e, Finish):
@@ -144,6 +147,23 @@ class OutputBuilder:
                         "logprobs": []})
         return out
 
+    def _reasoning(self, text: str) -> list[dict[str, Any]]:
+        """Reasoning text: a ``reasoning`` item with ``reasoning_text`` content."""
+        out: list[dict[str, Any]] = []
+        if self.open is not None and self.open["type"] != "reasoning":
+            out += self._close()
+        if self.open is None:
+            item = {"id": new_id("rs"), "type": "reasoning", "summary": [], "content": [],
+                    "status": "in_progress"}
+            self.items.append(item)
+            self.open, self.text = item, []
+            out.append({"type": "response.output_item.added", "output_index": self.index,
+                        "item": copy.deepcopy(item)})
+        self.text.append(text)
+        out.append({"type": "response.reasoning_text.delta", "item_id": self.open["id"],
+                    "output_index": self.index, "content_index": 0, "delta": text})
+        return out
+
     def _call(self, e: ToolCallDelta) -> list[dict[str, Any]]:
         out: list[dict[str, Any]] = []
         if e.name is not None:
@@ -168,7 +188,12 @@ class OutputBuilder:
             return []
         status = "incomplete" if self.finish == "length" else "completed"
         where = {"item_id": item["id"], "output_index": self.index}
-        if item["type"] == "message":
+        if item["type"] == "reasoning":
+            text = "".join(self.text)
+            item.update(status=status, content=[{"type": "reasoning_text", "text": text}])
+            out = [{"type": "response.reasoning_text.done", **where, "content_index": 0,
+                    "text": text}]
+        elif item["type"] == "message":
             text = "".join(self.text)
             item.update(status=status, content=[_part(text)])
             out = [{"type": "response.output_text.done", **where, "content_index": 0,
@@ -204,6 +229,8 @@ def chat_messages(items: list[dict[str, Any]]) -> list[dict[str, Any]]:
     function_call_output is a tool message."""
     out: list[dict[str, Any]] = []
     for it in items:
+        if it["type"] == "reasoning":
+            continue  # earlier reasoning is not rendered again (as the templates do)
         if it["type"] == "function_call":
             call = {"id": it["call_id"], "type": "function",
                     "function": {"name": it["name"], "arguments": it["arguments"]}}

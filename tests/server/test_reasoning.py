@@ -83,3 +83,22 @@ def test_bad_reasoning_fields_are_400(r1: ServerProcess) -> None:
         with pytest.raises(openai.BadRequestError):
             c.chat.completions.create(model="default", messages=ASK, max_tokens=2,
                                       extra_body=extra)  # type: ignore[arg-type]
+
+
+def test_the_responses_api_gives_a_reasoning_item_then_the_message(r1: ServerProcess) -> None:
+    c = client(r1)
+    kw = {"model": "default", "input": "What is two plus two?", "max_output_tokens": 24,
+          "temperature": 0, "extra_body": THINK}
+    r = c.responses.create(**kw)  # type: ignore[arg-type]
+    kinds = [item.type for item in r.output]
+    assert kinds[0] == "reasoning", kinds
+    reasoning = r.output[0].content[0].text  # type: ignore[union-attr]
+    assert reasoning and "<think>" not in reasoning
+    with c.responses.stream(**kw) as stream:  # type: ignore[arg-type]
+        deltas = [e.delta for e in stream if e.type == "response.reasoning_text.delta"]
+    assert "".join(deltas) == reasoning
+    # given back as input, a reasoning item is accepted (and not rendered again)
+    again = c.responses.create(model="default", max_output_tokens=4, input=[
+        {"role": "user", "content": "What is two plus two?"}, r.output[0].model_dump(),
+        {"role": "user", "content": "And three plus three?"}])
+    assert again.status in ("completed", "incomplete")
