@@ -19,6 +19,9 @@ from edgeinfer.engine import native
 from edgeinfer.engine.kv import kv_bytes_per_token, serving_bytes
 from edgeinfer.errors import ConfigError, EdgeInferError, ModelLoadError
 from edgeinfer.models.source import cache_dir, check_gguf, resolve_model_path
+from edgeinfer.prompt.reasoning import splits
+from edgeinfer.prompt.template import CHATML
+from edgeinfer.prompt.toolformat import choose
 
 log = logging.getLogger("edgeinfer.models")
 
@@ -109,7 +112,8 @@ def gguf_facts(path: Path) -> dict[str, Any]:
     return {"arch": arch, "quant": quant, "layers": n_layer,
             "context_train": meta.get(f"{arch}.context_length"),
             "kv_bytes_per_token": kv_per_token,
-            "name": meta.get("general.name")}
+            "name": meta.get("general.name"),
+            "chat_template": meta.get("tokenizer.chat_template")}
 
 
 def describe(cfg: ModelConfig, models: dict[str, ModelConfig] | None = None) -> dict[str, Any]:
@@ -132,22 +136,29 @@ def describe(cfg: ModelConfig, models: dict[str, ModelConfig] | None = None) -> 
         return {**row, "status": "unavailable", "error": str(exc)}
     size = path.stat().st_size
     memory = serving_bytes(size, facts["kv_bytes_per_token"], cfg.context)
+    source = cfg.chat_template or facts["chat_template"] or CHATML
     return {**row, "status": "cached", "path": str(path), "arch": facts["arch"],
             "quant": facts["quant"], "size_mib": round(size / 2**20, 1),
+            "tool_format": choose(cfg.tool_format, source).name,
+            "reasoning": "split" if splits(cfg.reasoning_format, source) else "none",
             "kv_mib": round((memory - size) / 2**20, 1), "memory_mib": round(memory / 2**20, 1),
             "gpu_layers": cfg.gpu_layers}
 
 
 def render_table(rows: list[dict[str, Any]]) -> str:
-    head = f"{'id':<28} {'arch':<10} {'quant':<8} {'disk MiB':>9} {'serve MiB':>10}  file"
+    head = (f"{'id':<28} {'arch':<10} {'quant':<8} {'disk MiB':>9} {'serve MiB':>10} "
+            f"{'tools':<8} {'reasoning':<9}  file")
     lines = [head, "-" * len(head)]
     for r in rows:
         if r["status"] != "cached":
-            lines.append(f"{r['id']:<28} {'-':<10} {'-':<8} {'-':>9} {'-':>10}  {r['error']}")
+            lines.append(f"{r['id']:<28} {'-':<10} {'-':<8} {'-':>9} {'-':>10} {'-':<8} "
+                         f"{'-':<9}  {r['error']}")
             continue
         lines.append(f"{r['id']:<28} {r['arch']:<10} {r['quant']:<8} {r['size_mib']:>9} "
-                     f"{r['memory_mib']:>10}  {r['path']}")
-    lines.append("serve MiB: weights plus the f16 KV cache for the configured context")
+                     f"{r['memory_mib']:>10} {r['tool_format']:<8} {r['reasoning']:<9}  "
+                     f"{r['path']}")
+    lines.append("serve MiB: weights plus the f16 KV cache for the configured context; tools: "
+                 "the tool-call format; reasoning: <think> blocks split from the answer")
     return "\n".join(lines)
 
 

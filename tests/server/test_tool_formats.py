@@ -144,3 +144,20 @@ def test_a_tool_result_goes_back_in_the_family_turn(families: ServerProcess) -> 
     assert "<|start_header_id|>ipython<|end_header_id|>" in text and "21 C and sunny" in text
     assert '{"name": "get_weather", "parameters": {"city": "Paris"}}' in text
     assert "<tool_response>" not in text  # not the generic format's user turn
+
+
+def test_edgeinfer_models_shows_each_models_formats(tmp_path: Path) -> None:
+    import subprocess
+    import sys
+
+    cfg = tmp_path / "models.toml"
+    cfg.write_text("".join(
+        f'[[models]]\nid = "{mid}"\n{SMALL}\nchat_template_file = "{template(name)}"\n\n'
+        for mid, name in SERVED.items()) + f'[[models]]\nid = "r1"\n{SMALL}\nchat_template_file'
+        f' = "{template("deepseek-ai-DeepSeek-R1-Distill-Qwen-32B.jinja")}"\n')
+    r = subprocess.run([sys.executable, "-m", "edgeinfer", "models", "--json", "--config",
+                        str(cfg)], capture_output=True, text=True, timeout=60, check=True)
+    rows = {row["id"]: row for row in json.loads(r.stdout)}
+    assert {m: rows[m]["tool_format"] for m in SERVED} == {
+        "qwen": "hermes", "llama": "llama3", "mistral": "mistral", "granite": "granite"}
+    assert rows["r1"]["reasoning"] == "split" and rows["qwen"]["reasoning"] == "none"
