@@ -29,7 +29,7 @@ FIELDS = {
     "n", "logit_bias", "user", "ignore_eos", "metadata", "store", "service_tier", "cache_prompt",
     "priority", "messages", "max_completion_tokens", "response_format", "logprobs",
     "top_logprobs", "tools", "tool_choice", "parallel_tool_calls", "grammar",
-    "reasoning_format", "chat_template_kwargs", "reasoning_effort",
+    "reasoning_format", "chat_template_kwargs", "reasoning_effort", "reasoning_budget",
 }
 REASONING_FORMATS = ("auto", "deepseek", "none")
 REASONING_EFFORTS = ("minimal", "low", "medium", "high")
@@ -155,7 +155,8 @@ def parse(body: Any, headers: dict[str, str]) -> tuple[GenerateRequest, bool, bo
                               tools=tools, tool_choice=tool_choice, parallel_tool_calls=parallel),
         cache_prompt=b.boolean("cache_prompt", True),
         wait_for_model=headers.get("x-edgeinfer-wait", "true").lower() != "false",
-        reasoning_format=reasoning_format, template_kwargs=template_kwargs)
+        reasoning_format=reasoning_format, template_kwargs=template_kwargs,
+        reasoning_budget=b.integer("reasoning_budget", 0, MAX_TOKENS_LIMIT, None))
     return req, stream, include_usage
 
 

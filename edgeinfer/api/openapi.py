@@ -93,6 +93,7 @@ def openapi_spec() -> dict[str, Any]:
             "tool_choice": {}, "parallel_tool_calls": _BOOL, "grammar": _STR,
             "reasoning_format": {"enum": ["auto", "deepseek", "none"]},
             "chat_template_kwargs": {"type": "object"},
+            "reasoning_budget": {"type": "integer", "minimum": 0},
             "reasoning_effort": {"enum": ["minimal", "low", "medium", "high"]}}
     completion = {**_SAMPLING, "prompt": {"oneOf": [
         _STR, _TOKENS, {"type": "array", "items": {"oneOf": [_STR, _TOKENS]}, "minItems": 1}]},

@@ -13,6 +13,7 @@ import numpy.typing as npt
 from edgeinfer.engine.grammar_check import grammar_sampler
 from edgeinfer.engine.handles import ContextPtr, Sampler, SamplerPtr, VocabPtr
 from edgeinfer.engine.sequence import SamplingParams
+from edgeinfer.engine.thought_budget import ThoughtBudget
 from edgeinfer.engine.trigger import TriggerScan, safe_after
 
 LLAMA_DEFAULT_SEED = 0xFFFFFFFF
@@ -43,6 +44,8 @@ class SamplerChain:
             MemoryError("llama_sampler_chain_init failed"))))
         self._grammar: Sampler | None = None
         self._scan: TriggerScan | None = None
+        self._budget = (ThoughtBudget(params.reasoning_budget, params.reasoning_close)
+                        if params.reasoning_budget is not None else None)
         try:
             self._build(params, n_vocab, eog_bans)
             if params.grammar is not None:
@@ -103,12 +106,24 @@ class SamplerChain:
         self._add(llama_cpp.llama_sampler_init_dist(seed))
 
     def sample(self, ctx: ContextPtr, batch_index: int) -> int:
-        if self._grammar is None:
+        # a reasoning block over its budget is closed by force; never under an active
+        # grammar (llama.cpp aborts on a token its grammar cannot take)
+        forced = (self._budget.forced()
+                  if self._budget is not None and self._grammar is None else None)
+        if forced is not None:
+            token = forced
+            llama_cpp.llama_sampler_accept(self._chain.ptr, token)
+            if self._scan is not None:
+                self._watch(token)
+        elif self._grammar is None:
             token = int(llama_cpp.llama_sampler_sample(self._chain.ptr, ctx, batch_index))
             if self._scan is not None:
                 self._watch(token)
-            return token
-        return self._sample_constrained(ctx, batch_index)
+        else:
+            token = self._sample_constrained(ctx, batch_index)
+        if self._budget is not None:
+            self._budget.saw(token)
+        return token
 
     def _watch(self, token: int) -> None:
         """Free text so far: start the grammar once a trigger word has appeared."""

@@ -60,6 +60,10 @@ class SamplingParams:
     grammar: str | None = None  # GBNF constraining the output (root rule "root")
     # lazy grammar: free text until one of these words appears, the grammar from there on
     grammar_triggers: tuple[str, ...] = ()
+    # the output starts inside a reasoning block: after this many tokens, close it by
+    # forcing ``reasoning_close`` (the tokens of its closing marker)
+    reasoning_budget: int | None = None
+    reasoning_close: tuple[int, ...] = ()
 
     @property
     def is_greedy(self) -> bool:

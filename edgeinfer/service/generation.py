@@ -77,6 +77,11 @@ async def generate(pool: ModelPool, req: GenerateRequest, leases: list[Lease],
                                       fmt)
     if gbnf is not None:
         params = replace(params, grammar=gbnf, grammar_triggers=triggers)
+    if read.in_thought and req.reasoning_budget is not None:
+        close = await served.run(functools.partial(
+            served.runtime.tokenize, THINK_CLOSE, add_special=False, parse_special=True))
+        params = replace(params, reasoning_budget=req.reasoning_budget,
+                         reasoning_close=tuple(close))
     jobs = [(pi, prompt, _choice_params(params, i))
             for pi, prompt in enumerate(prompts) for i in range(req.n)]
     # checked again right before submitting: model_for's check ran before rendering and

@@ -60,6 +60,8 @@ class GenerateRequest:
     wait_for_model: bool = True  # wait for a model that is loading (else 503 + Retry-After)
     # reasoning split from the answer: "auto", "deepseek", "none"; None: the model's setting
     reasoning_format: str | None = None
+    # tokens a reasoning block may take before it is closed (None: no limit)
+    reasoning_budget: int | None = None
     # extra chat template variables (chat_template_kwargs, such as enable_thinking)
     template_kwargs: dict[str, Any] = field(default_factory=dict)
 

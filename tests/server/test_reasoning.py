@@ -8,6 +8,7 @@ import json
 from collections.abc import Iterator
 from pathlib import Path
 
+import httpx
 import openai
 import pytest
 from serverproc import ServerProcess, start_server, stop_server
@@ -102,3 +103,20 @@ def test_the_responses_api_gives_a_reasoning_item_then_the_message(r1: ServerPro
         {"role": "user", "content": "What is two plus two?"}, r.output[0].model_dump(),
         {"role": "user", "content": "And three plus three?"}])
     assert again.status in ("completed", "incomplete")
+
+
+def test_a_reasoning_budget_closes_the_block_and_the_answer_follows(r1: ServerProcess) -> None:
+    c = client(r1)
+    r = c.chat.completions.create(
+        model="default", messages=ASK, max_tokens=20, temperature=0,
+        extra_body={**THINK, "reasoning_budget": 3, "ignore_eos": True})
+    msg = r.choices[0].message
+    reasoning = (msg.model_extra or {}).get("reasoning_content") or ""
+    tokens = httpx.post(f"{r1.base_url}/tokenize", json={"content": reasoning},
+                        timeout=30).json()["tokens"]
+    assert 1 <= len(tokens) <= 4  # 3 tokens (re-tokenized text may merge or split one)
+    assert msg.content and "</think>" not in msg.content
+    # without a budget the same request thinks until max_tokens
+    r = c.chat.completions.create(model="default", messages=ASK, max_tokens=20, temperature=0,
+                                  extra_body={**THINK, "ignore_eos": True})
+    assert not r.choices[0].message.content

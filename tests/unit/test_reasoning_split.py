@@ -69,3 +69,22 @@ def test_format_choice() -> None:
     assert not splits("none", thinking_template)
     assert starts_in_thought("<|im_start|>assistant\n<think>\n")
     assert not starts_in_thought("<|im_start|>assistant\n<think>\n\n</think>\n\n")
+
+
+def test_a_reasoning_budget_forces_the_closing_tokens_once_spent() -> None:
+    from edgeinfer.engine.thought_budget import ThoughtBudget
+
+    b = ThoughtBudget(3, (90, 91))
+    out = []
+    for sampled in (5, 6, 7, 8, 9, 10):
+        tok = b.forced()
+        tok = sampled if tok is None else tok
+        b.saw(tok)
+        out.append(tok)
+    assert out == [5, 6, 7, 90, 91, 10] and b.done
+    # a model that closes the block itself is never forced
+    b = ThoughtBudget(3, (90, 91))
+    for tok in (5, 90, 91):
+        assert b.forced() is None
+        b.saw(tok)
+    assert b.done and b.forced() is None
