@@ -46,3 +46,4 @@ class Delta:
     cached_tokens: int = 0
     timings: dict[str, float] | None = None
     logprob: TokenLogprob | None = None  # of the token in ``tokens``, when asked for
+    stop_word: str | None = None  # the stop string that ended the request, if one did

@@ -96,6 +96,7 @@ def last_delta(seq: Sequence, out: Output, status: SequenceStatus,
         tail, finish_reason=status.finish_reason, failure=failure,
         prompt_tokens=seq.num_prompt, completion_tokens=seq.num_generated,
         cached_tokens=seq.num_cached, timings=timings_json(seq, out.timing),
+        stop_word=out.text.stopped_by,
     )
 
 

@@ -48,6 +48,7 @@ class Finish:
     reason: str  # "stop", "length" or "tool_calls"
     completion_tokens: int
     timings: dict[str, float] | None = None
+    stop_word: str | None = None  # the request's stop string that ended it, if one did
 
 
 @dataclass(frozen=True, slots=True)

@@ -43,6 +43,7 @@ class Generation:
     num_choices: int
     piece: Callable[[int], bytes]  # token id -> its bytes (for logprobs)
     events: AsyncIterator[Event]
+    prompt_tokens: int = 0  # of every distinct prompt, before any generation
 
 
 def failure_error(failure: Failure | None) -> APIError:
@@ -93,7 +94,8 @@ async def generate(pool: ModelPool, req: GenerateRequest, leases: list[Lease],
     events = to_events(merge(streams), [pi for pi, _, _ in jobs], [len(p) for p in prompts],
                        tools=fmt if req.constraint.offers_tools else None,
                        reasoning=read.reasoning, in_thought=read.in_thought)
-    return Generation(served.cfg.id, len(jobs), served.runtime.piece, events)
+    return Generation(served.cfg.id, len(jobs), served.runtime.piece, events,
+                      sum(len(p) for p in prompts))
 
 
 def _check_vocab(req: GenerateRequest, n_vocab: int) -> None:
@@ -193,7 +195,7 @@ async def to_events(merged: AsyncIterator[tuple[int, Delta]], prompt_of: list[in
                 reason = d.finish_reason
                 if readers[i].num_calls and reason == "stop":
                     reason = "tool_calls"
-                yield Finish(i, reason, d.completion_tokens, d.timings)
+                yield Finish(i, reason, d.completion_tokens, d.timings, d.stop_word)
         yield UsageReport(sum(prompt_lengths), completion, sum(cached.values()))
     finally:
         await merged.aclose()  # type: ignore[attr-defined]

@@ -33,6 +33,7 @@ class ChoiceOutcome:
     calls: list[CallOutcome] = field(default_factory=list)  # complete calls only
     finish: str = ""  # "stop", "length" or "tool_calls"
     completion_tokens: int = 0
+    stop_word: str | None = None  # the stop string that ended it, if one did
     logprobs: list[TokenLogprob] = field(default_factory=list)
 
 
@@ -81,6 +82,7 @@ async def gather(events: AsyncIterator[Event], num_choices: int) -> Outcome:
             elif isinstance(e, Finish):
                 choices[e.choice].finish = e.reason
                 choices[e.choice].completion_tokens = e.completion_tokens
+                choices[e.choice].stop_word = e.stop_word
                 timings = timings or e.timings
     finally:
         await events.aclose()  # type: ignore[attr-defined]
