@@ -75,6 +75,9 @@ def messages(b: Body) -> tuple[dict[str, Any], ...]:
             msg["name"] = m["name"]
         if role == "assistant" and m.get("tool_calls") is not None:
             msg["tool_calls"] = _past_calls(m["tool_calls"], i)
+        if role == "assistant" and isinstance(m.get("reasoning_content"), str):
+            # for templates that render (or drop) earlier reasoning their own way
+            msg["reasoning_content"] = m["reasoning_content"]
         if role == "tool":
             if not isinstance(m.get("tool_call_id"), str):
                 raise InvalidRequest(f"'messages[{i}].tool_call_id' is required for tool messages",

@@ -118,3 +118,19 @@ def test_logprobs_fields() -> None:
     with pytest.raises(InvalidRequest):
         parse_chat(chat(logprobs=True, top_logprobs=21), V)
     assert parse_completion({"model": "m", "prompt": "x", "logprobs": 3}, V).params.logprobs == 3
+
+
+def test_reasoning_fields_reach_the_request() -> None:
+    msgs = [{"role": "user", "content": "2+2?"},
+            {"role": "assistant", "content": "4", "reasoning_content": "two and two"},
+            {"role": "user", "content": "3+3?"}]
+    p = parse_chat(chat(messages=msgs, reasoning_format="none", reasoning_budget=5,
+                        chat_template_kwargs={"enable_thinking": True},
+                        reasoning_effort="low"), V)
+    assert p.messages[1]["reasoning_content"] == "two and two"  # for templates that use it
+    assert p.req.reasoning_format == "none" and p.req.reasoning_budget == 5
+    assert p.req.template_kwargs == {"enable_thinking": True, "reasoning_effort": "low"}
+    for bad in ({"reasoning_format": "x"}, {"reasoning_budget": -1},
+                {"chat_template_kwargs": "x"}, {"reasoning_effort": "max"}):
+        with pytest.raises(InvalidRequest):
+            parse_chat(chat(**bad), V)
