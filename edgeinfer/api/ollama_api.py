@@ -1,10 +1,390 @@
-"""(being written)"""
+"""Ollama's native API (its docs/api.md): the requests. ``ollama_render`` answers them.
+
+``POST /api/chat`` and ``/api/generate`` (NDJSON streams unless ``"stream": false``),
+``GET /api/tags`` (every configured model, under each of its names), ``GET /api/ps``,
+``POST /api/show``, ``POST /api/embed`` and the older ``/api/embeddings``, ``GET
+/api/version``. ``/api/pull``, ``push``, ``create``, ``delete``, ``copy`` and ``blobs``
+answer 501: models come from models.toml (``edgeinfer pull`` installs their files).
+
+- ``options``: ``SAMPLING_OPTIONS`` map to the sampling settings (num_predict -1 / -2: no
+  limit but the model's ``max_tokens`` and the context, 0 refused; seed < 0: random;
+  repeat_last_n -1: the whole context); absent ones take the server's defaults, not
+  Ollama's. ``IGNORED_OPTIONS`` (load-time settings that models.toml fixes, samplers
+  edgeinfer lacks) must be numbers or booleans and are ignored; unknown names are logged
+  and ignored, as Ollama does.
+- ``format``: "json" or a JSON schema (grammar-enforced). ``tools``: function tools the
+  model may call; ``tool_choice`` (OpenAI's values, an edgeinfer extension: Ollama has
+  none) forces a call. ``think``: to the chat template (``enable_thinking``,
+  ``reasoning_effort``); reasoning comes back in ``thinking``. No ``logprobs`` (400).
+- Messages: system / user / assistant (``tool_calls`` with object arguments,
+  ``thinking``) / tool (answers the open call named by ``tool_name``, else the first);
+  ``images`` are refused: no model here sees them.
+- ``keep_alive`` (seconds or "5m"-style; negative: forever) is checked; 0 unloads the
+  model once the answer is sent, if nothing else uses it; other values are ignored (the
+  pool keeps a model for its models.toml ``ttl``). No messages / an empty prompt loads
+  the model, or with keep_alive 0 unloads it (409 while it serves requests).
+- /api/generate: ``system``; ``raw`` skips the template; a non-empty ``template``,
+  ``suffix``, ``context`` or ``images`` is refused; no ``context`` is returned.
+  ``truncate`` / ``shift`` are ignored: a prompt too long for the context is a 400.
+- Unknown body fields are refused (400 naming them). A model name may end in ``:latest``.
+  Errors are ``{"error": "..."}`` (``api.errors``); an unknown model: 404 "model 'x' not
+  found".
+"""
 
 from __future__ import annotations
 
+import asyncio
+import json
+import logging
+import re
 from typing import Any
 
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
-ROUTES: list[Route] = []
-OPENAPI_PATHS: dict[str, Any] = {}
+from edgeinfer import __version__
+from edgeinfer.api import fields, ollama_render
+from edgeinfer.api.body import read_json
+from edgeinfer.api.embeddings import MAX_EMBED_INPUTS
+from edgeinfer.api.fields import MAX_TOKENS_LIMIT, Body
+from edgeinfer.api.messages import messages
+from edgeinfer.api.ollama_render import Parsed, answer, embeddings_answer
+from edgeinfer.api.openai_chat import _tools
+from edgeinfer.api.respond import pool
+from edgeinfer.config import ModelConfig
+from edgeinfer.engine.sequence import SamplingParams
+from edgeinfer.errors import APIError, InvalidRequest, NotFound
+from edgeinfer.models.pool import ModelPool
+from edgeinfer.service.request import ChatPrompt, Constraint, GenerateRequest, TextPrompts
+
+log = logging.getLogger("edgeinfer.api")
+
+COMMON = {"model", "stream", "format", "options", "keep_alive", "think", "truncate", "shift"}
+CHAT_FIELDS = COMMON | {"messages", "tools", "tool_choice"}
+GENERATE_FIELDS = COMMON | {"prompt", "suffix", "system", "template", "context", "raw",
+                            "images", "width", "height", "steps"}
+SAMPLING_OPTIONS = {"temperature", "top_p", "top_k", "min_p", "seed", "num_predict", "stop",
+                    "repeat_penalty", "repeat_last_n", "presence_penalty", "frequency_penalty"}
+IGNORED_OPTIONS = {
+    "num_ctx", "num_batch", "num_gpu", "main_gpu", "num_thread", "num_keep", "numa",
+    "low_vram", "f16_kv", "logits_all", "vocab_only", "use_mmap", "use_mlock",
+    "embedding_only", "penalize_newline", "typical_p", "tfs_z", "mirostat", "mirostat_tau",
+    "mirostat_eta"}
+MESSAGE_KEYS = {"role", "content", "images", "tool_calls", "tool_name", "thinking",
+                "tool_call_id"}
+_UNITS = {"ns": 1e-9, "us": 1e-6, "µs": 1e-6, "ms": 1e-3, "s": 1.0, "m": 60.0, "h": 3600.0}
+_PART = re.compile(r"(\d+(?:\.\d*)?|\.\d+)(ns|us|µs|ms|s|m|h)")
+
+
+async def read_body(request: Request) -> Any:
+    """The JSON body. ``curl -d`` (as in Ollama's docs) labels it form data: that label
+    and text/plain are read as JSON too (cross-site browsers are kept out by the guard)."""
+    ctype = request.headers.get("content-type", "").split(";")[0].strip().lower()
+    if ctype in ("application/x-www-form-urlencoded", "text/plain"):
+        scope = {**request.scope, "headers": [
+            (k, v) for k, v in request.scope["headers"] if k.lower() != b"content-type"]}
+        request = Request(scope, request.receive)
+    return await read_json(request)
+
+
+def model_name(p: ModelPool, name: str) -> str:
+    """``name`` as the pool knows it (Ollama's ``:latest`` tag dropped); 404 otherwise."""
+    for candidate in (name, name.removesuffix(":latest")):
+        if candidate == "auto":
+            return candidate
+        try:
+            p.resolve(candidate)
+        except NotFound:
+            continue
+        return candidate
+    raise NotFound(f"model '{name}' not found", param="model", code="model_not_found")
+
+
+def keep_alive(value: Any) -> float | None:
+    """Seconds from a number or a Go duration ("5m", "1h30m", "0"); negative: inf."""
+    seconds: float | None = None
+    if value is None:
+        return None
+    if isinstance(value, int | float) and not isinstance(value, bool):
+        seconds = float(value)
+    elif isinstance(value, str):
+        text = value.strip().lstrip("+-")
+        sign = -1.0 if value.strip().startswith("-") else 1.0
+        if re.fullmatch(r"\d+(\.\d+)?", text):
+            seconds = sign * float(text)
+        elif text and not _PART.sub("", text):
+            seconds = sign * sum(float(n) * _UNITS[u] for n, u in _PART.findall(text))
+    if seconds is None:
+        raise InvalidRequest("'keep_alive' must be a number of seconds or a duration such as "
+                             "\"5m\"", param="keep_alive")
+    return float("inf") if seconds < 0 else seconds
+
+
+def _options(b: Body) -> tuple[dict[str, Any], int | None]:
+    """``options``' sampling settings under the names ``fields.sampling_params`` reads,
+    and max_tokens (None: no limit)."""
+    opts = b.body.get("options")
+    opts = {} if opts is None else opts
+    if not isinstance(opts, dict):
+        raise InvalidRequest("'options' must be an object", param="options")
+    out = {k: v for k, v in opts.items() if k in SAMPLING_OPTIONS}
+    for key, value in opts.items():
+        if key in IGNORED_OPTIONS and not isinstance(value, int | float | None):
+            raise InvalidRequest(f"'options.{key}' must be a number or a boolean",
+                                 param=f"options.{key}")
+        if key not in SAMPLING_OPTIONS and key not in IGNORED_OPTIONS:
+            log.warning("ignoring an unknown Ollama option: %r", key[:64])
+    predict = out.pop("num_predict", None)
+    if predict is not None and (isinstance(predict, bool) or not isinstance(predict, int)
+                                or not (predict in (-1, -2) or 0 < predict <= MAX_TOKENS_LIMIT)):
+        raise InvalidRequest("'options.num_predict' must be -1, -2 or a positive integer",
+                             param="options.num_predict")
+    if out.get("repeat_last_n") == -1:
+        out["repeat_last_n"] = 1 << 16  # the whole context
+    seed = out.get("seed")
+    if isinstance(seed, int) and seed < 0:
+        del out["seed"]  # Ollama's -1: a random seed
+    return out, predict if predict is not None and predict > 0 else None
+
+
+def sampling(b: Body) -> SamplingParams:
+    """SamplingParams from ``options``; errors name ``options.<name>``."""
+    body, max_tokens = _options(b)
+    try:
+        return fields.sampling_params(Body(body, SAMPLING_OPTIONS), max_tokens)
+    except InvalidRequest as exc:
+        name = exc.param or ""
+        raise InvalidRequest(exc.message.replace(f"'{name}'", f"'options.{name}'"),
+                             param=f"options.{name}") from None
+
+
+def _format(b: Body) -> tuple[dict[str, Any] | None, bool]:
+    fmt = b.body.get("format")
+    if fmt is None or fmt in ("", "json") or isinstance(fmt, dict):
+        return (fmt if isinstance(fmt, dict) else None), fmt == "json"
+    raise InvalidRequest("'format' must be \"json\" or a JSON schema object", param="format")
+
+
+def _think(b: Body) -> dict[str, Any]:
+    think = b.body.get("think")
+    if think is None or isinstance(think, bool):
+        return {} if think is None else {"enable_thinking": think}
+    if think in ("low", "medium", "high"):
+        return {"enable_thinking": True, "reasoning_effort": think}
+    raise InvalidRequest("'think' must be true, false, \"low\", \"medium\" or \"high\"",
+                         param="think")
+
+
+def _past_calls(calls: Any, i: int) -> list[dict[str, Any]]:
+    """An assistant message's Ollama ``tool_calls`` (arguments objects) in OpenAI's shape."""
+    where, out = f"messages[{i}].tool_calls", []
+    for j, call in enumerate(calls if isinstance(calls, list) else [None]):
+        fn = call.get("function") if isinstance(call, dict) else None
+        if not isinstance(fn, dict) or not isinstance(fn.get("name"), str) or not isinstance(
+                fn.get("arguments", {}), dict):
+            raise InvalidRequest(f"'{where}' must be a list of {{'function': {{'name': ..., "
+                                 "'arguments': {...}}}}", param=f"{where}[{j}]")
+        assert isinstance(call, dict)
+        call_id = call["id"] if isinstance(call.get("id"), str) else f"call_{i}_{j}"
+        out.append({"id": call_id, "type": "function", "function": {
+            "name": fn["name"], "arguments": json.dumps(fn.get("arguments", {}))}})
+    return out
+
+
+def _message(m: Any, i: int, open_calls: list[dict[str, Any]]) -> dict[str, Any]:
+    """One Ollama message as an OpenAI one; ``open_calls``: the calls not yet answered."""
+    where = f"messages[{i}]"
+    if not isinstance(m, dict):
+        raise InvalidRequest(f"'{where}' must be an object", param=where)
+    unknown = [key for key in m if key not in MESSAGE_KEYS]
+    if unknown or m.get("images"):
+        key = unknown[0] if unknown else "images"
+        raise InvalidRequest(f"'{where}.{key}' is not supported" + (
+            "" if unknown else ": no model here sees images"), param=f"{where}.{key}")
+    if not isinstance(m.get("content", ""), str | None):
+        raise InvalidRequest(f"'{where}.content' must be a string", param=f"{where}.content")
+    out: dict[str, Any] = {"role": m.get("role"), "content": m.get("content") or ""}
+    if m.get("role") == "assistant":
+        if m.get("tool_calls"):
+            out["tool_calls"] = open_calls[:] = _past_calls(m["tool_calls"], i)
+        if m.get("thinking") and isinstance(m["thinking"], str):
+            out["reasoning_content"] = m["thinking"]
+    elif m.get("role") == "tool":
+        name = m.get("tool_name")
+        answered = next((c for c in open_calls if c["function"]["name"] == name),
+                        open_calls[0] if open_calls else None)
+        if answered is not None:
+            open_calls.remove(answered)
+        given = m.get("tool_call_id")
+        out["tool_call_id"] = given if isinstance(given, str) else (
+            answered["id"] if answered else f"call_{i}")
+        if isinstance(name, str):
+            out["name"] = name
+    return out
+
+
+def conversation(raw: Any) -> tuple[dict[str, Any], ...]:
+    """Ollama messages as validated OpenAI messages (``api.messages``)."""
+    if not isinstance(raw, list):
+        raise InvalidRequest("'messages' must be a list", param="messages")
+    open_calls: list[dict[str, Any]] = []
+    converted = [_message(m, i, open_calls) for i, m in enumerate(raw)]
+    return messages(Body({"messages": converted}, {"messages"}))
+
+
+def _parsed(b: Body, prompt: ChatPrompt | TextPrompts | None, headers: dict[str, str],
+            tools: tuple[Any, str, bool] = ((), "none", True)) -> Parsed:
+    """Every field a generation body shares, checked even when ``prompt`` is None (a body
+    that only loads or unloads the model)."""
+    model = b.string("model", required=True)
+    assert model is not None
+    for ignored in ("truncate", "shift"):
+        b.boolean(ignored)
+    json_schema, json_object = _format(b)
+    if (json_schema is not None or json_object) and tools[1] not in ("none", "auto"):
+        raise InvalidRequest("use only one of 'format' and a forced 'tool_choice'",
+                             param="format")
+    req = GenerateRequest(
+        model, prompt or ChatPrompt(()), sampling(b),
+        priority=fields.priority(None, headers.get("x-priority")),
+        constraint=Constraint(json_schema=json_schema, json_object=json_object, tools=tools[0],
+                              tool_choice=tools[1], parallel_tool_calls=tools[2]),
+        template_kwargs=_think(b))
+    return Parsed(model, req if prompt is not None else None, b.boolean("stream", True),
+                  keep_alive(b.body.get("keep_alive")))
+
+
+def parse_chat(body: Any, headers: dict[str, str]) -> Parsed:
+    """A /api/chat body; no messages: a load (or, with keep_alive 0, unload) request."""
+    b = Body(body, CHAT_FIELDS)
+    raw_tools = b.body.get("tools")
+    if isinstance(raw_tools, list):  # Ollama's clients may leave out "type"
+        raw_tools = [{"type": "function", **t} if isinstance(t, dict) and "type" not in t
+                     else t for t in raw_tools]
+    tools = _tools(Body({"tools": raw_tools, "tool_choice": b.body.get("tool_choice")},
+                        {"tools", "tool_choice"}))
+    msgs = b.body.get("messages")
+    return _parsed(b, None if msgs in (None, []) else ChatPrompt(conversation(msgs)), headers,
+                   tools)
+
+
+def parse_generate(body: Any, headers: dict[str, str]) -> Parsed:
+    """A /api/generate body; an empty prompt: a load (or unload) request."""
+    b = Body(body, GENERATE_FIELDS)
+    for names, why in [(("template",), "the model's chat template is used ('raw': no template)"),
+                       (("suffix",), "fill-in-the-middle is not available"),
+                       (("context",), "none is returned; send the conversation to /api/chat"),
+                       (("images",), "no model here sees images"),
+                       (("width", "height", "steps"), "image generation is not available")]:
+        for name in names:
+            if b.body.get(name) not in (None, "", [], 0):
+                raise InvalidRequest(f"'{name}' is not supported: {why}", param=name)
+    prompt, system, raw = b.string("prompt") or "", b.string("system"), b.boolean("raw")
+    if raw and system:
+        raise InvalidRequest("'system' has no effect with 'raw'", param="system")
+    msgs = ({"role": "system", "content": system},) if system else ()
+    shaped = TextPrompts((prompt,)) if raw else ChatPrompt(
+        (*msgs, {"role": "user", "content": prompt}))
+    return _parsed(b, shaped if prompt else None, headers)
+
+
+# -- handlers --------------------------------------------------------------------------
+async def chat(request: Request) -> Response:
+    parsed = parse_chat(await read_body(request), dict(request.headers))
+    return await answer(request, parsed, model_name(pool(request), parsed.model), chat=True)
+
+
+async def generate(request: Request) -> Response:
+    parsed = parse_generate(await read_body(request), dict(request.headers))
+    return await answer(request, parsed, model_name(pool(request), parsed.model), chat=False)
+
+
+async def embed(request: Request) -> Response:
+    """POST /api/embed {model, input: text or texts, truncate (default true), options,
+    keep_alive, dimensions (only the model's own)}; no input: loads the model."""
+    b = Body(await read_body(request), {"model", "input", "truncate", "options", "keep_alive",
+                                        "dimensions"})
+    name = str(b.string("model", required=True))
+    raw = b.body.get("input")
+    texts = [raw] if isinstance(raw, str) and raw else [] if raw in ("", None) else raw
+    if not isinstance(texts, list) or len(texts) > MAX_EMBED_INPUTS or not all(
+            isinstance(t, str) for t in texts):
+        raise InvalidRequest(f"'input' must be a string or a list of at most "
+                             f"{MAX_EMBED_INPUTS} strings", param="input")
+    _options(b)
+    keep_alive(b.body.get("keep_alive"))
+    return await embeddings_answer(
+        request, name, model_name(pool(request), name), texts, b.boolean("truncate", True),
+        b.integer("dimensions", 1, 1 << 20, None))
+
+
+async def embeddings(request: Request) -> Response:
+    """POST /api/embeddings {model, prompt, options, keep_alive} -> {embedding} (older)."""
+    b = Body(await read_body(request), {"model", "prompt", "options", "keep_alive"})
+    name, prompt = str(b.string("model", required=True)), b.string("prompt") or ""
+    _options(b)
+    keep_alive(b.body.get("keep_alive"))
+    return await embeddings_answer(request, name, model_name(pool(request), name),
+                                   [prompt] if prompt else [], True, None, legacy=True)
+
+
+def _configs(p: ModelPool) -> dict[str, ModelConfig]:
+    return {e.cfg.id: e.cfg for e in p.entries.values()}
+
+
+async def tags(request: Request) -> Response:
+    p = pool(request)
+    return JSONResponse(await asyncio.to_thread(
+        ollama_render.tags_body, list(p.entries.values()), _configs(p)))
+
+
+async def ps(request: Request) -> Response:
+    p = pool(request)
+    return JSONResponse(await asyncio.to_thread(
+        ollama_render.ps_body, list(p.entries.values()), _configs(p)))
+
+
+async def show(request: Request) -> Response:
+    """POST /api/show {model (or the older "name"), verbose (ignored)}."""
+    b = Body(await read_body(request), {"model", "name", "verbose", "options"})
+    asked = b.string("model") or b.string("name")
+    if not asked:
+        raise InvalidRequest("'model' is required", param="model")
+    p = pool(request)
+    entry = p.entries[p.resolve(model_name(p, asked))]
+    return JSONResponse(await asyncio.to_thread(ollama_render.show_body, entry, _configs(p)))
+
+
+async def version(request: Request) -> Response:
+    return JSONResponse({"version": __version__})
+
+
+class NotHere(APIError):
+    """501: what an Ollama server does that this one does not (its model store)."""
+
+    status = 501
+    type = "not_implemented"
+
+
+async def model_store(request: Request) -> Response:
+    raise NotHere(f"{request.url.path} is not supported by edgeinfer: its models are "
+                  "configured in models.toml; run `edgeinfer pull` to install their files")
+
+
+ROUTES: list[Route] = [
+    Route("/api/chat", chat, methods=["POST"]),
+    Route("/api/generate", generate, methods=["POST"]),
+    Route("/api/embed", embed, methods=["POST"]),
+    Route("/api/embeddings", embeddings, methods=["POST"]),
+    Route("/api/tags", tags, methods=["GET"]),
+    Route("/api/ps", ps, methods=["GET"]),
+    Route("/api/show", show, methods=["POST"]),
+    Route("/api/version", version, methods=["GET"]),
+    *(Route(f"/api/{name}", model_store, methods=["POST"])
+      for name in ("pull", "push", "create", "copy")),
+    Route("/api/delete", model_store, methods=["DELETE"]),
+    Route("/api/blobs/{digest}", model_store, methods=["HEAD", "POST"]),
+]
+OPENAPI_PATHS: dict[str, Any] = ollama_render.openapi_paths(
+    ROUTES, {"/api/chat": CHAT_FIELDS, "/api/generate": GENERATE_FIELDS})

@@ -1,0 +1,398 @@
+"""Ollama's answers: NDJSON lines or one body from the service's events, model bodies.
+
+A chat line is ``{model, created_at, message: {role, content[, thinking][, tool_calls]},
+done: false}``, a generate line ``{model, created_at, response[, thinking], done: false}``.
+A tool call is sent whole once complete, its ``arguments`` an object (one cut off by
+``num_predict`` is left out). The last line has ``done: true``, ``done_reason`` ("stop"
+or "length"), counts and durations (ns); a failure mid-stream ends with ``{"error"}``.
+``NdjsonStream`` ends when the client disconnects or stops reading for ``send_timeout``,
+closing the event stream, which aborts the generation and frees its slots.
+"""
+
+from __future__ import annotations
+
+import datetime
+import functools
+import hashlib
+import json
+import logging
+import math
+import time
+import uuid
+from collections.abc import AsyncIterator, Iterable
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Any
+
+import anyio
+from starlette.background import BackgroundTask
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response, StreamingResponse
+from starlette.routing import Route
+from starlette.types import Receive, Scope, Send
+
+from edgeinfer.api.errors import shape
+from edgeinfer.api.respond import CLIENT_GONE, leases, pool, start, unless_disconnected
+from edgeinfer.config import ModelConfig
+from edgeinfer.engine.sequence import SamplingParams
+from edgeinfer.errors import Conflict, InvalidRequest
+from edgeinfer.models.modelinfo import describe, gguf_facts, gguf_metadata
+from edgeinfer.models.pool import ModelPool, ModelState, PoolEntry
+from edgeinfer.prompt.reasoning import splits
+from edgeinfer.prompt.template import CHATML
+from edgeinfer.service import events as ev
+from edgeinfer.service.embedding import embed
+from edgeinfer.service.outcome import CallOutcome, gather
+from edgeinfer.service.request import EmbedRequest, GenerateRequest
+from edgeinfer.service.selection import model_for
+
+log = logging.getLogger("edgeinfer.api")
+
+
+def rfc3339(ts: float | None = None) -> str:
+    """A UTC time as Ollama writes it (``2024-01-02T03:04:05.123456Z``)."""
+    when = datetime.datetime.fromtimestamp(time.time() if ts is None else ts, datetime.UTC)
+    return when.isoformat(timespec="microseconds").replace("+00:00", "Z")
+
+
+@dataclass(slots=True)
+class Parsed:
+    """A generation body: ``req`` is None for one that only loads / unloads the model."""
+
+    model: str  # as the client wrote it
+    req: GenerateRequest | None
+    stream: bool
+    keep_alive: float | None  # seconds (inf: forever), None when not given
+
+
+@dataclass(slots=True)
+class Meta:
+    """What every line of one answer repeats, and how its durations are measured."""
+
+    model: str  # the name the client asked for, echoed as Ollama does
+    chat: bool  # /api/chat (``message``) or /api/generate (``response``)
+    path: str  # the request's path, for the shape of a mid-stream error
+    started_ns: int = field(default_factory=time.perf_counter_ns)
+    load_ns: int = 0  # time spent loading the model for this request
+
+    def line(self, text: str = "", thinking: str = "",
+             calls: list[CallOutcome] | None = None) -> dict[str, Any]:
+        out: dict[str, Any] = {"model": self.model, "created_at": rfc3339()}
+        if self.chat:
+            out["message"] = {"role": "assistant", "content": text}
+        body = out["message"] if self.chat else out
+        body["content" if self.chat else "response"] = text
+        if thinking:
+            body["thinking"] = thinking
+        if calls and self.chat:
+            body["tool_calls"] = tool_calls(calls)
+        return {**out, "done": False}
+
+    def final(self, line: dict[str, Any], finish: str, usage: ev.UsageReport | None,
+              timings: dict[str, float] | None) -> dict[str, Any]:
+        """``line`` as the last one: done, why, and the counts and durations."""
+        t = timings or {}
+        return {**line, "done": True, "done_reason": "length" if finish == "length" else "stop",
+                "total_duration": time.perf_counter_ns() - self.started_ns,
+                "load_duration": self.load_ns,
+                "prompt_eval_count": usage.prompt_tokens if usage else 0,
+                "prompt_eval_duration": int(t.get("prompt_ms", 0.0) * 1e6),
+                "eval_count": usage.completion_tokens if usage else 0,
+                "eval_duration": int(t.get("predicted_ms", 0.0) * 1e6)}
+
+
+def _arguments(call: CallOutcome) -> dict[str, Any] | None:
+    try:
+        args = json.loads(call.arguments or "{}")
+    except ValueError:
+        return None
+    return args if isinstance(args, dict) else None
+
+
+def tool_calls(calls: list[CallOutcome]) -> list[dict[str, Any]]:
+    """Ollama's ``tool_calls``: the complete calls, each one's arguments an object."""
+    done = [(c, a) for c in calls if (a := _arguments(c)) is not None]
+    return [{"id": c.id, "function": {"name": c.name, "arguments": a}} for c, a in done]
+
+
+async def stream_lines(meta: Meta, events: AsyncIterator[ev.Event]
+                       ) -> AsyncIterator[dict[str, Any]]:
+    """The NDJSON lines of a streamed answer (one choice); closes ``events`` at the end or
+    when abandoned, which aborts the generation."""
+    calls: list[CallOutcome] = []  # the call begun, sent whole when the next begins or at the end
+    finish, usage, timings = "stop", None, None
+    try:
+        async for e in events:
+            if isinstance(e, ev.ErrorEvent):
+                yield shape(e.error, meta.path)
+                return
+            if isinstance(e, ev.TextDelta):
+                yield meta.line(e.text)
+            elif isinstance(e, ev.ReasoningDelta):
+                yield meta.line(thinking=e.text)
+            ends_call = isinstance(e, ev.Finish) or isinstance(e, ev.ToolCallDelta) and e.name
+            if ends_call and tool_calls(calls):
+                yield meta.line(calls=calls)
+            if ends_call:
+                calls = []
+            if isinstance(e, ev.ToolCallDelta):
+                if e.name is not None:
+                    calls.append(CallOutcome(e.id or "", e.name, ""))
+                calls[-1].arguments += e.arguments
+            elif isinstance(e, ev.Finish):
+                finish, timings = e.reason, e.timings
+            elif isinstance(e, ev.UsageReport):
+                usage = e
+        yield meta.final(meta.line(), finish, usage, timings)
+    finally:
+        await events.aclose()  # type: ignore[attr-defined]
+
+
+async def whole(meta: Meta, events: AsyncIterator[ev.Event]) -> dict[str, Any]:
+    """The one body of a non-streamed answer; raises the APIError of a failure."""
+    out = await gather(events, 1)
+    c = out.choices[0]
+    line = meta.line(c.text, c.reasoning, c.calls)
+    return meta.final(line, c.finish, out.usage, out.timings)
+
+
+class NdjsonStream(StreamingResponse):
+    """Newline-delimited JSON, one ``send`` a line. It ends when the client disconnects
+    (Starlette's watch) or does not take a line within ``send_timeout`` seconds; either way
+    the lines' source is closed, aborting the generation behind it."""
+
+    media_type = "application/x-ndjson"
+
+    def __init__(self, lines: AsyncIterator[dict[str, Any]], send_timeout: float,
+                 background: BackgroundTask | None = None) -> None:
+        super().__init__(lines, headers={"Cache-Control": "no-store"},  # type: ignore[arg-type]
+                         background=background)
+        self.send_timeout = send_timeout
+
+    async def stream_response(self, send: Send) -> None:
+        await send({"type": "http.response.start", "status": self.status_code,
+                    "headers": self.raw_headers})
+        async for line in self.body_iterator:
+            chunk = json.dumps(line, ensure_ascii=False, separators=(",", ":")).encode() + b"\n"
+            with anyio.fail_after(self.send_timeout):
+                await send({"type": "http.response.body", "body": chunk, "more_body": True})
+        await send({"type": "http.response.body", "body": b"", "more_body": False})
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        after, self.background = self.background, None  # run once the generation is closed
+        try:
+            await super().__call__(scope, receive, send)
+        except TimeoutError:
+            log.warning("an NDJSON stream was not read for %gs: closed", self.send_timeout)
+        finally:
+            await self.body_iterator.aclose()  # type: ignore[attr-defined]
+        if after is not None:
+            await after()
+
+
+# -- answering --------------------------------------------------------------------------
+async def _load(p: ModelPool, name: str) -> int:
+    """Load the named model unless it is loaded; the nanoseconds that took."""
+    if name == "auto" or p.entries[p.resolve(name)].state is ModelState.LOADED:
+        return 0
+    t0 = time.perf_counter_ns()
+    await p.acquire(name)
+    return time.perf_counter_ns() - t0
+
+
+def _unload_after(request: Request, model_id: str) -> BackgroundTask:
+    """keep_alive 0: once the answer is sent, give back this request's leases and unload
+    the model, unless other requests use it (then its ttl applies)."""
+    held, p = leases(request), pool(request)
+
+    async def unload() -> None:
+        for lease in held:
+            lease.release()
+        if not await p.unload(model_id):
+            log.info("keep_alive 0: model %s is in use and stays loaded", model_id)
+
+    return BackgroundTask(unload)
+
+
+async def _load_or_unload(p: ModelPool, name: str, parsed: Parsed, meta: Meta) -> Response:
+    reason = "unload" if parsed.keep_alive == 0 else "load"
+    if reason == "load":
+        meta.load_ns = await _load(p, name)
+    elif name != "auto":
+        model_id = p.resolve(name)
+        if p.entries[model_id].served is not None and not await p.unload(model_id):
+            raise Conflict(f"the model '{model_id}' is serving requests", code="model_busy")
+    return JSONResponse({**meta.line(), "done": True, "done_reason": reason,
+                         "load_duration": meta.load_ns})
+
+
+async def answer(request: Request, parsed: Parsed, name: str, chat: bool) -> Response:
+    """Generate ``parsed`` with model ``name`` (as the pool knows it), streamed or whole."""
+    meta = Meta(parsed.model, chat, request.url.path)
+    p = pool(request)
+    if parsed.req is None:
+        return await _load_or_unload(p, name, parsed, meta)
+    meta.load_ns = await _load(p, name)
+    gen = await start(request, replace(parsed.req, model=name), f"ollama-{uuid.uuid4().hex}")
+    after = _unload_after(request, gen.model) if parsed.keep_alive == 0 else None
+    if parsed.stream:
+        return NdjsonStream(stream_lines(meta, gen.events), request.app.state.send_timeout,
+                            background=after)
+    body = await unless_disconnected(request, whole(meta, gen.events))
+    if body is None:
+        return Response(status_code=CLIENT_GONE)
+    return JSONResponse(body, background=after)
+
+
+async def embeddings_answer(request: Request, asked: str, name: str, texts: list[str],
+                            truncate: bool, dimensions: int | None,
+                            legacy: bool = False) -> Response:
+    """/api/embed (``legacy``: /api/embeddings) for ``texts``; none: the model is loaded.
+    ``truncate``: texts longer than the embedding context are cut to fit (else 400)."""
+    t0, p, held = time.perf_counter_ns(), pool(request), leases(request)
+    load_ns = await _load(p, name)
+    items: tuple[str | list[int], ...] = tuple(texts)
+    if truncate and texts:
+        served = await model_for(p, name, held)
+        items = tuple([(await served.run(served.tokenize_text, t))[:served.embedder.n_ctx]
+                       for t in texts])
+    result = await embed(p, EmbedRequest(name, items), held) if items else None
+    vectors = result.vectors if result else []
+    if dimensions is not None and vectors and dimensions != len(vectors[0]):
+        raise InvalidRequest(f"'dimensions' must be this model's size, {len(vectors[0])}",
+                             param="dimensions")
+    if legacy:
+        return JSONResponse({"embedding": vectors[0] if vectors else []})
+    return JSONResponse({"model": asked, "embeddings": vectors, "load_duration": load_ns,
+                         "total_duration": time.perf_counter_ns() - t0,
+                         "prompt_eval_count": result.tokens if result else 0})
+
+
+def openapi_paths(routes: Iterable[Route], bodies: dict[str, set[str]]) -> dict[str, Any]:
+    """The routes' OpenAPI entries (Ollama's shapes; ``bodies``: a path's body fields)."""
+    out: dict[str, Any] = {}
+    for r in routes:
+        for method in sorted((r.methods or set()) - {"HEAD"}) or ["head"]:
+            op: dict[str, Any] = {"summary": f"Ollama API: {r.path}", "responses": {
+                "200": {"description": "as Ollama (application/x-ndjson when streamed)"},
+                "4XX": {"description": "{\"error\": \"...\"}"}}}
+            if r.path in bodies:
+                op["requestBody"] = {"content": {"application/json": {"schema": {
+                    "type": "object", "required": ["model"],
+                    "properties": {f: {} for f in sorted(bodies[r.path])}}}}}
+            out.setdefault(r.path, {})[method.lower()] = op
+    return out
+
+
+# -- models: /api/tags, /api/ps, /api/show (blocking: file headers; run off the loop) ------
+_FOUND: dict[ModelConfig, Path] = {}
+FOREVER = "9999-12-31T23:59:59Z"  # expires_at of a model without a ttl
+_ARRAYS = {"tokenizer.ggml.tokens", "tokenizer.ggml.token_type", "tokenizer.ggml.merges",
+           "tokenizer.ggml.scores", "general.languages", "general.tags"}
+
+
+@dataclass(frozen=True, slots=True)
+class FileFacts:
+    path: Path | None  # None: not on disk yet (a package to install, a file made on first use)
+    size: int = 0
+    modified: float = 0.0
+    meta: dict[str, Any] = field(default_factory=dict)  # GGUF metadata (an array: its first item)
+    quant: str = ""
+
+    @property
+    def arch(self) -> str:
+        return str(self.meta.get("general.architecture") or "")
+
+    @property
+    def digest(self) -> str:
+        """Names this file's version (path, size, time); not a hash of its content."""
+        return hashlib.sha256(f"{self.path}:{self.size}:{self.modified}".encode()).hexdigest()
+
+    def details(self) -> dict[str, Any]:
+        return {"parent_model": "", "format": "gguf", "family": self.arch,
+                "families": [self.arch] if self.arch else [],
+                "parameter_size": str(self.meta.get("general.size_label") or ""),
+                "quantization_level": self.quant}
+
+
+@functools.lru_cache(maxsize=32)
+def _gguf(path: Path, mtime_ns: int) -> tuple[dict[str, Any], str]:
+    return gguf_metadata(path), str(gguf_facts(path)["quant"])
+
+
+def file_facts(entry: PoolEntry, configs: dict[str, ModelConfig]) -> FileFacts:
+    """The model's file as it is now: nothing is installed or made to find it."""
+    path = entry.served.runtime.path if entry.served is not None else _FOUND.get(entry.cfg)
+    if path is None:
+        row = describe(entry.cfg, configs)
+        if row["status"] != "cached":
+            return FileFacts(None, modified=time.time())
+        path = _FOUND[entry.cfg] = Path(row["path"])
+    try:
+        st = path.stat()
+    except OSError:  # removed since it was found
+        _FOUND.pop(entry.cfg, None)
+        return FileFacts(None, modified=time.time())
+    meta, quant = _gguf(path, st.st_mtime_ns)
+    return FileFacts(path, st.st_size, st.st_mtime, meta, quant)
+
+
+def tags_body(entries: list[PoolEntry], configs: dict[str, ModelConfig]) -> dict[str, Any]:
+    """Every configured model, once under each of its names (as Ollama lists copies)."""
+    out = []
+    for e in entries:
+        f = file_facts(e, configs)
+        card = {"modified_at": rfc3339(f.modified), "size": f.size, "digest": f.digest,
+                "details": f.details()}
+        out += [{"name": name, "model": name, **card} for name in e.cfg.names]
+    return {"models": out}
+
+
+def ps_body(entries: list[PoolEntry], configs: dict[str, ModelConfig]) -> dict[str, Any]:
+    """The loaded models: memory, the share of it on the GPU (by layers offloaded, an
+    estimate; 0 on CPU), and when the ttl unloads them if they stay idle."""
+    out, now, mono = [], time.time(), time.monotonic()
+    for e in entries:
+        served = e.served
+        if e.state is not ModelState.LOADED or served is None:
+            continue
+        f = file_facts(e, configs)
+        size = served.runtime.memory_bytes()
+        layers = int(f.meta.get(f"{f.arch}.block_count") or 0)
+        gpu = served.cfg.gpu_layers if isinstance(served.cfg.gpu_layers, int) else 0
+        ttl = e.cfg.ttl
+        out.append({"name": e.cfg.id, "model": e.cfg.id, "size": size,
+                    "size_vram": size * min(gpu, layers) // layers if layers else 0,
+                    "digest": f.digest, "details": f.details(), "context_length": served.n_ctx,
+                    "expires_at": FOREVER if ttl is None else rfc3339(
+                        now + max(ttl - e.idle_for(mono), 0.0))})
+    return {"models": out}
+
+
+def _model_info(f: FileFacts) -> dict[str, Any]:
+    """GGUF metadata: general facts, the architecture's, the tokenizer's kind (no token
+    lists; an array shows its first item)."""
+    prefixes = (f"{f.arch}.", "general.", "tokenizer.ggml.")
+    return {k: v for k, v in f.meta.items() if k.startswith(prefixes) and k not in _ARRAYS
+            and not (isinstance(v, float) and not math.isfinite(v))}
+
+
+def show_body(entry: PoolEntry, configs: dict[str, ModelConfig]) -> dict[str, Any]:
+    """/api/show: Ollama's fields from models.toml and the GGUF header. ``template`` is the
+    Jinja chat template; ``modelfile`` only describes (there is no /api/create)."""
+    f, cfg, d = file_facts(entry, configs), entry.cfg, SamplingParams()
+    own = cfg.chat_template or f.meta.get("tokenizer.chat_template")
+    template = entry.served.template.source if entry.served else (own or CHATML)
+    params: dict[str, Any] = {"num_ctx": cfg.context, "temperature": d.temperature,
+                              "top_k": d.top_k, "top_p": d.top_p, "min_p": d.min_p}
+    if cfg.max_tokens is not None:
+        params["num_predict"] = cfg.max_tokens
+    caps = ["completion"] + (["tools"] if own else []) + (
+        ["thinking"] if splits(cfg.reasoning_format, template) else [])
+    return {
+        "modelfile": f"# {cfg.id}, served by edgeinfer from models.toml\nFROM {f.path or '?'}\n"
+                     f'TEMPLATE """{template}"""\n'
+                     + "".join(f"PARAMETER {k} {v}\n" for k, v in params.items()),
+        "parameters": "\n".join(f"{k:<30} {v}" for k, v in params.items()),
+        "template": template, "details": f.details(), "model_info": _model_info(f),
+        "capabilities": caps, "modified_at": rfc3339(f.modified or None)}

@@ -1,0 +1,437 @@
+"""Ollama's native API against the real server, with the official ``ollama`` client.
+
+Tool calls: the tiny model never chooses to call a tool by itself, and Ollama's API has no
+``tool_choice``; edgeinfer's /api/chat accepts one as an extension. The tests force calls
+with it (through the client's own request and response parsing), and check what a plain
+Ollama client sends (tools offered, a call and its result in the history) by its effect.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import datetime
+import json
+import math
+import time
+from typing import Any
+
+import httpx
+import ollama
+import pytest
+from pydantic import BaseModel
+from serverproc import ServerProcess
+
+from edgeinfer import __version__
+from edgeinfer.api.ollama_render import Meta, NdjsonStream, stream_lines
+from edgeinfer.errors import Timeout
+from edgeinfer.service import events as ev
+
+HELLO = [{"role": "user", "content": "Say hello in one short sentence."}]
+MODEL = "smollm2-135m-instruct"
+WEATHER = {"type": "function", "function": {
+    "name": "get_weather", "description": "The current weather in a city",
+    "parameters": {"type": "object", "properties": {"city": {"type": "string"}},
+                   "required": ["city"]}}}
+
+
+class City(BaseModel):
+    name: str
+    country: str
+    population: int
+
+
+@pytest.fixture()
+def oc(server: ServerProcess) -> ollama.Client:
+    return ollama.Client(host=server.base_url, timeout=120)
+
+
+def _rfc3339(text: str | None) -> datetime.datetime:
+    assert text is not None
+    return datetime.datetime.fromisoformat(text.replace("Z", "+00:00"))
+
+
+def _post(server: ServerProcess, path: str, body: Any, **kw: Any) -> httpx.Response:
+    return httpx.post(f"{server.base_url}{path}", json=body, timeout=120, **kw)
+
+
+def _wait_idle(server: ServerProcess, timeout: float = 10.0) -> dict[str, object]:
+    deadline = time.monotonic() + timeout
+    stats = server.engine_stats()
+    while time.monotonic() < deadline and (stats["slots_busy"] or stats["queued"]):
+        time.sleep(0.05)
+        stats = server.engine_stats()
+    return stats
+
+
+def test_chat_whole(oc: ollama.Client) -> None:
+    r = oc.chat(model="default", messages=HELLO, stream=False, options={"num_predict": 24})
+    assert r.model == "default" and r.done is True and r.done_reason in ("stop", "length")
+    assert r.message.role == "assistant" and r.message.content
+    assert not r.message.tool_calls
+    assert r.eval_count is not None and 0 < r.eval_count <= 24
+    assert r.prompt_eval_count is not None and r.prompt_eval_count > 5
+    assert r.total_duration and r.eval_duration and r.total_duration >= r.eval_duration > 0
+    assert r.load_duration is not None and r.load_duration >= 0
+    age = datetime.datetime.now(datetime.UTC) - _rfc3339(r.created_at)
+    assert abs(age.total_seconds()) < 120
+
+
+def test_chat_streamed(oc: ollama.Client, server: ServerProcess) -> None:
+    parts = list(oc.chat(model="default:latest", messages=HELLO, stream=True,
+                         options={"num_predict": 12, "temperature": 0}))
+    *pieces, last = parts
+    assert pieces and all(p.done is False and p.message.role == "assistant" for p in pieces)
+    assert all(p.model == "default:latest" for p in parts)
+    text = "".join(p.message.content or "" for p in pieces)
+    assert text.strip()
+    assert last.done is True and last.done_reason in ("stop", "length")
+    assert last.message.content == "" and last.eval_count is not None
+    assert len([p for p in pieces if p.message.content]) <= last.eval_count <= 12
+    assert last.prompt_eval_count and last.total_duration and last.eval_duration
+    whole = oc.chat(model="default", messages=HELLO, options={"num_predict": 12,
+                                                              "temperature": 0})
+    assert whole.message.content == text  # greedy: the same answer either way
+    body = {"model": "default", "messages": HELLO, "options": {"num_predict": 3}}
+    with httpx.stream("POST", f"{server.base_url}/api/chat", json=body, timeout=60) as raw:
+        assert raw.headers["content-type"].startswith("application/x-ndjson")
+        lines = [json.loads(ln) for ln in raw.iter_lines() if ln]  # stream: true by default
+    assert lines[-1]["done"] is True and all(ln["done"] is False for ln in lines[:-1])
+
+
+def test_chat_format_schema_and_json(oc: ollama.Client) -> None:
+    r = oc.chat(model="default", messages=[{"role": "user", "content": "Describe Paris."}],
+                format=City.model_json_schema(), options={"temperature": 0},
+                stream=False)
+    assert r.done_reason == "stop"
+    city = City.model_validate_json(r.message.content or "")
+    assert city.name
+    j = oc.chat(model="default", messages=[{"role": "user", "content": "A cat, as JSON."}],
+                format="json", options={"temperature": 0, "num_predict": 200})
+    assert j.done_reason == "stop" and isinstance(json.loads(j.message.content or ""), dict)
+
+
+def _forced_call(oc: ollama.Client, stream: bool) -> list[ollama.ChatResponse]:
+    """A call forced by edgeinfer's tool_choice, through the client's own parsing."""
+    body = {"model": "default", "messages": [{"role": "user", "content": "Weather in Oslo?"}],
+            "tools": [WEATHER], "tool_choice": "required", "stream": stream,
+            "options": {"temperature": 0, "num_predict": 200}}
+    out = oc._request(ollama.ChatResponse, "POST", "/api/chat", json=body, stream=stream)
+    return list(out) if stream else [out]
+
+
+def test_forced_tool_call_whole_and_streamed(oc: ollama.Client) -> None:
+    [whole] = _forced_call(oc, stream=False)
+    calls = whole.message.tool_calls
+    assert calls and len(calls) == 1 and calls[0].function.name == "get_weather"
+    args = calls[0].function.arguments
+    assert isinstance(args, dict) and isinstance(args["city"], str)
+    assert whole.done is True and whole.done_reason == "stop"
+    parts = _forced_call(oc, stream=True)
+    with_calls = [p for p in parts if p.message.tool_calls]
+    assert len(with_calls) == 1 and with_calls[0].done is False  # sent whole, once
+    assert with_calls[0].message.tool_calls == calls  # greedy: the same call either way
+    assert parts[-1].done is True and parts[-1].done_reason == "stop"
+
+
+def test_tools_and_a_call_in_the_history(oc: ollama.Client) -> None:
+    def get_weather(city: str) -> str:
+        """The current weather in a city.
+
+        Args:
+          city: The city's name
+        """
+        return "sunny"
+
+    ask = [{"role": "user", "content": "What is the weather in Oslo?"}]
+    offered = oc.chat(model="default", messages=ask, tools=[get_weather],
+                      options={"num_predict": 20, "temperature": 0})
+    plain = oc.chat(model="default", messages=ask, options={"num_predict": 20,
+                                                             "temperature": 0})
+    assert offered.prompt_eval_count and plain.prompt_eval_count
+    assert offered.prompt_eval_count > plain.prompt_eval_count + 20  # the tool is described
+    call = ollama.Message.ToolCall(function=ollama.Message.ToolCall.Function(
+        name="get_weather", arguments={"city": "Oslo"}))
+    history = [*ask, ollama.Message(role="assistant", content="", tool_calls=[call]),
+               {"role": "tool", "content": json.dumps({"sky": "sunny", "celsius": 21}),
+                "tool_name": "get_weather"}]
+    answer = oc.chat(model="default", messages=history, tools=[get_weather],
+                     options={"num_predict": 30, "temperature": 0})
+    assert answer.done is True and answer.message.role == "assistant"
+    assert answer.prompt_eval_count and answer.prompt_eval_count > offered.prompt_eval_count + 10
+
+
+def test_generate_whole_streamed_raw_and_system(oc: ollama.Client) -> None:
+    opts = {"num_predict": 12, "temperature": 0}
+    r = oc.generate(model="default", prompt="Name a color.", options=opts)
+    assert r.done is True and r.response and r.done_reason in ("stop", "length")
+    assert r.context is None and r.eval_count is not None and 0 < r.eval_count <= 12
+    parts = list(oc.generate(model="default", prompt="Name a color.", options=opts,
+                             stream=True))
+    assert "".join(p.response or "" for p in parts[:-1]) == r.response
+    assert parts[-1].done is True and parts[-1].eval_count == r.eval_count
+    raw = oc.generate(model="default", prompt="1, 2, 3, 4,", raw=True, options=opts)
+    assert raw.prompt_eval_count is not None and raw.prompt_eval_count < 15  # no template
+    short, long = (oc.generate(model="default", prompt="Name a color.", system=system,
+                               options=opts) for system in ("Be brief.", "Be brief. " * 12))
+    assert short.prompt_eval_count and long.prompt_eval_count
+    assert long.prompt_eval_count >= short.prompt_eval_count + 20
+
+
+def test_list_show_ps(oc: ollama.Client) -> None:
+    listed = {m.model: m for m in oc.list().models}
+    assert {MODEL, "default", "smollm2"} <= set(listed)
+    default = listed["default"]
+    assert default.details and default.details.format == "gguf"
+    assert default.details.family == "llama" and default.details.quantization_level == "Q4_1"
+    assert default.details.parameter_size == "135M"
+    assert default.size and default.size > 50_000_000 and default.digest == listed[MODEL].digest
+    shown = oc.show("default")
+    assert shown.capabilities and {"completion", "tools"} <= set(shown.capabilities)
+    assert shown.template and "<|im_start|>" in shown.template
+    assert shown.modelinfo and shown.modelinfo["general.architecture"] == "llama"
+    assert shown.modelinfo["llama.embedding_length"] == 576
+    assert shown.parameters and "num_ctx" in shown.parameters
+    assert shown.details and shown.details.family == "llama"
+    running = {m.model: m for m in oc.ps().models}
+    assert MODEL in running
+    assert running[MODEL].size and running[MODEL].size > default.size
+    assert running[MODEL].size_vram == 0 and running[MODEL].expires_at is not None
+
+
+def test_embed_and_embeddings(oc: ollama.Client, server: ServerProcess) -> None:
+    size = oc.show("default").modelinfo["llama.embedding_length"]  # type: ignore[index]
+    two = oc.embed(model="default", input=["a red apple", "the stock market"])
+    assert len(two.embeddings) == 2 and all(len(v) == size for v in two.embeddings)
+    assert all(math.isclose(math.hypot(*v), 1.0, rel_tol=1e-3) for v in two.embeddings)
+    assert two.model == "default" and two.prompt_eval_count and two.prompt_eval_count >= 4
+    one = oc.embed(model="default", input="a red apple")
+    assert len(one.embeddings) == 1
+    assert max(abs(x - y) for x, y in zip(one.embeddings[0], two.embeddings[0],
+                                          strict=True)) < 1e-3
+    legacy = oc.embeddings(model="default", prompt="a red apple")
+    assert len(legacy.embedding) == size
+    long_text = "word " * 3000  # more than the embedding context holds
+    assert len(oc.embed(model="default", input=long_text).embeddings[0]) == size
+    with pytest.raises(ollama.ResponseError) as cut:
+        oc.embed(model="default", input=long_text, truncate=False)
+    assert cut.value.status_code == 400
+    with pytest.raises(ollama.ResponseError) as dims:
+        oc.embed(model="default", input="x", dimensions=size // 2)
+    assert dims.value.status_code == 400 and "dimensions" in str(dims.value.error)
+    assert _post(server, "/api/embed", {"model": "default", "input": []}).json()[
+        "embeddings"] == []  # loads the model, embeds nothing
+
+
+def test_version_and_model_store(oc: ollama.Client, server: ServerProcess) -> None:
+    assert httpx.get(f"{server.base_url}/api/version").json() == {"version": __version__}
+    for call in (lambda: oc.pull("llama3"), lambda: oc.push("x"), lambda: oc.delete("x"),
+                 lambda: oc.copy("default", "y"), lambda: oc.create("z", from_="default")):
+        with pytest.raises(ollama.ResponseError) as err:
+            call()
+        assert err.value.status_code == 501 and "edgeinfer pull" in err.value.error
+    assert httpx.head(f"{server.base_url}/").status_code == 200  # Ollama's liveness probe
+
+
+def test_unknown_model_is_a_404(oc: ollama.Client) -> None:
+    for stream in (False, True):
+        with pytest.raises(ollama.ResponseError) as err:
+            out = oc.chat(model="nope", messages=HELLO, stream=stream)
+            if stream:
+                list(out)
+        assert err.value.status_code == 404 and err.value.error == "model 'nope' not found"
+    for call in (lambda: oc.generate(model="nope", prompt="x"), lambda: oc.show("nope"),
+                 lambda: oc.embed(model="nope", input="x")):
+        with pytest.raises(ollama.ResponseError) as err:
+            call()
+        assert err.value.status_code == 404
+
+
+BAD: list[tuple[str, dict[str, Any], str]] = [
+    ("/api/chat", {"model": "default", "messages": "hi"}, "messages"),
+    ("/api/chat", {"model": "default", "messages": [{"role": "user"}], "options": "hot"},
+     "options"),
+    ("/api/chat", {"model": "default", "messages": HELLO, "options": {"temperature": "hot"}},
+     "options.temperature"),
+    ("/api/chat", {"model": "default", "messages": HELLO, "options": {"num_ctx": "big"}},
+     "options.num_ctx"),
+    ("/api/chat", {"model": "default", "messages": HELLO, "options": {"num_predict": 0}},
+     "options.num_predict"),
+    ("/api/chat", {"model": "default", "messages": HELLO, "format": "xml"}, "format"),
+    ("/api/chat", {"model": "default", "messages": HELLO, "keep_alive": "soon"}, "keep_alive"),
+    ("/api/chat", {"model": "default", "messages": HELLO, "think": "very"}, "think"),
+    ("/api/chat", {"model": "default", "messages": HELLO, "logprobs": True}, "logprobs"),
+    ("/api/chat", {"model": "default", "messages": [{"role": "user", "content": "hi",
+                                                     "images": ["aGk="]}]}, "images"),
+    ("/api/chat", {"model": "default", "messages": [{"role": "wizard", "content": "hi"}]},
+     "role"),
+    ("/api/chat", {"model": "default", "messages": [{"role": "assistant", "tool_calls": [
+        {"function": {"name": "f", "arguments": "{}"}}]}]}, "tool_calls"),
+    ("/api/chat", {"model": "default", "messages": HELLO, "tools": [{"function": {}}]},
+     "tools"),
+    ("/api/chat", {"messages": HELLO}, "model"),
+    ("/api/chat", {"model": "default", "messages": HELLO, "stream": "yes"}, "stream"),
+    ("/api/generate", {"model": "default", "prompt": "x", "suffix": "y"}, "suffix"),
+    ("/api/generate", {"model": "default", "prompt": "x", "template": "{{ .Prompt }}"},
+     "template"),
+    ("/api/generate", {"model": "default", "prompt": "x", "context": [1, 2]}, "context"),
+    ("/api/generate", {"model": "default", "prompt": 5}, "prompt"),
+    ("/api/generate", {"model": "default", "prompt": "x", "colour": "red"}, "colour"),
+    ("/api/embed", {"model": "default", "input": [1, 2]}, "input"),
+    ("/api/embed", {"model": "default", "input": ["ok", ""]}, "input"),
+    ("/api/show", {"model": 7}, "model"),
+]
+
+
+@pytest.mark.parametrize(("path", "body", "named"), BAD, ids=[f"{p}:{n}" for p, _, n in BAD])
+def test_bad_input_is_a_400_in_ollama_shape(server: ServerProcess, path: str,
+                                            body: dict[str, Any], named: str) -> None:
+    r = _post(server, path, body)
+    assert r.status_code == 400, r.text
+    err = r.json()
+    assert set(err) == {"error"} and isinstance(err["error"], str) and named in err["error"]
+
+
+def test_bodies_that_are_not_json_objects(server: ServerProcess) -> None:
+    for content in (b"{not json", b"[1, 2]", b'"text"'):
+        r = httpx.post(f"{server.base_url}/api/chat", content=content,
+                       headers={"content-type": "application/json"})
+        assert r.status_code == 400 and set(r.json()) == {"error"}
+    # curl -d labels JSON as a form, as in Ollama's docs: read as JSON all the same
+    body = json.dumps({"model": "default", "prompt": "Hi", "stream": False,
+                       "options": {"num_predict": 2}})
+    r = httpx.post(f"{server.base_url}/api/generate", content=body,
+                   headers={"content-type": "application/x-www-form-urlencoded"})
+    assert r.status_code == 200 and r.json()["done"] is True
+
+
+def test_think_and_ignored_options_are_accepted(oc: ollama.Client) -> None:
+    r = oc.chat(model="default", messages=HELLO, think=False,
+                options={"num_predict": 4, "num_ctx": 4096, "num_thread": 2, "mirostat": 0,
+                         "seed": -1, "repeat_last_n": -1, "stop": ["\n\n"]})
+    assert r.done is True and r.message.thinking is None
+
+
+def test_disconnected_stream_aborts_its_generation(server: ServerProcess) -> None:
+    body = {"model": "default", "prompt": "1, 2, 3, 4, 5,", "raw": True,
+            "options": {"num_predict": 4000, "temperature": 0}}
+    baseline = _wait_idle(server)["generated_tokens"]
+    assert isinstance(baseline, int)
+    with httpx.stream("POST", f"{server.base_url}/api/generate", json=body, timeout=60) as r:
+        lines = r.iter_lines()
+        for _ in range(6):
+            assert json.loads(next(lines))["done"] is False
+        assert server.engine_stats()["slots_busy"] == 1
+    stats = _wait_idle(server)
+    assert stats["slots_busy"] == 0
+    ours = stats["generated_tokens"]
+    assert isinstance(ours, int) and 1 <= ours - baseline < 3000
+    time.sleep(0.5)
+    assert server.engine_stats()["generated_tokens"] == ours  # nothing runs on
+
+
+def test_load_unload_and_keep_alive_zero(oc: ollama.Client, server: ServerProcess) -> None:
+    def loaded() -> bool:
+        return MODEL in {m.model for m in oc.ps().models}
+
+    try:
+        gone = oc.chat(model="default", messages=[], keep_alive=0)
+        assert gone.done is True and gone.done_reason == "unload" and not loaded()
+        back = oc.generate(model="default")  # no prompt: load
+        assert back.done_reason == "load" and back.load_duration and loaded()
+        assert back.response == ""
+        r = oc.chat(model="default", messages=HELLO, keep_alive=0, options={"num_predict": 3})
+        assert r.done is True and r.message.content is not None
+        deadline = time.monotonic() + 10
+        while loaded() and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert not loaded()  # unloaded once the answer was sent
+        again = oc.chat(model="default", messages=HELLO, keep_alive="5m",
+                        options={"num_predict": 3})
+        assert again.load_duration and again.load_duration > 0 and loaded()
+    finally:
+        oc.chat(model="default", messages=[])  # leave it loaded for the other tests
+    spec = httpx.get(f"{server.base_url}/openapi.json").json()["paths"]
+    assert {"/api/chat", "/api/generate", "/api/tags", "/api/embed", "/api/pull"} <= set(spec)
+
+
+# -- the renderer and the NDJSON stream, in-process (no server: failures that a real
+# model cannot be made to produce on demand) -------------------------------------------
+def _source(items: list[Any], closed: list[bool], pause: float = 0.0) -> Any:
+    async def gen() -> Any:
+        try:
+            for item in items:
+                await asyncio.sleep(pause)
+                yield item
+        finally:
+            closed.append(True)
+    return gen()
+
+
+async def _all(lines: Any) -> list[dict[str, Any]]:
+    return [line async for line in lines]
+
+
+def test_stream_lines_send_calls_whole_and_end_with_the_counts() -> None:
+    closed: list[bool] = []
+    items = [ev.TextDelta(0, "Hi"), ev.ToolCallDelta(0, 0, '{"city": ', id="a", name="w"),
+             ev.ToolCallDelta(0, 0, '"Oslo"}'), ev.ToolCallDelta(0, 1, '{"ci', id="b", name="w"),
+             ev.Finish(0, "length", 9, {"prompt_ms": 2.0, "predicted_ms": 3.5}),
+             ev.UsageReport(5, 9, 0)]
+    lines = asyncio.run(_all(stream_lines(Meta("m", True, "/api/chat"), _source(items, closed))))
+    assert [ln["message"]["content"] for ln in lines] == ["Hi", "", ""]
+    assert lines[1]["message"]["tool_calls"] == [
+        {"id": "a", "function": {"name": "w", "arguments": {"city": "Oslo"}}}]  # b: cut off
+    last = lines[-1]
+    assert last["done"] is True and last["done_reason"] == "length"
+    assert (last["prompt_eval_count"], last["eval_count"]) == (5, 9)
+    assert (last["prompt_eval_duration"], last["eval_duration"]) == (2_000_000, 3_500_000)
+    assert closed == [True]
+
+
+def test_stream_lines_end_with_an_error_line() -> None:
+    closed: list[bool] = []
+    items = [ev.TextDelta(0, "par"), ev.ErrorEvent(Timeout("the request took too long")),
+             ev.TextDelta(0, "never")]
+    lines = asyncio.run(_all(stream_lines(Meta("m", False, "/api/generate"),
+                                          _source(items, closed))))
+    assert lines == [lines[0], {"error": "the request took too long"}]
+    assert lines[0]["response"] == "par" and lines[0]["done"] is False and closed == [True]
+
+
+def _run_stream(stall_after: int | None, disconnect_after: int | None) -> tuple[
+        list[dict[str, Any]], list[bool], list[bool]]:
+    """An endless NDJSON stream to a client that stops reading or disconnects; the sent
+    messages, whether the source was closed, and what the background task saw."""
+    closed: list[bool] = []
+    seen: list[bool] = []
+    sent: list[dict[str, Any]] = []
+
+    async def after() -> None:
+        seen.append(bool(closed))
+
+    async def send(message: dict[str, Any]) -> None:
+        sent.append(message)
+        if stall_after is not None and len(sent) > stall_after:
+            await asyncio.sleep(3600)
+
+    async def receive() -> dict[str, Any]:
+        while disconnect_after is None or len(sent) <= disconnect_after:
+            await asyncio.sleep(0.01)
+        return {"type": "http.disconnect"}
+
+    from starlette.background import BackgroundTask
+    stream = NdjsonStream(_source([{"done": False}] * 100_000, closed, pause=0.001),
+                          send_timeout=0.2, background=BackgroundTask(after))
+    scope = {"type": "http", "asgi": {"spec_version": "2.3"}}
+    asyncio.run(asyncio.wait_for(stream(scope, receive, send), 10))
+    return sent, closed, seen
+
+
+def test_ndjson_stream_ends_when_the_client_stops_reading_or_leaves() -> None:
+    sent, closed, seen = _run_stream(stall_after=3, disconnect_after=None)
+    assert sent[0]["type"] == "http.response.start" and sent[0]["status"] == 200
+    assert (b"content-type", b"application/x-ndjson") in sent[0]["headers"]
+    assert sent[1]["body"] == b'{"done":false}\n' and len(sent) == 4
+    assert closed == [True] and seen == [True]  # the source closed before the background
+    sent, closed, seen = _run_stream(stall_after=None, disconnect_after=5)
+    assert 5 <= len(sent) < 1000 and closed == [True] and seen == [True]
