@@ -50,7 +50,7 @@ from edgeinfer.api.embeddings import MAX_EMBED_INPUTS
 from edgeinfer.api.fields import MAX_TOKENS_LIMIT, Body
 from edgeinfer.api.messages import messages
 from edgeinfer.api.ollama_render import Parsed, answer, embeddings_answer
-from edgeinfer.api.openai_chat import _tools
+from edgeinfer.api.openai_chat import parse_tools
 from edgeinfer.api.respond import pool
 from edgeinfer.config import ModelConfig
 from edgeinfer.engine.sequence import SamplingParams
@@ -262,7 +262,7 @@ def parse_chat(body: Any, headers: dict[str, str]) -> Parsed:
     if isinstance(raw_tools, list):  # Ollama's clients may leave out "type"
         raw_tools = [{"type": "function", **t} if isinstance(t, dict) and "type" not in t
                      else t for t in raw_tools]
-    tools = _tools(Body({"tools": raw_tools, "tool_choice": b.body.get("tool_choice")},
+    tools = parse_tools(Body({"tools": raw_tools, "tool_choice": b.body.get("tool_choice")},
                         {"tools", "tool_choice"}))
     msgs = b.body.get("messages")
     return _parsed(b, None if msgs in (None, []) else ChatPrompt(conversation(msgs)), headers,

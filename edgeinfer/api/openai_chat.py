@@ -37,7 +37,7 @@ MAX_TOOLS = 128
 _TOOL_NAME = re.compile(r"^[a-zA-Z0-9_-]{1,64}$")
 
 
-def _tools(b: Body) -> tuple[tuple[ToolSpec, ...], str, bool]:
+def parse_tools(b: Body) -> tuple[tuple[ToolSpec, ...], str, bool]:
     raw = b.body.get("tools")
     tools: list[ToolSpec] = []
     if raw is not None:
@@ -135,7 +135,7 @@ def parse(body: Any, headers: dict[str, str]) -> tuple[GenerateRequest, bool, bo
     elif b.present("top_logprobs"):
         raise InvalidRequest("'top_logprobs' requires 'logprobs' to be true",
                              param="top_logprobs")
-    tools, tool_choice, parallel = _tools(b)
+    tools, tool_choice, parallel = parse_tools(b)
     json_schema, json_object = _response_format(b)
     grammar = b.string("grammar")
     forced = tool_choice not in ("none", "auto")
