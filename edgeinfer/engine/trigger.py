@@ -10,6 +10,8 @@ import re
 # any other word (the end of a reasoning block, see prompt.grammar.after_marker): blanks.
 SAFE_AFTER = {
     b"<tool_call>": re.compile(rb'\n?(\{[ \t\n]*("(n(a(m(e"?)?)?)?)?)?)?\Z'),
+    # a bare call object (Llama 3): the colon and the opening quote of the name
+    b'{"name"': re.compile(rb'[ \t\n]*(:[ \t\n]*"?)?\Z'),
 }
 BLANKS = re.compile(rb"[ \t\n]*\Z")
 

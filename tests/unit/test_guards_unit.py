@@ -162,6 +162,7 @@ def test_what_may_follow_a_trigger_word_in_its_token() -> None:
 
     assert safe_after(b"<tool_call>", b'\n{"na') and not safe_after(b"<tool_call>", b"  {")
     assert safe_after(b"</think>", b"\n\n") and not safe_after(b"</think>", b"\n{")
+    assert safe_after(b'{"name"', b': "') and not safe_after(b'{"name"', b': "get')
 
 
 # -- fair admission ----------------------------------------------------------------------
