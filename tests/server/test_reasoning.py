@@ -120,3 +120,14 @@ def test_a_reasoning_budget_closes_the_block_and_the_answer_follows(r1: ServerPr
     r = c.chat.completions.create(model="default", messages=ASK, max_tokens=20, temperature=0,
                                   extra_body={**THINK, "ignore_eos": True})
     assert not r.choices[0].message.content
+
+
+def test_anthropic_thinking_with_a_budget_gives_thinking_then_text(r1: ServerProcess) -> None:
+    import anthropic
+
+    c = anthropic.Anthropic(base_url=r1.base_url, api_key="x", max_retries=0)
+    m = c.messages.create(model="default", max_tokens=20, messages=ASK,  # type: ignore[arg-type]
+                          thinking={"type": "enabled", "budget_tokens": 3})
+    kinds = [b.type for b in m.content]
+    assert kinds[0] == "thinking" and m.content[0].thinking  # type: ignore[union-attr]
+    assert "text" in kinds  # the budget closed the block and the answer followed
