@@ -19,9 +19,10 @@ answer 501: models come from models.toml (``edgeinfer pull`` installs their file
 - Messages: system / user / assistant (``tool_calls`` with object arguments,
   ``thinking``) / tool (answers the open call named by ``tool_name``, else the first);
   ``images`` are refused: no model here sees them.
-- ``keep_alive`` (seconds or "5m"-style; negative: forever) is checked; 0 unloads the
-  model once the answer is sent, if nothing else uses it; other values are ignored (the
-  pool keeps a model for its models.toml ``ttl``). No messages / an empty prompt loads
+- ``keep_alive`` (seconds or "5m"-style; negative: forever): 0 unloads the model once the
+  answer is sent, if nothing else uses it; another value keeps the model loaded that long
+  after its last request, instead of its models.toml ``ttl``, until it is unloaded
+  (``ModelPool.keep``); a request without it changes nothing. No messages / an empty prompt loads
   the model, or with keep_alive 0 unloads it (409 while it serves requests).
 - /api/generate: ``system``; ``raw`` skips the template; a non-empty ``template``,
   ``suffix``, ``context`` or ``images`` is refused; no ``context`` is returned.
@@ -44,7 +45,7 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
 from edgeinfer import __version__
-from edgeinfer.api import fields, ollama_render
+from edgeinfer.api import fields, ollama_models, ollama_render
 from edgeinfer.api.body import read_json
 from edgeinfer.api.embeddings import MAX_EMBED_INPUTS
 from edgeinfer.api.fields import MAX_TOKENS_LIMIT, Body
@@ -336,13 +337,13 @@ def _configs(p: ModelPool) -> dict[str, ModelConfig]:
 async def tags(request: Request) -> Response:
     p = pool(request)
     return JSONResponse(await asyncio.to_thread(
-        ollama_render.tags_body, list(p.entries.values()), _configs(p)))
+        ollama_models.tags_body, list(p.entries.values()), _configs(p)))
 
 
 async def ps(request: Request) -> Response:
     p = pool(request)
     return JSONResponse(await asyncio.to_thread(
-        ollama_render.ps_body, list(p.entries.values()), _configs(p)))
+        ollama_models.ps_body, list(p.entries.values()), _configs(p)))
 
 
 async def show(request: Request) -> Response:
@@ -353,7 +354,7 @@ async def show(request: Request) -> Response:
         raise InvalidRequest("'model' is required", param="model")
     p = pool(request)
     entry = p.entries[p.resolve(model_name(p, asked))]
-    return JSONResponse(await asyncio.to_thread(ollama_render.show_body, entry, _configs(p)))
+    return JSONResponse(await asyncio.to_thread(ollama_models.show_body, entry, _configs(p)))
 
 
 async def version(request: Request) -> Response:

@@ -12,16 +12,12 @@ closing the event stream, which aborts the generation and frees its slots.
 from __future__ import annotations
 
 import datetime
-import functools
-import hashlib
 import json
 import logging
-import math
 import time
 import uuid
 from collections.abc import AsyncIterator, Iterable
 from dataclasses import dataclass, field, replace
-from pathlib import Path
 from typing import Any
 
 import anyio
@@ -33,13 +29,8 @@ from starlette.types import Receive, Scope, Send
 
 from edgeinfer.api.errors import shape
 from edgeinfer.api.respond import CLIENT_GONE, leases, pool, start, unless_disconnected
-from edgeinfer.config import ModelConfig
-from edgeinfer.engine.sequence import SamplingParams
 from edgeinfer.errors import Conflict, InvalidRequest
-from edgeinfer.models.modelinfo import describe, gguf_facts, gguf_metadata
-from edgeinfer.models.pool import ModelPool, ModelState, PoolEntry
-from edgeinfer.prompt.reasoning import splits
-from edgeinfer.prompt.template import CHATML
+from edgeinfer.models.pool import ModelPool, ModelState
 from edgeinfer.service import events as ev
 from edgeinfer.service.embedding import embed
 from edgeinfer.service.outcome import CallOutcome, gather
@@ -218,6 +209,8 @@ async def _load_or_unload(p: ModelPool, name: str, parsed: Parsed, meta: Meta) -
     reason = "unload" if parsed.keep_alive == 0 else "load"
     if reason == "load":
         meta.load_ns = await _load(p, name)
+        if parsed.keep_alive is not None and name != "auto":
+            p.keep(name, parsed.keep_alive)
     elif name != "auto":
         model_id = p.resolve(name)
         if p.entries[model_id].served is not None and not await p.unload(model_id):
@@ -235,6 +228,8 @@ async def answer(request: Request, parsed: Parsed, name: str, chat: bool) -> Res
     meta.load_ns = await _load(p, name)
     gen = await start(request, replace(parsed.req, model=name), f"ollama-{uuid.uuid4().hex}")
     after = _unload_after(request, gen.model) if parsed.keep_alive == 0 else None
+    if parsed.keep_alive:  # seconds after this request (inf: for good) instead of the ttl
+        p.keep(gen.model, parsed.keep_alive)
     if parsed.stream:
         return NdjsonStream(stream_lines(meta, gen.events), request.app.state.send_timeout,
                             background=after)
@@ -282,117 +277,3 @@ def openapi_paths(routes: Iterable[Route], bodies: dict[str, set[str]]) -> dict[
                     "properties": {f: {} for f in sorted(bodies[r.path])}}}}}
             out.setdefault(r.path, {})[method.lower()] = op
     return out
-
-
-# -- models: /api/tags, /api/ps, /api/show (blocking: file headers; run off the loop) ------
-_FOUND: dict[ModelConfig, Path] = {}
-FOREVER = "9999-12-31T23:59:59Z"  # expires_at of a model without a ttl
-_ARRAYS = {"tokenizer.ggml.tokens", "tokenizer.ggml.token_type", "tokenizer.ggml.merges",
-           "tokenizer.ggml.scores", "general.languages", "general.tags"}
-
-
-@dataclass(frozen=True, slots=True)
-class FileFacts:
-    path: Path | None  # None: not on disk yet (a package to install, a file made on first use)
-    size: int = 0
-    modified: float = 0.0
-    meta: dict[str, Any] = field(default_factory=dict)  # GGUF metadata (an array: its first item)
-    quant: str = ""
-
-    @property
-    def arch(self) -> str:
-        return str(self.meta.get("general.architecture") or "")
-
-    @property
-    def digest(self) -> str:
-        """Names this file's version (path, size, time); not a hash of its content."""
-        return hashlib.sha256(f"{self.path}:{self.size}:{self.modified}".encode()).hexdigest()
-
-    def details(self) -> dict[str, Any]:
-        return {"parent_model": "", "format": "gguf", "family": self.arch,
-                "families": [self.arch] if self.arch else [],
-                "parameter_size": str(self.meta.get("general.size_label") or ""),
-                "quantization_level": self.quant}
-
-
-@functools.lru_cache(maxsize=32)
-def _gguf(path: Path, mtime_ns: int) -> tuple[dict[str, Any], str]:
-    return gguf_metadata(path), str(gguf_facts(path)["quant"])
-
-
-def file_facts(entry: PoolEntry, configs: dict[str, ModelConfig]) -> FileFacts:
-    """The model's file as it is now: nothing is installed or made to find it."""
-    path = entry.served.runtime.path if entry.served is not None else _FOUND.get(entry.cfg)
-    if path is None:
-        row = describe(entry.cfg, configs)
-        if row["status"] != "cached":
-            return FileFacts(None, modified=time.time())
-        path = _FOUND[entry.cfg] = Path(row["path"])
-    try:
-        st = path.stat()
-    except OSError:  # removed since it was found
-        _FOUND.pop(entry.cfg, None)
-        return FileFacts(None, modified=time.time())
-    meta, quant = _gguf(path, st.st_mtime_ns)
-    return FileFacts(path, st.st_size, st.st_mtime, meta, quant)
-
-
-def tags_body(entries: list[PoolEntry], configs: dict[str, ModelConfig]) -> dict[str, Any]:
-    """Every configured model, once under each of its names (as Ollama lists copies)."""
-    out = []
-    for e in entries:
-        f = file_facts(e, configs)
-        card = {"modified_at": rfc3339(f.modified), "size": f.size, "digest": f.digest,
-                "details": f.details()}
-        out += [{"name": name, "model": name, **card} for name in e.cfg.names]
-    return {"models": out}
-
-
-def ps_body(entries: list[PoolEntry], configs: dict[str, ModelConfig]) -> dict[str, Any]:
-    """The loaded models: memory, the share of it on the GPU (by layers offloaded, an
-    estimate; 0 on CPU), and when the ttl unloads them if they stay idle."""
-    out, now, mono = [], time.time(), time.monotonic()
-    for e in entries:
-        served = e.served
-        if e.state is not ModelState.LOADED or served is None:
-            continue
-        f = file_facts(e, configs)
-        size = served.runtime.memory_bytes()
-        layers = int(f.meta.get(f"{f.arch}.block_count") or 0)
-        gpu = served.cfg.gpu_layers if isinstance(served.cfg.gpu_layers, int) else 0
-        ttl = e.cfg.ttl
-        out.append({"name": e.cfg.id, "model": e.cfg.id, "size": size,
-                    "size_vram": size * min(gpu, layers) // layers if layers else 0,
-                    "digest": f.digest, "details": f.details(), "context_length": served.n_ctx,
-                    "expires_at": FOREVER if ttl is None else rfc3339(
-                        now + max(ttl - e.idle_for(mono), 0.0))})
-    return {"models": out}
-
-
-def _model_info(f: FileFacts) -> dict[str, Any]:
-    """GGUF metadata: general facts, the architecture's, the tokenizer's kind (no token
-    lists; an array shows its first item)."""
-    prefixes = (f"{f.arch}.", "general.", "tokenizer.ggml.")
-    return {k: v for k, v in f.meta.items() if k.startswith(prefixes) and k not in _ARRAYS
-            and not (isinstance(v, float) and not math.isfinite(v))}
-
-
-def show_body(entry: PoolEntry, configs: dict[str, ModelConfig]) -> dict[str, Any]:
-    """/api/show: Ollama's fields from models.toml and the GGUF header. ``template`` is the
-    Jinja chat template; ``modelfile`` only describes (there is no /api/create)."""
-    f, cfg, d = file_facts(entry, configs), entry.cfg, SamplingParams()
-    own = cfg.chat_template or f.meta.get("tokenizer.chat_template")
-    template = entry.served.template.source if entry.served else (own or CHATML)
-    params: dict[str, Any] = {"num_ctx": cfg.context, "temperature": d.temperature,
-                              "top_k": d.top_k, "top_p": d.top_p, "min_p": d.min_p}
-    if cfg.max_tokens is not None:
-        params["num_predict"] = cfg.max_tokens
-    caps = ["completion"] + (["tools"] if own else []) + (
-        ["thinking"] if splits(cfg.reasoning_format, template) else [])
-    return {
-        "modelfile": f"# {cfg.id}, served by edgeinfer from models.toml\nFROM {f.path or '?'}\n"
-                     f'TEMPLATE """{template}"""\n'
-                     + "".join(f"PARAMETER {k} {v}\n" for k, v in params.items()),
-        "parameters": "\n".join(f"{k:<30} {v}" for k, v in params.items()),
-        "template": template, "details": f.details(), "model_info": _model_info(f),
-        "capabilities": caps, "modified_at": rfc3339(f.modified or None)}

@@ -38,6 +38,14 @@ class PoolEntry:
     error: str | None = None
     task: asyncio.Task[None] | None = None
     last_used: float = field(default_factory=time.monotonic)
+    # seconds idle before unloading, set by a request (Ollama's keep_alive) for as long as
+    # the model stays loaded; None: the model's ttl from models.toml
+    keep_alive: float | None = None
+
+    @property
+    def ttl(self) -> float | None:
+        """Seconds idle before the model is unloaded (None or inf: never)."""
+        return self.keep_alive if self.keep_alive is not None else self.cfg.ttl
 
     def idle_for(self, now: float) -> float:
         if self.served is None or self.served.busy:
@@ -175,11 +183,18 @@ class ModelPool:
         served = entry.served
         if entry.state is not ModelState.LOADED or served is None or served.busy:
             return False
-        entry.state, entry.served = ModelState.UNLOADED, None
+        entry.state, entry.served, entry.keep_alive = ModelState.UNLOADED, None, None
         await asyncio.to_thread(served.embedder.close)  # before the model is freed
         await asyncio.to_thread(served.engine.stop)
         log.info("model %s unloaded", entry.cfg.id)
         return True
+
+    def keep(self, model_id: str, seconds: float) -> None:
+        """Keep a loaded model ``seconds`` after its last request (inf: for good) instead of
+        its ttl, until it is unloaded (Ollama's ``keep_alive``)."""
+        entry = self.entries[self.resolve(model_id)]
+        if entry.state is ModelState.LOADED:
+            entry.keep_alive = seconds
 
     def _configs(self) -> dict[str, ModelConfig]:
         return {e.cfg.id: e.cfg for e in self.entries.values()}
@@ -213,7 +228,7 @@ class ModelPool:
             await asyncio.sleep(REAP_SECONDS)
             now = time.monotonic()
             for entry in list(self.entries.values()):
-                ttl = entry.cfg.ttl
+                ttl = entry.ttl
                 if ttl is not None and entry.state is ModelState.LOADED and (
                         entry.idle_for(now) > ttl):
                     log.info("model %s idle for %.0fs: unloading", entry.cfg.id, ttl)

@@ -348,6 +348,16 @@ def test_load_unload_and_keep_alive_zero(oc: ollama.Client, server: ServerProces
         again = oc.chat(model="default", messages=HELLO, keep_alive="5m",
                         options={"num_predict": 3})
         assert again.load_duration and again.load_duration > 0 and loaded()
+        # keep_alive "5m": expires in about five minutes, not with the model's ttl (none)
+        (card,) = [m for m in oc.ps().models if m.model == MODEL]
+        assert card.expires_at is not None
+        left = card.expires_at.timestamp() - time.time()
+        assert 240 < left <= 301, left
+        oc.chat(model="default", messages=HELLO, keep_alive="1s", options={"num_predict": 2})
+        deadline = time.monotonic() + 15
+        while loaded() and time.monotonic() < deadline:
+            time.sleep(0.2)
+        assert not loaded()  # idle past its keep_alive: unloaded by the reaper
     finally:
         oc.chat(model="default", messages=[])  # leave it loaded for the other tests
     spec = httpx.get(f"{server.base_url}/openapi.json").json()["paths"]
