@@ -14,6 +14,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from edgeinfer.prompt.callparser import partial_suffix
+
 THINK_OPEN = "<think>"
 THINK_CLOSE = "</think>"
 FORMATS = ("auto", "deepseek", "none")
@@ -44,14 +46,6 @@ class Said:
     """Answer text (outside any reasoning block)."""
 
     text: str
-
-
-def _partial_suffix(text: str, marker: str) -> int:
-    """Length of the longest tail of ``text`` that is a proper prefix of ``marker``."""
-    for k in range(min(len(marker) - 1, len(text)), 0, -1):
-        if text.endswith(marker[:k]):
-            return k
-    return 0
 
 
 class ReasoningSplit:
@@ -89,7 +83,7 @@ class ReasoningSplit:
         if self._state == "thinking":
             at = self._buf.find(THINK_CLOSE)
             if at == -1:
-                keep = _partial_suffix(self._buf, THINK_CLOSE)
+                keep = partial_suffix(self._buf, THINK_CLOSE)
                 cut = len(self._buf) - keep
                 if cut:
                     out.append(Thought(self._buf[:cut]))
