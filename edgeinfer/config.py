@@ -39,7 +39,8 @@ _MODEL_KEYS = {
     "request_timeout", "tags", "preload", "ttl", "fallback", "max_slots_per_request",
     "reasoning_format", "chat_template_file", "tool_format",
 }
-TOOL_FORMATS = ("auto", "hermes", "llama3", "mistral", "granite", "generic")
+TOOL_FORMATS = ("auto", "hermes", "llama3", "mistral", "granite", "mistral_args", "deepseek_v3",
+                "deepseek_r1", "qwen3_coder", "gemma4", "harmony", "generic")
 REASONING_FORMATS = ("auto", "deepseek", "none")  # see edgeinfer.prompt.reasoning
 TAGS = {"chat", "completion", "code", "tools", "reasoning"}
 

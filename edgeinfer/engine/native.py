@@ -261,11 +261,25 @@ class LlamaRuntime:
         return buf.raw[: max(n, 0)]
 
     def piece(self, token: int) -> bytes:
-        """The bytes a generated token adds to the text (special tokens add none)."""
+        """The bytes a generated token adds to the text (special tokens add none, except
+        those ``show_markers`` named)."""
         cached = self._pieces[token]
         if cached is None:
             cached = self._pieces[token] = self._render(token, special=False)
         return cached
+
+    def show_markers(self, texts: tuple[str, ...]) -> list[str]:
+        """Make the special tokens whose text is one of ``texts`` (a tool-call or
+        reasoning format's markers, such as ``[TOOL_CALLS]`` or ``<think>``) show in the
+        generated text, as llama-server's preserved tokens do, so that the format's
+        parser sees them. Returns the texts that are such tokens. Call before serving."""
+        shown = []
+        for text in texts:
+            for t in self.tokenize(text, add_special=False, parse_special=True):
+                if not self._render(t, special=False) and not self.is_eog(t):
+                    self._pieces[t] = piece = self._render(t, special=True)
+                    shown.append(piece.decode("utf-8", "replace"))
+        return list(dict.fromkeys(shown))
 
     def detokenize(self, tokens: list[int]) -> str:
         return b"".join(self.piece(t) for t in tokens).decode("utf-8", "replace")

@@ -28,7 +28,7 @@ from edgeinfer.models.modelinfo import gguf_facts
 from edgeinfer.models.offload import gpu_free_bytes, plan_gpu_layers, warn_cpu_only_once
 from edgeinfer.models.source import check_gguf, resolve_model_path
 from edgeinfer.prompt.markup import Markup, segments
-from edgeinfer.prompt.reasoning import starts_in_thought
+from edgeinfer.prompt.reasoning import reasoning_markers
 from edgeinfer.prompt.template import ChatTemplate
 from edgeinfer.prompt.toolformat import ToolFormat, choose
 from edgeinfer.prompt.tools import ToolSpec, prepare_messages
@@ -49,10 +49,11 @@ RESERVED_VARS = frozenset({"messages", "tools", "add_generation_prompt", "bos_to
 
 @dataclass(frozen=True, slots=True)
 class RenderedChat:
-    """A chat prompt's tokens, and whether it leaves a reasoning block open."""
+    """A chat prompt's tokens, and the end of its text (whether it leaves a reasoning
+    block open: ``reasoning.starts_in_thought``)."""
 
     tokens: list[int]
-    in_thought: bool
+    tail: str
 
 
 class Users:
@@ -202,7 +203,7 @@ class ServedModel:
         Blocking: call it through ``run``."""
         text = self.chat_text(messages, tools, add_generation_prompt=add_generation_prompt,
                               template_kwargs=template_kwargs)
-        return RenderedChat(self.tokenize_chat(text), starts_in_thought(text))
+        return RenderedChat(self.tokenize_chat(text), text[-64:])
 
     def chat_text(self, messages: list[dict[str, Any]], tools: tuple[ToolSpec, ...] = (),
                   *, add_generation_prompt: bool = True,
@@ -215,7 +216,8 @@ class ServedModel:
         messages = escape(messages)
         tools = tuple(replace(t, description=escape(t.description),
                               parameters=escape(t.parameters)) for t in tools)
-        messages, extra = prepare_messages(messages, tools, self.tool_format)
+        messages, extra = prepare_messages(messages, tools, self.tool_format,
+                                           takes_tools=self.template.takes_tools)
         # request text, like the messages: escaped so it cannot become control tokens
         variables = escape({k: v for k, v in (template_kwargs or {}).items()
                             if k not in RESERVED_VARS})
@@ -280,6 +282,10 @@ def load_model(cfg: ModelConfig, path: Path | None = None) -> ServedModel:
     except ValueError as exc:
         runtime.close()
         raise ModelLoadError(f"model {cfg.id!r}: {exc}") from None
+    fmt = choose(cfg.tool_format, template.source)
+    shown = runtime.show_markers(fmt.markers + reasoning_markers(template.source))
+    if shown:
+        log.info("model %s: special tokens shown in its output: %s", cfg.id, " ".join(shown))
     log.info("model %s loaded from %s in %.2fs (%s, ctx %d, %d slots, %d threads)",
              cfg.id, path, time.perf_counter() - t0, info.description, info.n_ctx, cfg.slots,
              cfg.threads)

@@ -1,13 +1,16 @@
-"""Reasoning kept apart from the answer: ``<think> ... </think>`` blocks.
+"""Reasoning kept apart from the answer: ``<think> ... </think>`` blocks and their kin.
 
 Models of the Qwen3, QwQ, DeepSeek R1, SmolLM3 and GLM families write their
-reasoning inside ``<think>`` tags (llama-server's "deepseek" reasoning format).
-Their templates often open the block in the generation prompt itself, so the
-output starts inside it; ``ReasoningSplit(in_thought=True)`` covers that.
+reasoning inside ``<think>`` tags (llama-server's "deepseek" reasoning format);
+Magistral / Ministral 3 use ``[THINK] ... [/THINK]``, Gemma 4 ``<|channel>thought
+... <channel|>`` (gpt-oss's Harmony channels are read by ``edgeinfer.prompt.harmony``).
+Templates often open the block in the generation prompt itself, so the output starts
+inside it; ``ReasoningSplit(in_thought=True)`` covers that.
 
 Formats, per model (models.toml ``reasoning_format``) or per request
-(``reasoning_format``): ``"auto"`` (split when the chat template uses ``<think>``),
-``"deepseek"`` (always split), ``"none"`` (leave everything in the content).
+(``reasoning_format``): ``"auto"`` (split when the chat template uses one of the
+markers), ``"deepseek"`` (always split, ``<think>`` unless the template uses other
+markers), ``"none"`` (leave everything in the content).
 """
 
 from __future__ import annotations
@@ -21,17 +24,52 @@ THINK_CLOSE = "</think>"
 FORMATS = ("auto", "deepseek", "none")
 
 
+@dataclass(frozen=True, slots=True)
+class Markers:
+    """The markers around a reasoning block."""
+
+    open: str
+    close: str
+
+
+THINK = Markers(THINK_OPEN, THINK_CLOSE)
+MISTRAL_THINK = Markers("[THINK]", "[/THINK]")
+GEMMA_THOUGHT = Markers("<|channel>thought\n", "<channel|>")
+HARMONY_ANALYSIS = "<|channel|>analysis"
+
+
+def markers_for(reasoning_format: str, template_source: str) -> Markers | None:
+    """The reasoning markers to split on for this format and template (None: no split;
+    Harmony templates are read by their own parser, see ``harmony_reasoning``)."""
+    if reasoning_format == "none" or HARMONY_ANALYSIS in template_source:
+        return None
+    for m in (MISTRAL_THINK, GEMMA_THOUGHT, THINK):
+        if m.open.rstrip() in template_source:
+            return m
+    return THINK if reasoning_format == "deepseek" else None
+
+
+def reasoning_markers(template_source: str) -> tuple[str, ...]:
+    """Every reasoning marker a template uses (to be shown in the output)."""
+    found = [m for m in (MISTRAL_THINK, GEMMA_THOUGHT, THINK) if m.open.rstrip() in template_source]
+    return tuple(t.rstrip() for m in found for t in (m.open, m.close))
+
+
+def harmony_reasoning(reasoning_format: str, template_source: str) -> bool:
+    """Whether a Harmony template's analysis channel is split off as reasoning."""
+    return reasoning_format != "none" and HARMONY_ANALYSIS in template_source
+
+
 def splits(reasoning_format: str, template_source: str) -> bool:
     """Whether output is split into reasoning and content for this format and template."""
-    if reasoning_format == "none":
-        return False
-    return reasoning_format == "deepseek" or THINK_OPEN in template_source
+    return (markers_for(reasoning_format, template_source) is not None
+            or harmony_reasoning(reasoning_format, template_source))
 
 
-def starts_in_thought(rendered_prompt: str) -> bool:
-    """Whether the prompt leaves a ``<think>`` block open (the output starts inside it)."""
+def starts_in_thought(rendered_prompt: str, markers: Markers = THINK) -> bool:
+    """Whether the prompt leaves a reasoning block open (the output starts inside it)."""
     tail = rendered_prompt.rstrip()
-    return tail.endswith(THINK_OPEN)
+    return tail.endswith(markers.open.rstrip())
 
 
 @dataclass(frozen=True, slots=True)
@@ -58,7 +96,8 @@ class ReasoningSplit:
     known; ``finish`` releases it. Whitespace right after the block is dropped.
     """
 
-    def __init__(self, in_thought: bool = False) -> None:
+    def __init__(self, in_thought: bool = False, markers: Markers = THINK) -> None:
+        self.markers = markers
         self._buf = ""
         self._state = "thinking" if in_thought else "start"
         self._trim = False  # drop whitespace that follows the closing marker
@@ -73,17 +112,18 @@ class ReasoningSplit:
         out: list[Thought | Said] = []
         if self._state == "start":
             head = self._buf.lstrip()
-            if head.startswith(THINK_OPEN):
-                self._buf = head[len(THINK_OPEN):]
+            if head.startswith(self.markers.open):
+                self._buf = head[len(self.markers.open):]
                 self._state = "thinking"
-            elif THINK_OPEN.startswith(head):
+            elif self.markers.open.startswith(head):
                 return out  # undecided: could still become <think>
             else:
                 self._state = "answer"
         if self._state == "thinking":
-            at = self._buf.find(THINK_CLOSE)
+            close = self.markers.close
+            at = self._buf.find(close)
             if at == -1:
-                keep = partial_suffix(self._buf, THINK_CLOSE)
+                keep = partial_suffix(self._buf, close)
                 cut = len(self._buf) - keep
                 if cut:
                     out.append(Thought(self._buf[:cut]))
@@ -91,7 +131,7 @@ class ReasoningSplit:
                 return out
             if at:
                 out.append(Thought(self._buf[:at]))
-            self._buf = self._buf[at + len(THINK_CLOSE):]
+            self._buf = self._buf[at + len(close):]
             self._state, self._trim = "answer", True
         if self._trim:
             self._buf = self._buf.lstrip()

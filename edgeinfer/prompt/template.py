@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import datetime
+import json
 import threading
 import time
+from collections.abc import Iterator
 from functools import lru_cache
 from typing import Any
 
@@ -62,11 +64,28 @@ def _strftime_now(fmt: str) -> str:
     return datetime.datetime.now().strftime(fmt)
 
 
+def tojson(value: Any, ensure_ascii: bool = False, indent: int | None = None,
+           separators: tuple[str, str] | None = None, sort_keys: bool = False) -> str:
+    """``tojson`` as Hugging Face's chat templates expect it: plain JSON text (jinja2's
+    own escapes HTML and returns markup, which escapes the template text it is joined
+    to: DeepSeek's ``'<｜tool▁sep｜>' + arguments|tojson`` would become ``&lt;...``)."""
+    return json.dumps(value, ensure_ascii=ensure_ascii, indent=indent, separators=separators,
+                      sort_keys=sort_keys, default=_listed)
+
+
+def _listed(value: Any) -> Any:
+    """What ``json.dumps`` cannot write: a filter's generator (``tools | map(...)``)."""
+    if isinstance(value, Iterator):
+        return list(value)
+    raise TypeError(f"{type(value).__name__} is not JSON serializable")
+
+
 @lru_cache(maxsize=16)
 def _compile(source: str) -> Any:
     env = _BudgetedEnvironment(trim_blocks=True, lstrip_blocks=True)
     env.globals["raise_exception"] = _raise_exception
     env.globals["strftime_now"] = _strftime_now
+    env.filters["tojson"] = tojson
     return env.from_string(source)
 
 

@@ -1,7 +1,7 @@
 """The tool-call formats models are trained on, and which one a chat template speaks.
 
-Every format here writes calls as JSON objects ``{"name": ..., "arguments": {...}}``
-(the arguments key differs) around its own markers:
+JSON formats (``syntax = "json"``) write calls as JSON objects ``{"name": ...,
+"arguments": {...}}`` (the arguments key differs) around their own markers:
 
 - ``hermes``: Hermes 2 Pro / 3, Qwen 2.5, Qwen3, Granite 4: each call in
   ``<tool_call> ... </tool_call>``.
@@ -13,8 +13,23 @@ Every format here writes calls as JSON objects ``{"name": ..., "arguments": {...
 - ``generic``: any other template: the tools go in a system message and the calls in
   the Hermes syntax (the model was not trained on it; a grammar keeps calls valid).
 
-Not covered (these fall back to ``generic``): Qwen3-Coder's XML calls, gpt-oss Harmony,
-DeepSeek's tool-call tokens, Mistral's v11 ``[TOOL_CALLS]name[ARGS]{...}``, Gemma 4.
+Named formats (``syntax = "named"``, ``edgeinfer.prompt.namedcalls``) write the function
+name outside the arguments, ``call_open NAME name_end ARGUMENTS call_close``, optionally
+inside ``block_open ... block_close``:
+
+- ``mistral_args``: Mistral Small 3.2, Devstral, Ministral 3 / Magistral (v11+ tokenizers):
+  ``[TOOL_CALLS]get_weather[ARGS]{...}`` (Small 3.2 may put ``[CALL_ID]id`` before ``[ARGS]``).
+- ``deepseek_v3``: DeepSeek V3.1 / V3.2: ``<｜tool▁calls▁begin｜><｜tool▁call▁begin｜>NAME
+  <｜tool▁sep｜>{...}<｜tool▁call▁end｜>...<｜tool▁calls▁end｜>``.
+- ``deepseek_r1``: DeepSeek R1 (and its distills): the same tokens, ``function<｜tool▁sep｜>NAME``
+  and the arguments in a ```` ```json ```` fence.
+- ``qwen3_coder``: Qwen3-Coder / Qwen3.5: ``<tool_call><function=NAME><parameter=KEY>
+  value</parameter></function></tool_call>`` (``edgeinfer.prompt.xmlargs``).
+- ``gemma4``: Gemma 4: ``<|tool_call>call:NAME{key:<|"|>text<|"|>,n:3}<tool_call|>``
+  (``edgeinfer.prompt.gemmaargs``).
+
+``harmony`` (gpt-oss, ``edgeinfer.prompt.harmony``) reads channels: ``analysis`` is
+reasoning, ``final`` the answer, ``commentary to=functions.NAME`` a call.
 """
 
 from __future__ import annotations
@@ -33,11 +48,35 @@ class ToolFormat:
     native: bool = True  # the template renders tools, calls and results itself
     id_length: int = 0  # calls carry an "id" of this many letters and digits (0: none)
     max_calls: int = 4  # calls one answer may hold
+    syntax: str = "json"  # json | named | harmony
+    args: str = "json"  # how named formats write arguments: json | xml | gemma
+    block_open: str = ""  # named: before the calls
+    block_close: str = ""  # named: after the calls
+    call_open: str = ""  # named: before each call's name
+    name_end: str = ""  # named: between the name and the arguments
+    call_close: str = ""  # named: after each call's arguments
+    id_marker: str = ""  # named: a call id may follow the name after this marker
 
     @property
     def trigger(self) -> str:
         """The word that starts a call in free text (a lazy grammar's trigger)."""
+        if self.syntax == "named":
+            return self.block_open or self.call_open
+        if self.syntax == "harmony":
+            return "<|channel|>commentary to=functions."
         return self.open or '{"name"'
+
+    @property
+    def markers(self) -> tuple[str, ...]:
+        """The format's markers (a model may have them as special tokens: their text
+        must show in the output for the parser to see them)."""
+        found = [self.open, self.close, self.block_open, self.block_close, self.call_open,
+                 self.name_end, self.call_close, self.id_marker]
+        if self.syntax == "harmony":
+            found += ["<|start|>", "<|channel|>", "<|message|>", "<|end|>", "<|constrain|>"]
+        if self.args == "gemma":
+            found.append('<|"|>')
+        return tuple(dict.fromkeys(m for m in found if m))
 
 
 HERMES = ToolFormat("hermes", "<tool_call>", "</tool_call>")
@@ -45,21 +84,44 @@ GENERIC = ToolFormat("generic", "<tool_call>", "</tool_call>", native=False)
 LLAMA3 = ToolFormat("llama3", "<|python_tag|>", args_key="parameters", bare=True, max_calls=1)
 MISTRAL = ToolFormat("mistral", "[TOOL_CALLS]", listed=True, id_length=9)
 GRANITE = ToolFormat("granite", "<|tool_call|>", listed=True)
-FORMATS = {f.name: f for f in (HERMES, GENERIC, LLAMA3, MISTRAL, GRANITE)}
+MISTRAL_ARGS = ToolFormat("mistral_args", "", syntax="named", call_open="[TOOL_CALLS]",
+                          name_end="[ARGS]", id_marker="[CALL_ID]", id_length=9)
+_DS = ("<｜tool▁calls▁begin｜>", "<｜tool▁calls▁end｜>", "<｜tool▁call▁begin｜>",
+       "<｜tool▁sep｜>", "<｜tool▁call▁end｜>")
+DEEPSEEK_V3 = ToolFormat("deepseek_v3", "", syntax="named", block_open=_DS[0],
+                         block_close=_DS[1], call_open=_DS[2], name_end=_DS[3],
+                         call_close=_DS[4])
+DEEPSEEK_R1 = ToolFormat("deepseek_r1", "", syntax="named", block_open=_DS[0],
+                         block_close=_DS[1], call_open=_DS[2] + "function" + _DS[3],
+                         name_end="\n```json\n", call_close="\n```" + _DS[4])
+QWEN3_CODER = ToolFormat("qwen3_coder", "", syntax="named", args="xml",
+                         block_open="<tool_call>", block_close="</tool_call>",
+                         call_open="<function=", name_end=">", call_close="</function>")
+GEMMA4 = ToolFormat("gemma4", "", syntax="named", args="gemma", call_open="<|tool_call>call:",
+                    name_end="{", call_close="<tool_call|>")
+HARMONY = ToolFormat("harmony", "", syntax="harmony", max_calls=1)
+FORMATS = {f.name: f for f in (HERMES, GENERIC, LLAMA3, MISTRAL, GRANITE, MISTRAL_ARGS,
+                               DEEPSEEK_V3, DEEPSEEK_R1, QWEN3_CODER, GEMMA4, HARMONY)}
 
 
 def detect(template_source: str) -> ToolFormat:
     """The format a chat template speaks, from the markers it writes; ``GENERIC`` for a
     template without tool support or with a format not covered here."""
     src = template_source
+    if "<|channel|>" in src and "<|call|>" in src:
+        return HARMONY
+    if "tool▁sep" in src:  # DeepSeek's templates render calls, but not the tools
+        return DEEPSEEK_R1 if "```json" in src else DEEPSEEK_V3
     if "tools" not in src:
         return GENERIC
+    if "<|tool_call>call:" in src:
+        return GEMMA4
     if "[TOOL_CALLS]" in src:
-        return GENERIC if "[ARGS]" in src else MISTRAL
+        return MISTRAL_ARGS if "[ARGS]" in src else MISTRAL
     if "<|tool_call|>" in src:
         return GRANITE
     if "<tool_call>" in src:
-        return GENERIC if "<function=" in src else HERMES
+        return QWEN3_CODER if "<function=" in src else HERMES
     if "<|python_tag|>" in src or '"parameters": ' in src and "ipython" in src:
         return LLAMA3
     return GENERIC

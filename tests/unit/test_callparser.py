@@ -9,7 +9,22 @@ import random
 import pytest
 
 from edgeinfer.prompt.callparser import CallArgs, CallOpen, CallParser, Content
-from edgeinfer.prompt.toolformat import GENERIC, GRANITE, HERMES, LLAMA3, MISTRAL, ToolFormat
+from edgeinfer.prompt.reasoning import Thought
+from edgeinfer.prompt.toolformat import (
+    DEEPSEEK_R1,
+    DEEPSEEK_V3,
+    GEMMA4,
+    GENERIC,
+    GRANITE,
+    HARMONY,
+    HERMES,
+    LLAMA3,
+    MISTRAL,
+    MISTRAL_ARGS,
+    QWEN3_CODER,
+    ToolFormat,
+)
+from edgeinfer.prompt.tools import call_parser
 
 W = '{"city": "Paris", "opts": {"unit": "c", "note": "a } and \\" and ]"}}'
 CASES: list[tuple[ToolFormat, str, str, list[tuple[str, object]]]] = [
@@ -28,11 +43,51 @@ CASES: list[tuple[ToolFormat, str, str, list[tuple[str, object]]]] = [
     (MISTRAL, "[TOOL_CALLS]oops", "[TOOL_CALLS]oops", []),
     (HERMES, '<tool_call>{"arguments": {"a": 1}}</tool_call>',
      '<tool_call>{"arguments": {"a": 1}}</tool_call>', []),
+    # named formats: the function name outside the arguments
+    (MISTRAL_ARGS, f'[TOOL_CALLS]get_weather[ARGS]{W}[TOOL_CALLS]add[ARGS]{{"a": 1}}', "",
+     [("get_weather", json.loads(W)), ("add", {"a": 1})]),
+    (MISTRAL_ARGS, 'Sure.[TOOL_CALLS]get_weather[CALL_ID]abc123XYZ[ARGS]{"city": "Paris"}',
+     "Sure.", [("get_weather", {"city": "Paris"})]),
+    (MISTRAL_ARGS, "[TOOL_CALLS] not a call, [ARGS] {x}", "[TOOL_CALLS] not a call, [ARGS] {x}",
+     []),
+    (DEEPSEEK_V3, "Checking.<｜tool▁calls▁begin｜><｜tool▁call▁begin｜>get_weather"
+                  f"<｜tool▁sep｜>{W}<｜tool▁call▁end｜><｜tool▁call▁begin｜>add<｜tool▁sep｜>"
+                  '{"a": 1}<｜tool▁call▁end｜><｜tool▁calls▁end｜>',
+     "Checking.", [("get_weather", json.loads(W)), ("add", {"a": 1})]),
+    (DEEPSEEK_V3, "<｜tool▁calls▁begin｜>what?", "<｜tool▁calls▁begin｜>what?", []),
+    (DEEPSEEK_R1, "<｜tool▁calls▁begin｜><｜tool▁call▁begin｜>function<｜tool▁sep｜>get_weather\n"
+                  f"```json\n{W}\n```<｜tool▁call▁end｜><｜tool▁calls▁end｜>",
+     "", [("get_weather", json.loads(W))]),
+    (QWEN3_CODER, "Let me look.\n<tool_call>\n<function=get_weather>\n<parameter=city>\n"
+                  "Paris\n<b>France</b>\n</parameter>\n<parameter=days>\n3\n</parameter>\n"
+                  '<parameter=opts>\n{"unit": "c"}\n</parameter>\n</function>\n</tool_call>\n'
+                  "<tool_call>\n<function=get_time>\n</function>\n</tool_call>",
+     "Let me look.", [("get_weather", {"city": "Paris\n<b>France</b>", "days": 3,
+                                       "opts": {"unit": "c"}}), ("get_time", {})]),
+    (QWEN3_CODER, "<tool_call>\n<function=get_weather>\n<parameter=city>\n7\n</parameter>\n"
+                  "</function>\n</tool_call>", "", [("get_weather", {"city": "7"})]),
+    (QWEN3_CODER, "<tool_call> plain words", "<tool_call> plain words", []),
+    (GEMMA4, 'On it.<|tool_call>call:get_weather{city:<|"|>Paris, "FR" {x}]<|"|>,days:3,'
+             'opts:{unit:<|"|>c<|"|>,list:[1,<|"|>a<|"|>,true]}}<tool_call|>'
+             "<|tool_call>call:get_time{}<tool_call|>",
+     "On it.", [("get_weather", {"city": 'Paris, "FR" {x}]', "days": 3,
+                                 "opts": {"unit": "c", "list": [1, "a", True]}}),
+                ("get_time", {})]),
+    (HARMONY, "<|channel|>analysis<|message|>Need the weather.<|end|><|start|>assistant"
+              "<|channel|>commentary to=functions.get_weather <|constrain|>json<|message|>" + W,
+     "", [("get_weather", json.loads(W))]),
+    (HARMONY, "<|channel|>analysis<|message|>Hm.<|end|><|start|>assistant<|channel|>final"
+              "<|message|>Hello <there>", "Hello <there>", []),
+    (HARMONY, '<|start|>assistant to=functions.add<|channel|>commentary json<|message|>{"a": 1}',
+     "", [("add", {"a": 1})]),
+    (HARMONY, "Plain text from a model that forgot its channels.",
+     "Plain text from a model that forgot its channels.", []),
 ]
+TYPES = {"get_weather": {"city": "string", "days": "integer"}}
 
 
 def parse(fmt: ToolFormat, pieces: list[str]) -> tuple[str, list[tuple[str, object]], list[str]]:
-    p = CallParser(fmt)
+    p = call_parser(fmt, TYPES)
     events = [e for piece in pieces for e in p.feed(piece)] + p.finish()
     content = "".join(e.text for e in events if isinstance(e, Content))
     opens = [e for e in events if isinstance(e, CallOpen)]
@@ -85,3 +140,27 @@ def test_a_call_cut_off_keeps_its_partial_arguments() -> None:
     events = p.feed('<tool_call>{"name": "f", "arguments": {"a": "unfinis') + p.finish()
     assert isinstance(events[0], CallOpen) and p.num_calls == 1
     assert "".join(e.text for e in events if isinstance(e, CallArgs)) == '{"a": "unfinis'
+
+
+def test_harmony_analysis_is_reasoning_and_never_content() -> None:
+    text = CASES[-4][1]
+    for cut in range(1, len(text)):
+        p = call_parser(HARMONY)
+        events = p.feed(text[:cut]) + p.feed(text[cut:]) + p.finish()
+        assert "".join(e.text for e in events if isinstance(e, Thought)) == "Need the weather."
+        assert not [e for e in events if isinstance(e, Content)], cut
+
+
+@pytest.mark.parametrize("fmt", [MISTRAL_ARGS, DEEPSEEK_V3, QWEN3_CODER, GEMMA4])
+def test_named_formats_hold_no_marker_in_content(fmt: ToolFormat) -> None:
+    text = next(t for f, t, _, calls in CASES if f is fmt and calls)
+    p = call_parser(fmt, TYPES)
+    seen = "".join(e.text for ch in text for e in p.feed(ch) if isinstance(e, Content))
+    for marker in fmt.markers:
+        assert marker.strip() not in seen
+
+
+def test_a_string_parameter_streams_in_fragments() -> None:
+    p = call_parser(QWEN3_CODER, TYPES)
+    p.feed("<tool_call>\n<function=get_weather>\n<parameter=city>\nPar")
+    assert "".join(e.text for e in p.feed("is and mo") if isinstance(e, CallArgs)) == "is and mo"

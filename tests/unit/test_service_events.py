@@ -8,6 +8,7 @@ from collections.abc import AsyncIterator
 
 from edgeinfer.engine.delta import Delta, Failure, FailureCode
 from edgeinfer.errors import EngineError, Timeout
+from edgeinfer.prompt.reasoning import THINK
 from edgeinfer.prompt.toolformat import GENERIC
 from edgeinfer.service.events import (
     ErrorEvent,
@@ -19,6 +20,7 @@ from edgeinfer.service.events import (
     UsageReport,
 )
 from edgeinfer.service.generation import failure_error, merge, to_events
+from edgeinfer.service.reader import Reading
 
 
 async def fake(*deltas: Delta, pause: float = 0.0) -> AsyncIterator[Delta]:
@@ -28,11 +30,11 @@ async def fake(*deltas: Delta, pause: float = 0.0) -> AsyncIterator[Delta]:
 
 
 def run(streams: list[AsyncIterator[Delta]], prompt_of: list[int], lengths: list[int],
-        tools: bool = False, **kw: bool) -> list[Event]:
-    fmt = GENERIC if tools else None
+        tools: bool = False, reasoning: bool = False, in_thought: bool = False) -> list[Event]:
+    reading = Reading(tools=GENERIC if tools else None, markers=THINK if reasoning else None,
+                      in_thought=in_thought)
     async def main() -> list[Event]:
-        return [e async for e in to_events(merge(streams), prompt_of, lengths, tools=fmt,
-                                           **kw)]
+        return [e async for e in to_events(merge(streams), prompt_of, lengths, reading)]
     return asyncio.run(main())
 
 
@@ -93,8 +95,7 @@ def test_a_failure_ends_the_stream_with_one_typed_error_and_aborts_the_rest() ->
     timeout = Delta("", finish_reason="error", failure=Failure(FailureCode.TIMEOUT, "too slow"))
 
     async def main() -> list[Event]:
-        gen = to_events(merge([endless(), fake(Delta("a"), timeout, pause=0.005)]), [0, 0], [3],
-                        tools=None)
+        gen = to_events(merge([endless(), fake(Delta("a"), timeout, pause=0.005)]), [0, 0], [3])
         out = [e async for e in gen]
         await asyncio.sleep(0)
         assert aborted.is_set()  # the other choice's engine request was aborted

@@ -1,0 +1,153 @@
+"""GBNF of tool calls in any format's own syntax (``edgeinfer.prompt.toolformat``).
+
+JSON formats come from ``grammar.tool_calls_gbnf``; this module adds the named formats
+(the function name outside the arguments: Mistral ``[ARGS]``, DeepSeek's tokens,
+Qwen3-Coder's XML parameters, Gemma 4's ``call:NAME{...}``) and gpt-oss's Harmony
+commentary messages. Arguments follow the tool's JSON schema: as JSON where the format
+writes JSON, parameter by parameter (required ones in schema order, optional ones
+optional) where it does not. Every grammar starts with the format's trigger word, as
+a lazy grammar must.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from edgeinfer.prompt.grammar import _rename_rules, schema_to_gbnf
+from edgeinfer.prompt.grammar import tool_calls_gbnf as json_calls_gbnf
+from edgeinfer.prompt.toolformat import GENERIC, ToolFormat
+
+HARMONY_CALL = "<|channel|>commentary to=functions."
+HARMONY_ARGS = " <|constrain|>json<|message|>"
+# text values of the XML and Gemma formats: no "<" (it would start a closing marker)
+_TEXT = '[^<]{{{lo},{hi}}}'
+_GEMMA_VALUE = r'''g-val ::= g-str | g-num | ("true" | "false" | "null") | g-obj | g-arr
+g-str ::= "<|\"|>" [^<]{0,200} "<|\"|>"
+g-num ::= "-"? [0-9]{1,16} ("." [0-9]{1,16})?
+g-obj ::= "{" (g-key ":" g-val ("," g-key ":" g-val){0,16})? "}"
+g-arr ::= "[" (g-val ("," g-val){0,16})? "]"
+g-key ::= [a-zA-Z_] [a-zA-Z0-9_]{0,63}
+'''
+
+
+def lit(text: str) -> str:
+    """A GBNF string literal."""
+    return json.dumps(text, ensure_ascii=False)
+
+
+def _text_rule(prop: dict[str, Any]) -> str:
+    lo = int(prop.get("minLength", 0) or 0)
+    hi = int(prop.get("maxLength", 200) or 200)
+    return _TEXT.format(lo=min(lo, hi), hi=hi)
+
+
+def _is_text(prop: dict[str, Any]) -> bool:
+    return prop.get("type") == "string" and not {"enum", "const", "pattern", "format"} & set(prop)
+
+
+def _value(prefix: str, prop: dict[str, Any], param: str, gemma: bool) -> tuple[str, str]:
+    """(expression, rules) of one parameter's value."""
+    if _is_text(prop):
+        text = _text_rule(prop)
+        return (f'"<|\\"|>" {text} "<|\\"|>"' if gemma else text), ""
+    if prop.get("type") == "string" and "enum" in prop and all(
+            isinstance(v, str) for v in prop["enum"]):
+        alts = " | ".join(lit(v) for v in prop["enum"])
+        return (f'"<|\\"|>" ({alts}) "<|\\"|>"' if gemma else f"({alts})"), ""
+    if gemma and prop.get("type") not in ("integer", "number", "boolean", "null"):
+        return "g-val", ""  # objects and lists in Gemma's own syntax
+    rules = _rename_rules(schema_to_gbnf(prop, param), prefix)
+    return f"{prefix}root", rules
+
+
+def _sequence(items: list[tuple[str, bool]], prefix: str, sep: str) -> list[str]:
+    """Rules for ``items`` (expression, required) in order, optional ones optional,
+    separated by ``sep``: ``{prefix}start`` is the whole sequence."""
+    rules = []
+    k = len(items)
+    rules.append(f'{prefix}start{k} ::= ""')
+    rules.append(f'{prefix}rest{k} ::= ""')
+    for i in range(k - 1, -1, -1):
+        expr, required = items[i]
+        follow = f" {lit(sep)}" if sep else ""
+        if required:
+            rules.append(f"{prefix}rest{i} ::={follow} {expr} {prefix}rest{i + 1}")
+            rules.append(f"{prefix}start{i} ::= {expr} {prefix}rest{i + 1}")
+        else:
+            rules.append(f"{prefix}rest{i} ::= ({follow} {expr})? {prefix}rest{i + 1}")
+            rules.append(f"{prefix}start{i} ::= {expr} {prefix}rest{i + 1} | {prefix}start{i + 1}")
+    rules.append(f"{prefix}start ::= {prefix}start0")
+    return rules
+
+
+def _params(prefix: str, parameters: dict[str, Any], param: str, gemma: bool) -> list[str]:
+    """Rules of the parameters of one call (``{prefix}start``)."""
+    props = parameters.get("properties") or {}
+    required = set(parameters.get("required") or [])
+    names = sorted(props) if gemma else list(props)  # Gemma's template sorts the keys
+    items, rules = [], []
+    for j, key in enumerate(names):
+        expr, more = _value(f"{prefix}v{j}-", props[key] or {}, param, gemma)
+        rules.append(more)
+        if gemma:
+            items.append((f"{lit(key + ':')} {expr}", key in required))
+        else:
+            items.append((f'{lit(f"<parameter={key}>" + chr(10))} {expr} '
+                          f'{lit(chr(10) + "</parameter>" + chr(10))}', key in required))
+    return _sequence(items, prefix, "," if gemma else "") + [r for r in rules if r]
+
+
+def _call(i: int, name: str, parameters: dict[str, Any], fmt: ToolFormat, param: str
+          ) -> list[str]:
+    """Rules of one tool's call after the format's ``call_open`` (``t{i}-call``)."""
+    p = f"t{i}-"
+    if fmt.args == "json":
+        args = _rename_rules(schema_to_gbnf(parameters, param), p)
+        return [f"{p}call ::= {lit(name + fmt.name_end)} {p}root", args]
+    gemma = fmt.args == "gemma"
+    rules = _params(p, parameters, param, gemma)
+    body = f'{p}start "}}"' if gemma else f'"\\n" {p}start'  # Gemma: name_end is the "{"
+    return [f"{p}call ::= {lit(name + fmt.name_end)} {body}", *rules]
+
+
+def named_calls_gbnf(tools: list[tuple[str, dict[str, Any]]], max_calls: int,
+                     fmt: ToolFormat, param: str = "tools") -> str:
+    """One to ``max_calls`` calls of ``tools`` in a named format."""
+    n = max(1, min(max_calls, fmt.max_calls))
+    rules: list[str] = []
+    for i, (name, parameters) in enumerate(tools):
+        rules += _call(i, name, parameters, fmt, param)
+    alts = " | ".join(f"t{i}-call" for i in range(len(tools)))
+    call = f"{lit(fmt.call_open)} ({alts})" + (f" {lit(fmt.call_close)}" if fmt.call_close
+                                               else "")
+    if fmt.block_open and fmt.args == "xml":  # Qwen3-Coder: each call in its own block
+        call = f'{lit(fmt.block_open + chr(10))} {call} {lit(chr(10) + fmt.block_close)}'
+        root = f'root ::= call ("\\n" call){{0,{n - 1}}}'
+    elif fmt.block_open:
+        root = f"root ::= {lit(fmt.block_open)} call{{1,{n}}} {lit(fmt.block_close)}"
+    else:
+        root = f"root ::= call{{1,{n}}}"
+    extra = _GEMMA_VALUE if fmt.args == "gemma" else ""
+    return "\n".join([root, f"call ::= {call}", *rules]) + "\n" + extra
+
+
+def harmony_gbnf(tools: list[tuple[str, dict[str, Any]]], param: str = "tools") -> str:
+    """One gpt-oss call: ``<|channel|>commentary to=functions.NAME <|constrain|>json
+    <|message|>{...}`` (``<|call|>``, an end-of-generation token, follows)."""
+    rules = []
+    for i, (name, parameters) in enumerate(tools):
+        rules.append(f"t{i}-call ::= {lit(name + HARMONY_ARGS)} t{i}-root")
+        rules.append(_rename_rules(schema_to_gbnf(parameters, param), f"t{i}-"))
+    alts = " | ".join(f"t{i}-call" for i in range(len(tools)))
+    return "\n".join([f"root ::= {lit(HARMONY_CALL)} ({alts})", *rules]) + "\n"
+
+
+def tool_calls_gbnf(tools: list[tuple[str, dict[str, Any]]], max_calls: int,
+                    param: str = "tools", fmt: ToolFormat = GENERIC) -> str:
+    """GBNF of one to ``max_calls`` calls of ``tools`` in ``fmt``'s own syntax."""
+    if fmt.syntax == "named":
+        return named_calls_gbnf(tools, max_calls, fmt, param)
+    if fmt.syntax == "harmony":
+        return harmony_gbnf(tools, param)
+    return json_calls_gbnf(tools, max_calls, param, fmt)

@@ -1,0 +1,254 @@
+"""Tool calls whose function name stands outside the arguments, as it streams.
+
+The formats (``edgeinfer.prompt.toolformat``, ``syntax = "named"``) write each call as
+
+    [block open] call_open NAME name_end ARGUMENTS call_close [block close]
+
+for instance Mistral v11's ``[TOOL_CALLS]get_weather[ARGS]{"city": "Paris"}``,
+DeepSeek V3.1's ``<｜tool▁call▁begin｜>get_weather<｜tool▁sep｜>{...}<｜tool▁call▁end｜>``,
+Qwen3-Coder's ``<function=get_weather>`` with ``<parameter=...>`` arguments and Gemma 4's
+``<|tool_call>call:get_weather{city:<|"|>Paris<|"|>}<tool_call|>``. The arguments are
+read by an ``ArgsReader`` of the format's kind (JSON, Qwen3-Coder XML, Gemma 4), which
+turns them into JSON text as they arrive. Events are the ones of
+``edgeinfer.prompt.callparser``; text that is not a well-formed call stays text.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Any, Protocol
+
+from edgeinfer.prompt.callparser import (
+    CallArgs,
+    CallOpen,
+    Content,
+    Event,
+    new_call_id,
+    partial_suffix,
+)
+from edgeinfer.prompt.toolformat import ToolFormat
+
+_NAME = re.compile(r"[A-Za-z0-9_.:-]*")
+_MAX_NAME = 128
+
+
+class ArgsReader(Protocol):
+    """Reads one call's arguments from the text after the name's end marker."""
+
+    def feed(self, buf: str) -> tuple[str, int, bool]:
+        """(JSON text produced, characters of ``buf`` consumed, whether the arguments
+        ended). Raises ValueError when ``buf`` cannot be arguments."""
+        ...
+
+    def finish(self) -> str:
+        """The JSON text still held back when the output ends mid-arguments."""
+        ...
+
+
+class JsonArgs:
+    """A JSON object, passed on as written."""
+
+    def __init__(self, fence: str = "") -> None:
+        self.started = False
+        self.depth = 0
+        self.in_string = False
+        self.escape = False
+        self.fence = fence  # text allowed before the object (``json\n`` fences)
+
+    def feed(self, buf: str) -> tuple[str, int, bool]:
+        i = 0
+        if not self.started:
+            head = buf.lstrip(" \t\r\n")
+            skipped = len(buf) - len(head)
+            if not head:
+                return "", skipped, False
+            if head[0] != "{":
+                raise ValueError("arguments are not a JSON object")
+            self.started, i = True, skipped
+        start = i
+        while i < len(buf):
+            ch = buf[i]
+            i += 1
+            if self.in_string:
+                if self.escape:
+                    self.escape = False
+                elif ch == "\\":
+                    self.escape = True
+                elif ch == '"':
+                    self.in_string = False
+            elif ch == '"':
+                self.in_string = True
+            elif ch in "{[":
+                self.depth += 1
+            elif ch in "}]":
+                self.depth -= 1
+                if self.depth == 0:
+                    return buf[start:i], i, True
+        return buf[start:i], i, False
+
+    def finish(self) -> str:
+        return ""
+
+
+def make_args_reader(fmt: ToolFormat, name: str,
+                     types: dict[str, dict[str, str]]) -> ArgsReader:
+    """The reader of ``fmt``'s arguments for a call of ``name`` (``types``: each tool's
+    parameter types, which the XML format needs to tell ``"7"`` from ``7``)."""
+    if fmt.args == "xml":
+        from edgeinfer.prompt.xmlargs import XmlArgs
+        return XmlArgs(types.get(name, {}))
+    if fmt.args == "gemma":
+        from edgeinfer.prompt.gemmaargs import GemmaArgs
+        return GemmaArgs()
+    return JsonArgs()
+
+
+class NamedCallParser:
+    """Incremental parser for ``syntax = "named"`` formats: ``feed`` text, then
+    ``finish`` at the end of the output."""
+
+    def __init__(self, fmt: ToolFormat, types: dict[str, dict[str, str]] | None = None) -> None:
+        self.fmt = fmt
+        self.types = types or {}
+        self.num_calls = 0
+        self._buf = ""
+        self._mode = "text"  # text | between | name | args | close
+        self._held = ""  # markers consumed since the text (given back if no call follows)
+        self._name = ""
+        self._reader: ArgsReader | None = None
+        self._openers = [m for m in (fmt.block_open, fmt.call_open) if m]
+
+    # -- free text ------------------------------------------------------------------
+    def _text(self, out: list[Event]) -> bool:
+        buf = self._buf
+        hits = [(buf.find(m), m) for m in self._openers if m in buf]
+        if not hits:
+            keep = max(partial_suffix(buf, m) for m in self._openers)
+            if len(buf) > keep:
+                out.append(Content(buf[:len(buf) - keep]))
+            self._buf = buf[len(buf) - keep:]
+            return False
+        at, _ = min(hits, key=lambda h: (h[0], -len(h[1])))
+        if at:
+            out.append(Content(buf[:at]))
+        self._buf, self._mode, self._held = buf[at:], "between", ""
+        return True
+
+    def _between(self, out: list[Event]) -> bool:
+        fmt = self.fmt
+        stripped = self._buf.lstrip(" \t\r\n")
+        self._held += self._buf[:len(self._buf) - len(stripped)]
+        self._buf = buf = stripped
+        for marker in (fmt.call_open, fmt.block_open, fmt.block_close):
+            if marker and buf.startswith(marker):
+                self._held += marker
+                self._buf = buf[len(marker):]
+                self._mode = "name" if marker == fmt.call_open else "between"
+                self._name = ""
+                if marker == fmt.block_close:
+                    self._mode, self._held = "text", ""
+                    self._buf = self._buf.lstrip("\n")
+                    if not self.num_calls:
+                        out.append(Content(fmt.block_open + fmt.block_close))
+                return True
+        if not buf or any(m.startswith(buf) for m in
+                          (fmt.call_open, fmt.block_open, fmt.block_close) if m):
+            return False  # more to come
+        self._give_back(out)
+        return True
+
+    def _give_back(self, out: list[Event]) -> None:
+        """What looked like the start of calls was text."""
+        if self._held and not self.num_calls:
+            out.append(Content(self._held))
+        self._held, self._mode = "", "text"
+
+    def _read_name(self, out: list[Event]) -> bool:
+        fmt, buf = self.fmt, self._buf
+        at = buf.find(fmt.name_end)
+        name = buf[:at] if at != -1 else buf[:len(buf) - partial_suffix(buf, fmt.name_end)]
+        if fmt.id_marker:  # the id the model wrote is not kept: calls get fresh ids
+            name = name.split(fmt.id_marker, 1)[0]
+            if at == -1:
+                name = name[:len(name) - partial_suffix(name, fmt.id_marker)]
+        if _NAME.fullmatch(name.strip()) is None or len(name) > _MAX_NAME:
+            self._give_back(out)  # not a call: the markers and what follows are text
+            return True
+        if at == -1:
+            return False
+        self._name = name.strip()
+        if not self._name:
+            self._give_back(out)
+            return True
+        out.append(CallOpen(self.num_calls, new_call_id(fmt.id_length), self._name))
+        self._buf = buf[at + len(fmt.name_end):]
+        self._reader = make_args_reader(fmt, self._name, self.types)
+        self._mode, self._held = "args", ""
+        return True
+
+    def _args(self, out: list[Event]) -> bool:
+        assert self._reader is not None
+        try:
+            text, used, done = self._reader.feed(self._buf)
+        except ValueError:  # not arguments: the call has none, what follows is text
+            out.append(CallArgs(self.num_calls, "{}"))
+            self.num_calls += 1
+            self._mode, self._reader = "text", None
+            return True
+        if text:
+            out.append(CallArgs(self.num_calls, text))
+        self._buf = self._buf[used:]
+        if not done:
+            return False
+        self.num_calls += 1
+        self._reader = None
+        self._mode = "close"
+        return True
+
+    def _close(self) -> bool:
+        close = self.fmt.call_close.lstrip(" \t\r\n")
+        if close:
+            head = self._buf.lstrip(" \t\r\n")
+            if not head or (close.startswith(head) and head != close):
+                return False
+            if head.startswith(close):
+                self._buf = head[len(close):]
+        self._mode, self._held = "between", ""
+        return True
+
+    # -- the public side ------------------------------------------------------------
+    def feed(self, text: str) -> list[Event]:
+        self._buf += text
+        out: list[Event] = []
+        steps = {"text": self._text, "between": self._between, "name": self._read_name,
+                 "args": self._args}
+        while True:
+            changed = self._close() if self._mode == "close" else steps[self._mode](out)
+            if not changed:
+                return out
+
+    def finish(self) -> list[Event]:
+        """End of output: release what was held back."""
+        out: list[Event] = []
+        rest, self._buf = self._buf, ""
+        if self._mode == "args" and self._reader is not None:
+            tail = self._reader.finish()
+            if tail:
+                out.append(CallArgs(self.num_calls, tail))
+            self.num_calls += 1
+        elif self._mode in ("between", "name") and not self.num_calls:
+            out.append(Content(self._held + rest))
+        elif self._mode == "text" and rest:
+            out.append(Content(rest))
+        return out
+
+
+def parameter_types(tools: Any) -> dict[str, dict[str, str]]:
+    """Each tool's parameter JSON types (``{"get_weather": {"days": "integer"}}``), from
+    ToolSpecs; a parameter without one plain type is left out (read as JSON if it parses)."""
+    out: dict[str, dict[str, str]] = {}
+    for t in tools:
+        props = (t.parameters or {}).get("properties") or {}
+        out[t.name] = {k: v["type"] for k, v in props.items()
+                       if isinstance(v, dict) and isinstance(v.get("type"), str)}
+    return out
