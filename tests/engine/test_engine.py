@@ -60,3 +60,17 @@ def test_full_kv_cache_stops_only_the_newest_request(small: ServedModel) -> None
     room = 256 - len(prompt)
     assert generated[0] < room
     assert generated[-1] == room
+
+
+def test_format_markers_that_are_special_tokens_show_in_the_output(
+        small: ServedModel) -> None:
+    """A format's markers that the model has as control tokens render as their text (as
+    llama-server's preserved tokens do); other control tokens and end-of-generation stay
+    hidden, and plain-text markers are left as they are."""
+    rt = small.runtime
+    start = rt.tokenize("<|im_start|>", add_special=False, parse_special=True)
+    assert len(start) == 1 and rt.piece(start[0]) == b""  # hidden by default
+    eog = rt.tokenize("<|im_end|>", add_special=False, parse_special=True)
+    assert rt.show_markers(("<|im_start|>", "<|im_end|>", "[TOOL_CALLS]")) == ["<|im_start|>"]
+    assert rt.piece(start[0]) == b"<|im_start|>"
+    assert rt.is_eog(eog[0]) and rt.piece(eog[0]) == b""

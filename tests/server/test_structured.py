@@ -164,7 +164,7 @@ def test_streamed_tool_call_equals_the_non_streamed_one(client: openai.OpenAI) -
 
 
 def test_streamed_tool_call_deltas_have_the_openai_shape(server: ServerProcess) -> None:
-    body = {"model": "default", "stream": True, "max_tokens": 200, "tools": TOOLS,
+    body = {"model": "default", "stream": True, "max_tokens": 300, "temperature": 0, "tools": TOOLS,
             "tool_choice": {"type": "function", "function": {"name": "send_email"}},
             "messages": [{"role": "user", "content": "Email joe@example.com: hi"}]}
     with httpx.stream("POST", f"{server.base_url}/v1/chat/completions", json=body,

@@ -42,6 +42,9 @@ FAMILIES = {  # template -> the format it must be detected as
     "llama-cpp-deepseek-r1.jinja": "deepseek_r1",
     "openai-gpt-oss-120b.jinja": "harmony",
     "google-gemma-4-31B-it.jinja": "gemma4",
+    "google-gemma-4-31B-it-interleaved.jinja": "gemma4",
+    "NVIDIA-Nemotron-3-Nano-30B-A3B-BF16.jinja": "qwen3_coder",
+    "StepFun3.5-Flash.jinja": "qwen3_coder",
     # no tool support in the template: the generic format (tools in a system message)
     "google-gemma-2-2b-it.jinja": "generic",
 }
@@ -172,11 +175,12 @@ def test_edgeinfer_models_shows_each_models_formats(tmp_path: Path) -> None:
     cfg = tmp_path / "models.toml"
     cfg.write_text("".join(
         f'[[models]]\nid = "{mid}"\n{SMALL}\nchat_template_file = "{template(name)}"\n\n'
-        for mid, name in SERVED.items()) + f'[[models]]\nid = "r1"\n{SMALL}\nchat_template_file'
-        f' = "{template("deepseek-ai-DeepSeek-R1-Distill-Qwen-32B.jinja")}"\n')
+        for mid, name in SERVED.items()))
     r = subprocess.run([sys.executable, "-m", "edgeinfer", "models", "--json", "--config",
                         str(cfg)], capture_output=True, text=True, timeout=60, check=True)
     rows = {row["id"]: row for row in json.loads(r.stdout)}
     assert {m: rows[m]["tool_format"] for m in SERVED} == {
-        "qwen": "hermes", "llama": "llama3", "mistral": "mistral", "granite": "granite"}
+        m: FAMILIES[name] for m, name in SERVED.items()}
     assert rows["r1"]["reasoning"] == "split" and rows["qwen"]["reasoning"] == "none"
+    assert rows["gptoss"]["reasoning"] == "split" and rows["gemma4"]["reasoning"] == "split"
+
