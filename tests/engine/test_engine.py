@@ -62,12 +62,20 @@ def test_full_kv_cache_stops_only_the_newest_request(small: ServedModel) -> None
     assert generated[-1] == room
 
 
-def test_format_markers_that_are_special_tokens_show_in_the_output(
-        small: ServedModel) -> None:
+def test_format_markers_that_are_special_tokens_show_in_the_output() -> None:
     """A format's markers that the model has as control tokens render as their text (as
     llama-server's preserved tokens do); other control tokens and end-of-generation stay
     hidden, and plain-text markers are left as they are."""
-    rt = small.runtime
+    served = load_model(override_model(load_config().models[0], context=256, slots=1,
+                                       batch=64, threads=1))
+    try:
+        _check_markers(served)
+    finally:
+        served.engine.stop()
+
+
+def _check_markers(served: ServedModel) -> None:
+    rt = served.runtime
     start = rt.tokenize("<|im_start|>", add_special=False, parse_special=True)
     assert len(start) == 1 and rt.piece(start[0]) == b""  # hidden by default
     eog = rt.tokenize("<|im_end|>", add_special=False, parse_special=True)
