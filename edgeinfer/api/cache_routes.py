@@ -47,5 +47,9 @@ async def unpin_prefixes(request: Request) -> Response:
 
 
 async def cache_stats(request: Request) -> Response:
+    """Per loaded model: the KV-cache tier, and the disk tier of pinned prefixes
+    (``disk``: null when it is off)."""
     return JSONResponse({"object": "list", "data": [
-        {"model": mid, **m.engine.cache.snapshot()} for mid, m in pool(request).models.items()]})
+        {"model": mid, **m.engine.cache.snapshot(),
+         "disk": m.prefix_store.snapshot() if m.prefix_store is not None else None}
+        for mid, m in pool(request).models.items()]})

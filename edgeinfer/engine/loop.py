@@ -20,7 +20,7 @@ import logging
 import queue
 import threading
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 
 from edgeinfer.engine import finishing
@@ -65,7 +65,16 @@ class FailAll:
     reason: str
 
 
-Message = Submit | Abort | Stop | Unpin | FailAll
+@dataclass(frozen=True, slots=True)
+class Call:
+    """Run ``fn`` on the engine thread (between steps); its result or exception goes to
+    ``future`` on the event loop."""
+
+    fn: Callable[[], object]
+    future: asyncio.Future[object]
+
+
+Message = Submit | Abort | Stop | Unpin | FailAll | Call
 
 
 class Engine:
@@ -124,6 +133,15 @@ class Engine:
     def unpin_all(self) -> None:
         """Let pinned prefixes be evicted again (they stay cached until then)."""
         self._inbox.put(Unpin())
+
+    async def call(self, fn: Callable[[], object]) -> object:
+        """``fn()`` run on the engine thread, between two steps (for work on the context
+        or the prefix cache, such as saving or restoring a prefix's state)."""
+        if not self.is_running:
+            raise EngineError("the engine is not running")
+        future: asyncio.Future[object] = asyncio.get_running_loop().create_future()
+        self._inbox.put(Call(fn, future))
+        return await future
 
     async def generate(
         self, request_id: str, prompt: list[int], params: SamplingParams, *,
@@ -188,7 +206,16 @@ class Engine:
         finally:
             self._fail_all("the engine stopped")
             self._flush()
+            self._refuse_calls()
             self.runtime.close()
+
+    def _refuse_calls(self) -> None:
+        """Calls still in the inbox when the engine stops end with an error."""
+        while not self._inbox.empty():
+            msg = self._inbox.get_nowait()
+            if isinstance(msg, Call) and self._loop is not None:
+                self._loop.call_soon_threadsafe(_settle, msg.future, None,
+                                                EngineError("the engine stopped"))
 
     def _drain(self, block: bool) -> bool:
         """Apply inbox messages; returns False on Stop."""
@@ -205,6 +232,8 @@ class Engine:
                 self._fail_all(msg.reason)
             elif isinstance(msg, Unpin):
                 log.info("unpinned %d cached prefixes", self.cache.unpin_all())
+            elif isinstance(msg, Call):
+                self._call(msg)
             elif isinstance(msg, Abort):
                 seq = self.scheduler.find(msg.request_id)
                 if seq is not None:
@@ -214,6 +243,14 @@ class Engine:
                 msg = self._inbox.get_nowait()
             except queue.Empty:
                 return True
+
+    def _call(self, msg: Call) -> None:
+        assert self._loop is not None
+        try:
+            result, error = msg.fn(), None
+        except Exception as exc:  # goes to the caller
+            result, error = None, exc
+        self._loop.call_soon_threadsafe(_settle, msg.future, result, error)
 
     def _admit(self, seq: Sequence, sink: DeltaSink) -> None:
         try:
@@ -350,3 +387,11 @@ class Engine:
                 self._loop.call_soon_threadsafe(self._deliver, items)
             except RuntimeError:  # loop closed during shutdown
                 pass
+
+
+def _settle(future: asyncio.Future[object], result: object, error: Exception | None) -> None:
+    if not future.done():
+        if error is None:
+            future.set_result(result)
+        else:
+            future.set_exception(error)

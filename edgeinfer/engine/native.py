@@ -321,6 +321,25 @@ class LlamaRuntime:
     def seq_cp(self, src: int, dst: int, p0: int = -1, p1: int = -1) -> None:
         llama_cpp.llama_memory_seq_cp(self._mem, src, dst, p0, p1)
 
+    def seq_pos_max(self, seq_id: int) -> int:
+        """The last position ``seq_id`` holds (-1: none)."""
+        return int(llama_cpp.llama_memory_seq_pos_max(self._mem, seq_id))
+
+    def seq_state(self, seq_id: int) -> bytes:
+        """The KV state of one sequence (llama_state_seq_get_data): what
+        ``set_seq_state`` puts back, in this context or a fresh one of the same model
+        and parameters."""
+        size = llama_cpp.llama_state_seq_get_size(self.ctx, seq_id)
+        buf = (ctypes.c_uint8 * size)()
+        n = llama_cpp.llama_state_seq_get_data(self.ctx, buf, size, seq_id)
+        return bytes(buf[:n])
+
+    def set_seq_state(self, seq_id: int, data: bytes) -> bool:
+        """Load a sequence's state saved by ``seq_state`` into ``seq_id`` (which must be
+        empty); False when llama.cpp refuses it (no room, or data it cannot read)."""
+        buf = (ctypes.c_uint8 * len(data)).from_buffer_copy(data)
+        return int(llama_cpp.llama_state_seq_set_data(self.ctx, buf, len(data), seq_id)) > 0
+
     @property
     def supports_prefix_sharing(self) -> bool:
         """False for memories that cannot share or trim parts of a sequence.

@@ -38,6 +38,7 @@ class CacheStats:
     misses: int = 0
     evictions: int = 0
     kept: int = 0
+    restored: int = 0  # entries loaded from saved state (the disk tier)
 
 
 class PrefixCache:
@@ -134,6 +135,31 @@ class PrefixCache:
                 return True
         return False
 
+    # -- the state of pinned prefixes, for the disk tier ---------------------------
+    def state_of(self, tokens: list[int]) -> bytes | None:
+        """The saved state of the cache entry holding exactly ``tokens`` (None: none)."""
+        for cid in self.entries:
+            if self.index.length(cid) == len(tokens) and self.index.tokens_of(cid) == tokens:
+                return self.rt.seq_state(cid)
+        return None
+
+    def restore(self, tokens: list[int], data: bytes, pinned: bool) -> bool:
+        """Make ``data`` (a ``state_of`` of ``tokens``, from disk) a cache entry; False
+        when there is no free entry or llama.cpp refuses the data (nothing is kept)."""
+        if not self.enabled:
+            return False
+        cid = self._take_id()
+        if cid is None:
+            return False
+        if not self.rt.set_seq_state(cid, data) or self.rt.seq_pos_max(cid) != len(tokens) - 1:
+            self.rt.seq_rm(cid, -1, -1)
+            self._free_ids.append(cid)
+            return False
+        self.index.extend(cid, tokens)
+        self.entries[cid] = CacheEntry(cid, pinned=pinned)
+        self.stats.restored += 1
+        return True
+
     def unpin_all(self) -> int:
         n = 0
         for e in self.entries.values():
@@ -150,5 +176,5 @@ class PrefixCache:
             "enabled": self.enabled, "cells_used": self.index.num_tokens,
             "entries": len(entries), "pinned": sum(e.pinned for e in entries),
             "hits": s.hits, "hit_tokens": s.hit_tokens, "misses": s.misses,
-            "evictions": s.evictions, "kept": s.kept,
+            "evictions": s.evictions, "kept": s.kept, "restored": s.restored,
         }

@@ -14,6 +14,7 @@ from collections import deque
 from collections.abc import AsyncIterator, Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field, replace
+from importlib.metadata import version
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -26,7 +27,8 @@ from edgeinfer.engine.sequence import SamplingParams
 from edgeinfer.errors import EngineError, InvalidRequest, ModelLoadError, Overloaded
 from edgeinfer.models.modelinfo import gguf_facts
 from edgeinfer.models.offload import gpu_free_bytes, plan_gpu_layers, warn_cpu_only_once
-from edgeinfer.models.source import check_gguf, resolve_model_path
+from edgeinfer.models.prefix_store import PrefixStore, model_identity
+from edgeinfer.models.source import cache_dir, check_gguf, resolve_model_path
 from edgeinfer.prompt.markup import Markup, segments
 from edgeinfer.prompt.reasoning import reasoning_markers
 from edgeinfer.prompt.template import ChatTemplate
@@ -118,6 +120,7 @@ class ServedModel:
     _finished_at: deque[float] = field(default_factory=lambda: deque(maxlen=64))
     users: Users = field(default_factory=Users)
     markup: Markup = field(default_factory=lambda: Markup(()))
+    prefix_store: PrefixStore | None = None  # the disk tier of pinned prefixes
 
     @property
     def tool_format(self) -> ToolFormat:
@@ -232,22 +235,56 @@ class ServedModel:
         return self.chat_prompt(messages, add_generation_prompt=False)
 
     async def pin(self, tokens: list[int]) -> int:
-        """Compute ``tokens`` and keep their KV resident (never evicted); returns the count."""
+        """Keep the KV of ``tokens`` resident (never evicted); returns the count. The
+        state comes from the disk tier when it was saved there before (a restart), else
+        it is computed and saved there."""
         if not tokens:
             raise InvalidRequest("nothing to pin: the prompt is empty", param="prompt")
         self.check_fits(len(tokens), 1)
-        rid = f"pin-{uuid.uuid4().hex[:12]}"
-        last = None
         lease = self.lease()
         try:
-            async for delta in self.engine.generate(rid, tokens, PIN_PARAMS, pin=True):
-                last = delta
+            if await self._restore(tokens):
+                return len(tokens)
+            await self._compute_pinned(tokens)
+            await self._save(tokens)
         finally:
             lease.release()
+        return len(tokens)
+
+    async def _compute_pinned(self, tokens: list[int]) -> None:
+        last = None
+        async for delta in self.engine.generate(f"pin-{uuid.uuid4().hex[:12]}", tokens,
+                                                PIN_PARAMS, pin=True):
+            last = delta
         if last is None or last.finish_reason == "error":
             why = last.failure.message if last and last.failure else "no result"
             raise EngineError(f"could not pin the prefix: {why}")
-        return len(tokens)
+
+    async def _restore(self, tokens: list[int]) -> bool:
+        store = self.prefix_store
+        if store is None:
+            return False
+        t0 = time.perf_counter()
+        data = await asyncio.to_thread(store.load, tokens)
+        if data is None:
+            return False
+        cache = self.engine.cache
+        if not await self.engine.call(lambda: cache.restore(tokens, data, pinned=True)):
+            store.reject(store.path_for(tokens), "llama.cpp could not load the state")
+            return False
+        log.info("model %s: a pinned %d-token prefix restored from disk (%.1f MiB) in %.2fs",
+                 self.cfg.id, len(tokens), len(data) / 2**20, time.perf_counter() - t0)
+        return True
+
+    async def _save(self, tokens: list[int]) -> None:
+        store = self.prefix_store
+        if store is None:
+            return
+        cache = self.engine.cache
+        data = await self.engine.call(lambda: cache.state_of(tokens))
+        if isinstance(data, bytes) and await asyncio.to_thread(store.save, tokens, data):
+            log.info("model %s: a pinned %d-token prefix saved to disk (%.1f MiB)",
+                     self.cfg.id, len(tokens), len(data) / 2**20)
 
     def check_fits(self, n_prompt: int, max_tokens: int | None) -> None:
         """400 context_length_exceeded unless the prompt (plus max_tokens) fits."""
@@ -289,5 +326,18 @@ def load_model(cfg: ModelConfig, path: Path | None = None) -> ServedModel:
     log.info("model %s loaded from %s in %.2fs (%s, ctx %d, %d slots, %d threads)",
              cfg.id, path, time.perf_counter() - t0, info.description, info.n_ctx, cfg.slots,
              cfg.threads)
-    return ServedModel(cfg, runtime, Engine(runtime), template, Embedder(runtime),
-                       markup=Markup(runtime.control_texts()))
+    engine = Engine(runtime)
+    return ServedModel(cfg, runtime, engine, template, Embedder(runtime),
+                       markup=Markup(runtime.control_texts()),
+                       prefix_store=_prefix_store(cfg, path) if engine.cache.enabled else None)
+
+
+def _prefix_store(cfg: ModelConfig, path: Path) -> PrefixStore | None:
+    """The disk tier of a model's pinned prefixes (None: ``cache_disk_mb = 0``)."""
+    if not cfg.cache_disk_mb:
+        return None
+    params = {"llama_cpp": version("llama-cpp-python"), "context": cfg.context,
+              "slots": cfg.slots, "cache_entries": cfg.cache_entries, "batch": cfg.batch,
+              "gpu_layers": cfg.gpu_layers}
+    folder = cache_dir() / "prefixes" / cfg.id.replace("/", "_")
+    return PrefixStore(folder, model_identity(path, params), cfg.cache_disk_mb << 20)

@@ -41,14 +41,15 @@ class ServerProcess:
         return dict(next(iter(models.values())))
 
 
-def start_server(tmp: Path, *args: str, timeout: float = 60.0) -> ServerProcess:
+def start_server(tmp: Path, *args: str, timeout: float = 60.0,
+                 env: dict[str, str] | None = None) -> ServerProcess:
     port = free_port()
     log = tmp / f"server-{port}.log"
     with log.open("wb") as out:
         proc = subprocess.Popen(
             [sys.executable, "-m", "edgeinfer", "serve", "--port", str(port), *args],
             cwd=ROOT, stdout=out, stderr=subprocess.STDOUT,
-            env={**os.environ, "PYTHONUNBUFFERED": "1"},
+            env={**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})},
         )
     server = ServerProcess(proc, port, log)
     deadline = time.monotonic() + timeout

@@ -1,0 +1,178 @@
+"""The disk tier of the prefix cache: pinned prefixes' KV state kept across restarts.
+
+When a model pins a prefix (a models.toml ``pinned_prompts`` entry, or ``POST
+/v1/cache/pin``), its computed KV state is written here; when the model loads again
+(a restart, a reload after its ttl) the state is read back instead of computing the
+prompt, so the first request after a restart is warm.
+
+One file per prefix, named by a hash of the model's identity (its file's path, size
+and modification time, the llama.cpp build and the context parameters that shape the
+state) and the prefix's tokens. A file is written to a temporary name, flushed and
+renamed, so a crash leaves no half file under a real name. A file is checked on read:
+its magic, header, the model identity and tokens it was saved for, its length and a
+SHA-256 of its data; anything else (truncated, corrupt, foreign, stale) is logged,
+removed and never given to llama.cpp. The folder is kept under a byte budget, least
+recently used files removed first.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import json
+import logging
+import os
+import struct
+import threading
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+log = logging.getLogger("edgeinfer.cache.disk")
+
+MAGIC = b"EDGEINFER-KV\x01\n"
+SUFFIX = ".kv"
+_HEADER_MAX = 4096
+
+
+def model_identity(path: Path, params: dict[str, Any]) -> str:
+    """A model file and the parameters of its context, as one hex string (a state saved
+    under one identity is never loaded under another)."""
+    st = path.stat()
+    facts = {"file": str(path.resolve()), "size": st.st_size, "mtime_ns": st.st_mtime_ns,
+             **params}
+    return hashlib.sha256(json.dumps(facts, sort_keys=True).encode()).hexdigest()
+
+
+def _tokens_digest(tokens: list[int]) -> str:
+    return hashlib.sha256(struct.pack(f"<{len(tokens)}i", *tokens)).hexdigest()
+
+
+@dataclass(slots=True)
+class StoreStats:
+    saves: int = 0
+    restores: int = 0
+    rejected: int = 0  # files found unusable and removed
+    write_errors: int = 0
+
+
+class PrefixStore:
+    """Saved prefix states of one model (thread-safe; blocking: call off the event loop)."""
+
+    def __init__(self, folder: Path, identity: str, budget_bytes: int) -> None:
+        self.folder = folder
+        self.identity = identity
+        self.budget = budget_bytes
+        self.stats = StoreStats()
+        self._lock = threading.Lock()
+
+    def path_for(self, tokens: list[int]) -> Path:
+        key = hashlib.sha256(f"{self.identity}:{_tokens_digest(tokens)}".encode()).hexdigest()
+        return self.folder / f"{key[:40]}{SUFFIX}"
+
+    # -- reading ------------------------------------------------------------------
+    def load(self, tokens: list[int]) -> bytes | None:
+        """The saved state of ``tokens`` (None: none, or the file was unusable)."""
+        path = self.path_for(tokens)
+        with self._lock:
+            try:
+                raw = path.read_bytes()
+            except FileNotFoundError:
+                return None
+            except OSError as exc:
+                log.warning("prefix cache file %s cannot be read (%s): ignored", path.name, exc)
+                return None
+            data, why = self._check(raw, tokens)
+            if data is None:
+                self.reject(path, why)
+                return None
+            os.utime(path)  # recently used
+            self.stats.restores += 1
+            return data
+
+    def _check(self, raw: bytes, tokens: list[int]) -> tuple[bytes | None, str]:
+        if not raw.startswith(MAGIC) or len(raw) < len(MAGIC) + 4:
+            return None, "not a prefix cache file"
+        (n,) = struct.unpack_from("<I", raw, len(MAGIC))
+        start = len(MAGIC) + 4
+        if n > _HEADER_MAX or len(raw) < start + n:
+            return None, "truncated header"
+        try:
+            head = json.loads(raw[start:start + n])
+        except ValueError:
+            return None, "corrupt header"
+        if not isinstance(head, dict) or head.get("model") != self.identity:
+            return None, "saved for another model file or other context parameters"
+        if head.get("tokens") != _tokens_digest(tokens):
+            return None, "saved for other tokens"
+        data = raw[start + n:]
+        if len(data) != head.get("size"):
+            return None, f"truncated ({len(data)} of {head.get('size')} bytes)"
+        if hashlib.sha256(data).hexdigest() != head.get("sha256"):
+            return None, "corrupt data (checksum mismatch)"
+        return data, ""
+
+    def reject(self, path: Path, why: str) -> None:
+        """Remove an unusable file, saying why."""
+        log.warning("prefix cache file %s ignored and removed: %s", path.name, why)
+        self.stats.rejected += 1
+        path.unlink(missing_ok=True)
+
+    # -- writing ------------------------------------------------------------------
+    def save(self, tokens: list[int], data: bytes) -> bool:
+        """Write the state of ``tokens`` (atomically); False when it could not be written
+        (no room under the budget, a full disk ...), which is logged."""
+        if not data or len(data) > self.budget:
+            if data:
+                log.warning("prefix state of %d tokens (%d MiB) is over the disk budget "
+                            "(cache_disk_mb): not saved", len(tokens), len(data) >> 20)
+            return False
+        head = json.dumps({"model": self.identity, "tokens": _tokens_digest(tokens),
+                           "n_tokens": len(tokens), "size": len(data),
+                           "sha256": hashlib.sha256(data).hexdigest()}).encode()
+        path = self.path_for(tokens)
+        tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+        with self._lock:
+            try:
+                self.folder.mkdir(parents=True, exist_ok=True)
+                self._make_room(len(data), keep=path)
+                with open(tmp, "wb") as f:
+                    f.write(MAGIC + struct.pack("<I", len(head)) + head)
+                    f.write(data)
+                    f.flush()
+                    os.fsync(f.fileno())
+                os.replace(tmp, path)
+            except OSError as exc:
+                with contextlib.suppress(OSError):
+                    tmp.unlink(missing_ok=True)
+                self.stats.write_errors += 1
+                log.warning("prefix state of %d tokens not saved to %s: %s", len(tokens),
+                            self.folder, exc)
+                return False
+            self.stats.saves += 1
+            return True
+
+    def _make_room(self, size: int, keep: Path) -> None:
+        """Remove least recently used files until ``size`` more bytes fit the budget."""
+        files = []
+        for p in self.folder.glob(f"*{SUFFIX}"):
+            try:
+                st = p.stat()
+            except OSError:
+                continue
+            if p != keep:
+                files.append((st.st_mtime, st.st_size, p))
+        used = sum(f[1] for f in files)
+        for _, n, p in sorted(files):
+            if used + size <= self.budget:
+                break
+            p.unlink(missing_ok=True)
+            used -= n
+
+    def snapshot(self) -> dict[str, int]:
+        files = list(self.folder.glob(f"*{SUFFIX}")) if self.folder.is_dir() else []
+        s = self.stats
+        return {"files": len(files), "bytes": sum(p.stat().st_size for p in files
+                                                  if p.exists()),
+                "budget_bytes": self.budget, "saves": s.saves, "restores": s.restores,
+                "rejected": s.rejected, "write_errors": s.write_errors}

