@@ -38,6 +38,7 @@ _MODEL_KEYS = {
     "chat_template", "max_tokens", "prefix_cache", "cache_entries", "pinned_prompts", "max_queue",
     "request_timeout", "tags", "preload", "ttl", "fallback", "max_slots_per_request",
     "reasoning_format", "chat_template_file", "tool_format", "cache_disk_mb",
+    "cache_ram_mb",
 }
 TOOL_FORMATS = ("auto", "hermes", "llama3", "mistral", "granite", "mistral_args", "deepseek_v3",
                 "deepseek_r1", "qwen3_coder", "gemma4", "harmony", "generic")
@@ -82,6 +83,7 @@ class ModelConfig:
     cache_entries: int = 32  # finished sequences kept in the KV cache for reuse
     pinned_prompts: tuple[str, ...] = ()  # system prompts kept resident, never evicted
     cache_disk_mb: int = 512  # pinned prefixes' KV state kept on disk across restarts (0: off)
+    cache_ram_mb: int = 256  # evicted prefixes' KV state kept in host RAM (0: off)
     tags: tuple[str, ...] = ("chat",)  # what the router may send here
     preload: bool = False  # load at start-up (the first model always is)
     ttl: float | None = None  # seconds idle before it is unloaded (None: never)
@@ -119,8 +121,8 @@ class ModelConfig:
                 1 <= self.max_slots_per_request <= self.slots):
             raise ConfigError(f"model {self.id!r}: max_slots_per_request must be between 1 "
                               "and slots")
-        if self.cache_disk_mb < 0:
-            raise ConfigError(f"model {self.id!r}: cache_disk_mb must be >= 0")
+        if self.cache_disk_mb < 0 or self.cache_ram_mb < 0:
+            raise ConfigError(f"model {self.id!r}: cache_disk_mb and cache_ram_mb must be >= 0")
         if self.context < 16:
             raise ConfigError(f"model {self.id!r}: context must be >= 16")
         if self.tool_format not in TOOL_FORMATS:

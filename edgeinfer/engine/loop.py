@@ -89,7 +89,8 @@ class Engine:
             log.warning("model %s: its KV memory (sliding-window or recurrent) cannot share "
                         "prefixes; prefix caching is off for it", cfg.id)
         self.cache = PrefixCache(runtime, cfg.slots, cfg.cache_entries,
-                                 enabled=cfg.prefix_cache and sharing)
+                                 enabled=cfg.prefix_cache and sharing,
+                                 ram_bytes=cfg.cache_ram_mb << 20)
         self.stats = EngineStats()
         self.observer: LatencyObserver | None = None
         self._inbox: queue.SimpleQueue[Message] = queue.SimpleQueue()

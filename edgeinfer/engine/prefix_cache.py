@@ -19,8 +19,13 @@ from dataclasses import dataclass, field
 
 from edgeinfer.engine.native import LlamaRuntime
 from edgeinfer.engine.prefix_index import PrefixIndex
+from edgeinfer.engine.ram_tier import RamTier
 
 log = logging.getLogger("edgeinfer.cache")
+
+# a state in the RAM tier is restored when it covers this many more tokens than the KV
+# cache does (below that, computing them is about as quick)
+MIN_RAM_GAIN = 16
 
 
 @dataclass(slots=True)
@@ -44,9 +49,11 @@ class CacheStats:
 class PrefixCache:
     """See the module docstring. ``enabled=False`` keeps only plain slot cleanup."""
 
-    def __init__(self, runtime: LlamaRuntime, first_id: int, entries: int, enabled: bool) -> None:
+    def __init__(self, runtime: LlamaRuntime, first_id: int, entries: int, enabled: bool,
+                 ram_bytes: int = 0) -> None:
         self.rt = runtime
         self.enabled = enabled and entries > 0
+        self.ram = RamTier(ram_bytes if self.enabled else 0)
         self.index = PrefixIndex()
         self.entries: dict[int, CacheEntry] = {}
         self._free_ids = list(range(first_id, first_id + entries)) if self.enabled else []
@@ -63,6 +70,8 @@ class PrefixCache:
         if not self.enabled or limit <= have:
             return have
         n, holder = self.index.match(tokens[:limit], exclude=slot)
+        if self.ram.enabled and self._from_ram(tokens[:limit], max(n, have)):
+            n, holder = self.index.match(tokens[:limit], exclude=slot)
         if holder is None or n <= have:
             return have
         self.rt.seq_cp(holder, slot, have, n)
@@ -72,6 +81,26 @@ class PrefixCache:
             entry.last_used = time.monotonic()
             entry.hits += 1
         return n
+
+    def _from_ram(self, prompt: list[int], known: int) -> bool:
+        """Put the RAM tier's state covering most of ``prompt`` back into the KV cache as
+        an entry, when it covers clearly more than ``known`` tokens."""
+        n, hid = self.ram.match(prompt)
+        if hid is None or n < known + MIN_RAM_GAIN:
+            return False
+        tokens, data = self.ram.take(hid)
+        cid = self._take_id()
+        if cid is None:
+            self.ram.give_back(tokens, data)
+            return False
+        if not self.rt.set_seq_state(cid, data) or self.rt.seq_pos_max(cid) != len(tokens) - 1:
+            self.rt.seq_rm(cid, -1, -1)  # no room for it now
+            self._free_ids.append(cid)
+            self.ram.give_back(tokens, data)
+            return False
+        self.index.extend(cid, tokens)
+        self.entries[cid] = CacheEntry(cid)
+        return True
 
     def count_lookup(self, cached: int) -> None:
         if cached:
@@ -116,6 +145,8 @@ class PrefixCache:
         if not victims:
             return False
         victim = min(victims, key=lambda e: e.last_used)
+        if self.ram.enabled:  # kept in host RAM, restored on a later hit
+            self.ram.put(self.index.tokens_of(victim.seq_id), self.rt.seq_state(victim.seq_id))
         self.rt.seq_rm(victim.seq_id, -1, -1)
         self.index.remove(victim.seq_id)
         del self.entries[victim.seq_id]
@@ -177,4 +208,5 @@ class PrefixCache:
             "entries": len(entries), "pinned": sum(e.pinned for e in entries),
             "hits": s.hits, "hit_tokens": s.hit_tokens, "misses": s.misses,
             "evictions": s.evictions, "kept": s.kept, "restored": s.restored,
+            "ram": self.ram.snapshot(),
         }

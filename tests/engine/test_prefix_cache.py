@@ -207,3 +207,27 @@ def test_kv_cells_used_stay_near_one_prefix_plus_suffixes(lp: Loop, tokens: list
     # Each request added its own suffix token and ~6 generated tokens: no copy of the prefix
     # (4 x 141 cells without sharing).
     assert used - used_before <= 4 * (1 + 8)
+
+
+def test_an_evicted_prefix_comes_back_from_the_ram_tier(tokens: list[int],
+                                                        reference: TokenLogprob) -> None:
+    """Evicted from the KV cache, the prefix's state waits in host RAM; a later request
+    gets it restored (not recomputed): the same first-token log-probabilities as the
+    fresh prefill in the same pieces."""
+    lp = Loop(_model(batch=64, entries=2))
+    try:
+        eng = engine(lp)
+        first(lp, "prefix", tokens[:128])
+        for i in range(4):  # push it out of the two cache entries
+            first(lp, f"filler{i}", [4000 + i] + tokens[30:60])
+        assert not any(eng.cache.index.tokens_of(c) == tokens[:128] for c in eng.cache.entries)
+        assert eng.cache.ram.snapshot()["entries"] >= 1
+        before = eng.stats.prompt_tokens
+        cached, last = first(lp, "from-ram", tokens)
+        computed = eng.stats.prompt_tokens - before
+        ram = eng.cache.ram.snapshot()
+    finally:
+        lp.close()
+    assert last.cached_tokens == 128 and computed == 20  # restored, only the rest computed
+    assert ram["restored"] == 1 and ram["restored_tokens"] == 128
+    assert cached == reference
