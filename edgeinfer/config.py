@@ -38,7 +38,7 @@ _MODEL_KEYS = {
     "chat_template", "max_tokens", "prefix_cache", "cache_entries", "pinned_prompts", "max_queue",
     "request_timeout", "tags", "preload", "ttl", "fallback", "max_slots_per_request",
     "reasoning_format", "chat_template_file", "tool_format", "cache_disk_mb",
-    "cache_ram_mb",
+    "cache_ram_mb", "swa_full",
 }
 TOOL_FORMATS = ("auto", "hermes", "llama3", "mistral", "granite", "mistral_args", "deepseek_v3",
                 "deepseek_r1", "qwen3_coder", "gemma4", "harmony", "generic")
@@ -84,6 +84,9 @@ class ModelConfig:
     pinned_prompts: tuple[str, ...] = ()  # system prompts kept resident, never evicted
     cache_disk_mb: int = 512  # pinned prefixes' KV state kept on disk across restarts (0: off)
     cache_ram_mb: int = 256  # evicted prefixes' KV state kept in host RAM (0: off)
+    # sliding-window models (Gemma 3 / 4): a full-size window cache, so that prefixes can
+    # be shared (the prefix cache on), at the memory of a full KV cache
+    swa_full: bool = True
     tags: tuple[str, ...] = ("chat",)  # what the router may send here
     preload: bool = False  # load at start-up (the first model always is)
     ttl: float | None = None  # seconds idle before it is unloaded (None: never)

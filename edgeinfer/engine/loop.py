@@ -85,6 +85,9 @@ class Engine:
         cfg = runtime.cfg
         self.scheduler = Scheduler(cfg.slots, cfg.batch, cfg.max_slots_per_request)
         sharing = runtime.supports_prefix_sharing
+        if cfg.prefix_cache and sharing and runtime.sliding_window:
+            log.info("model %s: a full-size cache for its %d-token sliding window, so that "
+                     "prefixes are shared (swa_full)", cfg.id, runtime.sliding_window)
         if cfg.prefix_cache and not sharing:
             log.warning("model %s: its KV memory (sliding-window or recurrent) cannot share "
                         "prefixes; prefix caching is off for it", cfg.id)
@@ -210,8 +213,7 @@ class Engine:
             self._refuse_calls()
             self.runtime.close()
 
-    def _refuse_calls(self) -> None:
-        """Calls still in the inbox when the engine stops end with an error."""
+    def _refuse_calls(self) -> None:  # calls still in the inbox when the engine stops
         while not self._inbox.empty():
             msg = self._inbox.get_nowait()
             if isinstance(msg, Call) and self._loop is not None:

@@ -170,6 +170,7 @@ class LlamaRuntime:
         cparams.n_threads = cfg.threads
         cparams.n_threads_batch = cfg.threads
         cparams.kv_unified = True
+        cparams.swa_full = cfg.swa_full
         cparams.flash_attn_type = -1  # LLAMA_FLASH_ATTN_TYPE_AUTO, as llama-server
         cparams.no_perf = True
         return cparams
@@ -344,14 +345,20 @@ class LlamaRuntime:
     def supports_prefix_sharing(self) -> bool:
         """False for memories that cannot share or trim parts of a sequence.
 
-        Sliding-window attention (unless the full-size SWA cache is on) and
-        recurrent or hybrid models keep state that seq_cp / partial seq_rm
-        cannot reproduce; those models fall back to no prefix reuse.
+        Sliding-window attention (unless the full-size SWA cache is on: models.toml
+        ``swa_full``, the default) and recurrent or hybrid models keep state that
+        seq_cp / partial seq_rm cannot reproduce; those models fall back to no prefix
+        reuse.
         """
         model = self._model.ptr
         if llama_cpp.llama_model_is_recurrent(model) or llama_cpp.llama_model_is_hybrid(model):
             return False
-        return bool(llama_cpp.llama_model_n_swa(model) == 0)
+        return bool(llama_cpp.llama_model_n_swa(model) == 0 or self.cfg.swa_full)
+
+    @property
+    def sliding_window(self) -> int:
+        """The model's attention window (0: none)."""
+        return int(llama_cpp.llama_model_n_swa(self._model.ptr))
 
     def close(self) -> None:
         """Free the batch, the context and the model (reverse order of creation, by the

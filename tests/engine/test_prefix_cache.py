@@ -231,3 +231,28 @@ def test_an_evicted_prefix_comes_back_from_the_ram_tier(tokens: list[int],
     assert last.cached_tokens == 128 and computed == 20  # restored, only the rest computed
     assert ram["restored"] == 1 and ram["restored_tokens"] == 128
     assert cached == reference
+
+
+def test_a_sliding_window_model_shares_prefixes_exactly() -> None:
+    """Gemma 3 (sliding-window attention, a 512-token window) with the full-size window
+    cache: a prefix longer than the window is reused, and the answer equals, bit for bit,
+    a fresh prefill in the same pieces in a fresh context."""
+    gemma = next(m for m in load_config().models if m.id == "gemma-3-270m")
+    cfg = override_model(gemma, context=2048, slots=2, batch=128, threads=2, cache_entries=4)
+    prompt: list[int] = []
+    fresh = Loop(load_model(cfg))
+    try:
+        rt = fresh.served.runtime
+        assert rt.sliding_window and fresh.served.engine.cache.enabled
+        prompt = rt.tokenize(TEXT * 6, add_special=True, parse_special=False)[:700]
+        reference, _ = first(fresh, "fresh", prompt, use_cache=False)  # pieces 128 x 5 + 60
+    finally:
+        fresh.close()
+    lp = Loop(load_model(cfg))
+    try:
+        first(lp, "prefix", prompt[:640])
+        cached, last = first(lp, "cached", prompt)
+    finally:
+        lp.close()
+    assert last.cached_tokens == 640
+    assert cached == reference

