@@ -67,6 +67,24 @@ def start(folder: Path, cache: Path, extra: str = "") -> tuple[Server, float]:
     return srv, t0
 
 
+def chat_turns(url: str, turns: int = 10) -> list[tuple[int, int, int]]:
+    """A chat of ``turns`` turns, each with the whole history: (prompt tokens, computed,
+    tokens new since the previous turn's prompt) per turn."""
+    messages = [{"role": "system", "content": SYSTEM}]
+    out, previous = [], 0
+    for i in range(turns):
+        messages.append({"role": "user", "content": f"Question {i}: what about bike {i}?"})
+        r = httpx.post(f"{url}/v1/chat/completions", timeout=600, json={
+            "model": "small", "max_tokens": 40, "temperature": 0, "messages": messages})
+        body = r.json()
+        usage = body["usage"]
+        prompt, cached = usage["prompt_tokens"], usage["prompt_tokens_details"]["cached_tokens"]
+        out.append((prompt, prompt - cached, prompt - previous))
+        previous = prompt
+        messages.append({"role": "assistant", "content": body["choices"][0]["message"]["content"]})
+    return out
+
+
 def ram_round(folder: Path) -> tuple[float, float, float, int]:
     """(cold, restored from RAM, KV hit) first-token times of the same request."""
     srv, _ = start(folder, folder / "cache-ram", "cache_entries = 2\ncache_ram_mb = 512\n")
@@ -126,6 +144,7 @@ def main() -> int:
           f"RAM / KV hit: {tmed['ram'] / tmed['warm']:.2f}x")
 
     rows: dict[str, list[float]] = {"cold": [], "restart": [], "warm": []}
+    turns: list[tuple[int, int, int]] = []
     launch: dict[str, list[float]] = {"cold": [], "restart": []}
     tokens = 0
     for _ in range(3):
@@ -138,6 +157,7 @@ def main() -> int:
                 launch[kind].append(time.perf_counter() - t0)
                 if kind == "restart":
                     rows["warm"].append(first_token(srv.url))
+                    turns = chat_turns(srv.url)
                     stats = httpx.get(f"{srv.url}/v1/cache").json()["data"][0]
                     tokens = stats["cells_used"]
             finally:
@@ -151,6 +171,11 @@ def main() -> int:
         print(f"| {k} | {med[k]:.2f} | {since} | {', '.join(f'{x:.2f}' for x in v)} |")
     print(f"\nrestart / warm: {med['restart'] / med['warm']:.2f}x "
           f"(goal: within 1.5x); cold / restart: {med['cold'] / med['restart']:.1f}x")
+    print("\nA 10-turn chat (each request carries the whole history):")
+    print("| turn | prompt tokens | computed | new since the last turn's prompt |")
+    print("|---|---|---|---|")
+    for i, (prompt, computed, new) in enumerate(turns, 1):
+        print(f"| {i} | {prompt} | {computed} | {new} |")
     return 0
 
 
