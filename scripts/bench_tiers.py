@@ -12,7 +12,8 @@ Disk tier (no cold starts): the first request after a (re)start, with the prompt
 - cold: a fresh cache folder, so the server computes the pinned prompt at start-up and the
   first request waits for it (or computes it itself);
 - restart: the same folder, so the server restores the prompt's saved KV state;
-- warm: a second request on the same server (a KV-cache hit), the best case.
+- warm: a second request on the same server, another question after the same system
+  prompt (a KV-cache hit of the pinned prefix), the best case.
 
 Each figure is the time to first token of a streamed chat request sent as soon as the
 server answers (the first column, from the request; the second, from the moment the
@@ -24,6 +25,7 @@ Usage: .venv/bin/python scripts/bench_tiers.py
 
 from __future__ import annotations
 
+import json
 import os
 import statistics
 import sys
@@ -41,14 +43,18 @@ SYSTEM = " ".join(f"Rule {i}: answer politely, cite the policy section, keep it 
                   for i in range(110))
 
 
-def first_token(url: str, system: str = SYSTEM, model: str = "small") -> float:
+def first_token(url: str, system: str = SYSTEM, model: str = "small",
+                question: str = "Can I return a bike?") -> float:
     t0 = time.perf_counter()
     with httpx.stream("POST", f"{url}/v1/chat/completions", timeout=600, json={
             "model": model, "stream": True, "max_tokens": 4, "temperature": 0,
             "messages": [{"role": "system", "content": system},
-                         {"role": "user", "content": "Can I return a bike?"}]}) as r:
+                         {"role": "user", "content": question}]}) as r:
         for line in r.iter_lines():
-            if line.startswith("data: ") and '"content"' in line:
+            if not line.startswith("data: {"):
+                continue
+            choices = json.loads(line[6:]).get("choices") or [{}]
+            if choices[0].get("delta", {}).get("content"):
                 return time.perf_counter() - t0
     raise RuntimeError("no token")
 
@@ -156,7 +162,9 @@ def main() -> int:
                 rows[kind].append(first_token(srv.url))
                 launch[kind].append(time.perf_counter() - t0)
                 if kind == "restart":
-                    rows["warm"].append(first_token(srv.url))
+                    # the pinned prefix from the KV cache, a question not asked yet (the
+                    # same shape of work as the first request after the restart)
+                    rows["warm"].append(first_token(srv.url, question="Do you sell helmets?"))
                     turns = chat_turns(srv.url)
                     stats = httpx.get(f"{srv.url}/v1/cache").json()["data"][0]
                     tokens = stats["cells_used"]

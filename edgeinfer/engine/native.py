@@ -333,7 +333,7 @@ class LlamaRuntime:
         size = llama_cpp.llama_state_seq_get_size(self.ctx, seq_id)
         buf = (ctypes.c_uint8 * size)()
         n = llama_cpp.llama_state_seq_get_data(self.ctx, buf, size, seq_id)
-        return bytes(buf[:n])
+        return ctypes.string_at(buf, n)  # one copy (slicing the array would go int by int)
 
     def set_seq_state(self, seq_id: int, data: bytes) -> bool:
         """Load a sequence's state saved by ``seq_state`` into ``seq_id`` (which must be
