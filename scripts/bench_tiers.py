@@ -171,7 +171,8 @@ def main() -> int:
             finally:
                 srv.stop()
     med = {k: statistics.median(v) for k, v in rows.items()}
-    print(f"\nDisk tier: pinned system prompt of about {tokens} tokens; medians of 3 rounds")
+    print(f"\nDisk tier: a pinned system prompt, {turns[0][0]} prompt tokens in the first request "
+          f"({tokens} KV cells used at the end); medians of 3 rounds")
     print("| first request | time to first token (s) | from the server's launch (s) | rounds |")
     print("|---|---|---|---|")
     for k, v in rows.items():
@@ -179,7 +180,7 @@ def main() -> int:
         print(f"| {k} | {med[k]:.2f} | {since} | {', '.join(f'{x:.2f}' for x in v)} |")
     print(f"\nrestart / warm: {med['restart'] / med['warm']:.2f}x "
           f"(goal: within 1.5x); cold / restart: {med['cold'] / med['restart']:.1f}x")
-    print("\nA 10-turn chat (each request carries the whole history):")
+    print("\nA 10-turn chat on the restarted server (each request carries the whole history):")
     print("| turn | prompt tokens | computed | new since the last turn's prompt |")
     print("|---|---|---|---|")
     for i, (prompt, computed, new) in enumerate(turns, 1):

@@ -88,8 +88,10 @@ def create_app(config: ServerConfig, pool: ModelPool | None = None) -> Starlette
     """
     own = pool is None
     the_pool = pool if pool is not None else ModelPool(config)
-    app_metrics = Metrics(lambda: {mid: m.engine.stats_snapshot()
-                                   for mid, m in list(the_pool.models.items())})
+    app_metrics = Metrics(lambda: {mid: {
+        **m.engine.stats_snapshot(),
+        "disk": m.prefix_store.snapshot() if m.prefix_store is not None else None}
+        for mid, m in list(the_pool.models.items())})
 
     def observe(model_id: str, served: ServedModel) -> None:
         served.engine.observer = _Latency(app_metrics, model_id)

@@ -54,6 +54,7 @@ def _run(tmp: Path, pattern: str) -> tuple[dict[str, Any], str]:
         answer = _ask(srv)
         (row,) = httpx.get(f"{srv.base_url}/v1/cache", timeout=10).json()["data"]
         answer["disk"] = row["disk"]
+        answer["metrics"] = httpx.get(f"{srv.base_url}/metrics", timeout=10).text
         return answer, log
     finally:
         stop_server(srv)
@@ -67,6 +68,7 @@ def test_a_pinned_prefix_survives_a_restart_exactly(tmp_path: Path) -> None:
     assert "saved to disk" not in log  # nothing computed again
     assert warm["cached"] == cold["cached"] > 300  # the request reused the restored prefix
     assert (cold["disk"]["saves"], warm["disk"]["restores"], warm["disk"]["files"]) == (1, 1, 1)
+    assert 'edgeinfer_cache_disk_restores_total{model="small"} 1.0' in warm["metrics"]
     assert warm["top"] == cold["top"]  # bit for bit: the same top-5 log-probabilities
 
     data = saved.read_bytes()
