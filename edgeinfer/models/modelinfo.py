@@ -142,23 +142,40 @@ def describe(cfg: ModelConfig, models: dict[str, ModelConfig] | None = None) -> 
             "tool_format": choose(cfg.tool_format, source).name,
             "reasoning": "split" if splits(cfg.reasoning_format, source) else "none",
             "kv_mib": round((memory - size) / 2**20, 1), "memory_mib": round(memory / 2**20, 1),
-            "gpu_layers": cfg.gpu_layers}
+            "gpu_layers": cfg.gpu_layers, "cache": cache_tiers(cfg)}
+
+
+def cache_tiers(cfg: ModelConfig) -> dict[str, Any]:
+    """The prefix cache's tiers of a model: budgets, and what the disk tier holds now."""
+    folder = cache_dir() / "prefixes" / cfg.id.replace("/", "_")
+    files = list(folder.glob("*.kv")) if folder.is_dir() else []
+    return {"kv": cfg.prefix_cache, "ram_mb": cfg.cache_ram_mb if cfg.prefix_cache else 0,
+            "disk_mb": cfg.cache_disk_mb if cfg.prefix_cache else 0, "disk_files": len(files),
+            "disk_mib": round(sum(f.stat().st_size for f in files) / 2**20, 1)}
+
+
+def _cache_text(c: dict[str, Any]) -> str:
+    if not c["kv"]:
+        return "off"
+    return f"ram {c['ram_mb']}M disk {c['disk_files']}f/{c['disk_mib']:g}M"
 
 
 def render_table(rows: list[dict[str, Any]]) -> str:
     head = (f"{'id':<28} {'arch':<10} {'quant':<8} {'disk MiB':>9} {'serve MiB':>10} "
-            f"{'tools':<8} {'reasoning':<9}  file")
+            f"{'tools':<12} {'reasoning':<9} {'cache tiers':<22}  file")
     lines = [head, "-" * len(head)]
     for r in rows:
         if r["status"] != "cached":
-            lines.append(f"{r['id']:<28} {'-':<10} {'-':<8} {'-':>9} {'-':>10} {'-':<8} "
-                         f"{'-':<9}  {r['error']}")
+            lines.append(f"{r['id']:<28} {'-':<10} {'-':<8} {'-':>9} {'-':>10} {'-':<12} "
+                         f"{'-':<9} {'-':<22}  {r['error']}")
             continue
         lines.append(f"{r['id']:<28} {r['arch']:<10} {r['quant']:<8} {r['size_mib']:>9} "
-                     f"{r['memory_mib']:>10} {r['tool_format']:<8} {r['reasoning']:<9}  "
-                     f"{r['path']}")
+                     f"{r['memory_mib']:>10} {r['tool_format']:<12} {r['reasoning']:<9} "
+                     f"{_cache_text(r['cache']):<22}  {r['path']}")
     lines.append("serve MiB: weights plus the f16 KV cache for the configured context; tools: "
-                 "the tool-call format; reasoning: <think> blocks split from the answer")
+                 "the tool-call format; reasoning: reasoning blocks split from the answer; "
+                 "cache tiers: the RAM budget, and the pinned prefixes saved on disk (files / "
+                 "MiB)")
     return "\n".join(lines)
 
 

@@ -27,11 +27,11 @@ def test_three_models_answer_and_auto_routes_by_the_rules(server: ServerProcess,
         assert r.model == model_id and r.choices[0].text
     states = {m.id: m.state for m in client.models.list().data}  # type: ignore[attr-defined]
     assert set(states.values()) == {"loaded"}
-    # Gemma's sliding-window KV cannot share prefixes: detected, its cache is off
+    # Gemma's sliding window gets a full-size window cache (swa_full), so its cache is on too
     caches = {c["model"]: c["enabled"]
               for c in httpx.get(f"{server.base_url}/v1/cache").json()["data"]}
     assert caches == {"smollm2-135m-instruct": True, "smollm2-135m-instruct-q8": True,
-                      "gemma-3-270m": False}
+                      "gemma-3-270m": True}
 
     def auto(**kw: object) -> str:
         r = client.chat.completions.create(model="auto", max_tokens=2, **kw)  # type: ignore
