@@ -38,7 +38,7 @@ _MODEL_KEYS = {
     "chat_template", "max_tokens", "prefix_cache", "cache_entries", "pinned_prompts", "max_queue",
     "request_timeout", "tags", "preload", "ttl", "fallback", "max_slots_per_request",
     "reasoning_format", "chat_template_file", "tool_format", "cache_disk_mb",
-    "cache_ram_mb", "swa_full",
+    "cache_ram_mb", "swa_full", "prefill_batch",
 }
 TOOL_FORMATS = ("auto", "hermes", "llama3", "mistral", "granite", "mistral_args", "deepseek_v3",
                 "deepseek_r1", "qwen3_coder", "gemma4", "harmony", "generic")
@@ -77,6 +77,9 @@ class ModelConfig:
     threads: int = field(default_factory=lambda: min(8, os.cpu_count() or 1))
     gpu_layers: int | str = 0  # a count, or "auto": what fits the GPU's free memory
     batch: int = 256
+    # token budget of a step that computes prompts only (no stream generating): a lone
+    # prompt goes in pieces this large (llama-server's default ubatch); below batch: batch
+    prefill_batch: int = 512
     chat_template: str | None = None
     max_tokens: int | None = None  # default max_tokens when a request sets none
     prefix_cache: bool = True

@@ -83,7 +83,8 @@ class Engine:
     def __init__(self, runtime: LlamaRuntime) -> None:
         self.runtime = runtime
         cfg = runtime.cfg
-        self.scheduler = Scheduler(cfg.slots, cfg.batch, cfg.max_slots_per_request)
+        self.scheduler = Scheduler(cfg.slots, cfg.batch, cfg.max_slots_per_request,
+                                   cfg.prefill_batch)
         sharing = runtime.supports_prefix_sharing
         if cfg.prefix_cache and sharing and runtime.sliding_window:
             log.info("model %s: a full-size cache for its %d-token sliding window, so that "
@@ -91,9 +92,8 @@ class Engine:
         if cfg.prefix_cache and not sharing:
             log.warning("model %s: its KV memory (sliding-window or recurrent) cannot share "
                         "prefixes; prefix caching is off for it", cfg.id)
-        self.cache = PrefixCache(runtime, cfg.slots, cfg.cache_entries,
-                                 enabled=cfg.prefix_cache and sharing,
-                                 ram_bytes=cfg.cache_ram_mb << 20)
+        self.cache = PrefixCache(runtime, cfg.slots, cfg.cache_entries, enabled=cfg.prefix_cache
+                                 and sharing, ram_bytes=cfg.cache_ram_mb << 20)
         self.stats = EngineStats()
         self.observer: LatencyObserver | None = None
         self._inbox: queue.SimpleQueue[Message] = queue.SimpleQueue()

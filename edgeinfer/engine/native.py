@@ -166,7 +166,8 @@ class LlamaRuntime:
         cparams.n_seq_max = cfg.slots + cfg.cache_entries
         # llama.cpp asserts (aborting the process) unless a batch can hold one output per
         # sequence; the scheduler's own budget stays cfg.batch
-        cparams.n_batch = cparams.n_ubatch = max(cfg.batch, cparams.n_seq_max)
+        cparams.n_batch = cparams.n_ubatch = max(cfg.batch, cfg.prefill_batch,
+                                                 cparams.n_seq_max)
         cparams.n_threads = cfg.threads
         cparams.n_threads_batch = cfg.threads
         cparams.kv_unified = True

@@ -9,7 +9,8 @@ Pure Python, no llama calls. The engine calls, once per step::
     ...sample, then scheduler.append_token(seq, tok) or scheduler.finish(seq)
 
 The rule is one: every running sequence that is generating contributes its one
-uncomputed token first; the rest of the token budget goes to prompt chunks of
+uncomputed token first; the rest of the token budget (``prefill_budget`` when no
+sequence generates, so that a lone prompt goes in large pieces) goes to prompt chunks of
 sequences still prefilling, oldest first (chunked prefill). Waiting sequences
 take free slots by priority, then fairness between requests (the request with
 the fewest running sequences first: one request's ``n`` choices alternate with
@@ -50,13 +51,16 @@ class Scheduler:
     """
 
     def __init__(self, num_slots: int, token_budget: int,
-                 max_per_request: int | None = None) -> None:
+                 max_per_request: int | None = None, prefill_budget: int = 0) -> None:
         if num_slots < 1:
             raise ValueError("num_slots must be >= 1")
         if token_budget < num_slots:
             raise ValueError("token_budget must be at least num_slots")
         self.num_slots = num_slots
         self.token_budget = token_budget
+        # a step in which no sequence generates (prompts only) may take this many tokens:
+        # a lone prompt goes in large pieces, while generating streams keep short steps
+        self.prefill_budget = max(prefill_budget, token_budget)
         # by default one request leaves at least one slot to everybody else
         self.max_per_request = max_per_request or max(1, num_slots - 1)
         self.waiting: deque[Sequence] = deque()
@@ -136,13 +140,12 @@ class Scheduler:
         A sequence whose ``waiting_on`` is set gets no prompt chunk: another
         request is computing the prefix it will share.
         """
-        budget = self.token_budget
         chunks: list[Chunk] = []
         for seq in self.running:
             if not seq.is_prefilling and seq.num_uncomputed > 0:
                 assert seq.num_uncomputed == 1, "a generating sequence feeds one token per step"
                 chunks.append(Chunk(seq, seq.num_computed, [seq.tokens[-1]], True))
-                budget -= 1
+        budget = (self.token_budget if chunks else self.prefill_budget) - len(chunks)
         for seq in self.running:
             if budget <= 0:
                 break

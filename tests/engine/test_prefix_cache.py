@@ -54,8 +54,10 @@ class Loop:
 
 
 def _model(batch: int, entries: int = 8) -> ServedModel:
+    # prompts in pieces of ``batch`` tokens, alone or not (adaptive prefill off), so that
+    # "the same pieces" is what the docstring says
     cfg = override_model(load_config().models[0], context=2048, slots=4, batch=batch,
-                         threads=2, cache_entries=entries)
+                         prefill_batch=batch, threads=2, cache_entries=entries)
     return load_model(cfg)
 
 
@@ -238,7 +240,8 @@ def test_a_sliding_window_model_shares_prefixes_exactly() -> None:
     cache: a prefix longer than the window is reused, and the answer equals, bit for bit,
     a fresh prefill in the same pieces in a fresh context."""
     gemma = next(m for m in load_config().models if m.id == "gemma-3-270m")
-    cfg = override_model(gemma, context=2048, slots=2, batch=128, threads=2, cache_entries=4)
+    cfg = override_model(gemma, context=2048, slots=2, batch=128, prefill_batch=128, threads=2,
+                         cache_entries=4)
     prompt: list[int] = []
     fresh = Loop(load_model(cfg))
     try:
