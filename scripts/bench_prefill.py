@@ -43,7 +43,12 @@ async def ttft(c: httpx.AsyncClient, url: str, model: str, prompt: str, tokens: 
             "model": model, "prompt": prompt, "max_tokens": tokens, "stream": True,
             "temperature": 0, "cache_prompt": False, "ignore_eos": True}) as r:
         async for line in r.aiter_lines():
-            if line.startswith("data: {") and json.loads(line[6:])["choices"][0]["text"]:
+            if not line.startswith("data: {"):
+                continue
+            event = json.loads(line[6:])
+            if "choices" not in event:
+                raise RuntimeError(f"{model}: {event}")
+            if event["choices"][0]["text"]:
                 stamps.append(time.perf_counter())
     return stamps[0] - t0, [b - a for a, b in zip(stamps, stamps[1:], strict=False)]
 

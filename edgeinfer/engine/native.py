@@ -153,11 +153,17 @@ class LlamaRuntime:
             model.ptr, self._context_params(),
             ModelLoadError(f"model {cfg.id!r}: llama.cpp could not create a context"))))
         self._mem: MemoryPtr = llama_cpp.llama_get_memory(self._ctx.ptr)
-        self._batch = self._handles.enter_context(contextlib.closing(Batch(cfg.batch)))
+        # room for the largest step: a prompt-only step takes up to prefill_batch tokens
+        self._batch = self._handles.enter_context(contextlib.closing(Batch(self.max_step)))
         self.info = self._read_info()
         self._pieces: list[bytes | None] = [None] * self.info.n_vocab
         self._memory_bytes = serving_bytes(self.info.size_bytes, self._kv_bytes_per_token(),
                                            self.info.n_ctx)
+
+    @property
+    def max_step(self) -> int:
+        """The most tokens one engine step may decode."""
+        return max(self.cfg.batch, self.cfg.prefill_batch)
 
     def _context_params(self) -> llama_cpp.llama_context_params:
         cfg = self.cfg
@@ -166,8 +172,7 @@ class LlamaRuntime:
         cparams.n_seq_max = cfg.slots + cfg.cache_entries
         # llama.cpp asserts (aborting the process) unless a batch can hold one output per
         # sequence; the scheduler's own budget stays cfg.batch
-        cparams.n_batch = cparams.n_ubatch = max(cfg.batch, cfg.prefill_batch,
-                                                 cparams.n_seq_max)
+        cparams.n_batch = cparams.n_ubatch = max(self.max_step, cparams.n_seq_max)
         cparams.n_threads = cfg.threads
         cparams.n_threads_batch = cfg.threads
         cparams.kv_unified = True
@@ -307,7 +312,7 @@ class LlamaRuntime:
         the batch index of its last token (the index to sample from)."""
         batch = self._batch.batch
         out = fill_batch(batch, runs)
-        assert 0 < batch.n_tokens <= self.cfg.batch
+        assert 0 < batch.n_tokens <= self.max_step
         return Decoded(llama_cpp.llama_decode(self._ctx.ptr, batch), out)
 
     def logits_row(self, batch_index: int) -> npt.NDArray[np.float32]:

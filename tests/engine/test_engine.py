@@ -82,3 +82,26 @@ def _check_markers(served: ServedModel) -> None:
     assert rt.show_markers(("<|im_start|>", "<|im_end|>", "[TOOL_CALLS]")) == ["<|im_start|>"]
     assert rt.piece(start[0]) == b"<|im_start|>"
     assert rt.is_eog(eog[0]) and rt.piece(eog[0]) == b""
+
+
+def test_a_lone_prompt_is_computed_in_prefill_sized_pieces() -> None:
+    """Adaptive prefill: with no stream generating, a step takes up to prefill_batch
+    tokens (not batch), and the answer is the same kind of answer."""
+    steps = {}
+    for prefill in (64, 256):
+        served = load_model(override_model(load_config().models[0], context=1024, slots=2,
+                                           batch=64, prefill_batch=prefill, threads=2))
+        prompt = served.runtime.tokenize("The lighthouse keeper wrote in his log. " * 60,
+                                         add_special=False, parse_special=False)[:500]
+
+        async def main(s: ServedModel = served, p: list[int] = prompt) -> Delta:
+            s.engine.start(asyncio.get_running_loop())
+            try:
+                return (await _run(s, "long", p, SamplingParams(temperature=0, max_tokens=2)))[1]
+            finally:
+                s.engine.stop()
+
+        last = asyncio.run(main())
+        assert last.finish_reason == "length" and last.completion_tokens == 2
+        steps[prefill] = served.engine.stats.steps
+    assert steps[64] == 8 + 1 and steps[256] == 2 + 1  # 500 prompt tokens, then 1 decode
