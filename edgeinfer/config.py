@@ -78,8 +78,10 @@ class ModelConfig:
     gpu_layers: int | str = 0  # a count, or "auto": what fits the GPU's free memory
     batch: int = 256
     # token budget of a step that computes prompts only (no stream generating): a lone
-    # prompt goes in pieces this large (llama-server's default ubatch); below batch: batch
-    prefill_batch: int = 512
+    # prompt goes in pieces this large; 0 (or below batch): batch. 512 measured 1.02x
+    # faster than 256 on a 2-core CPU (scripts/bench_prefill.py), so it is off by default;
+    # larger pieces are what GPU offload wants
+    prefill_batch: int = 0
     chat_template: str | None = None
     max_tokens: int | None = None  # default max_tokens when a request sets none
     prefix_cache: bool = True
@@ -127,6 +129,8 @@ class ModelConfig:
                 1 <= self.max_slots_per_request <= self.slots):
             raise ConfigError(f"model {self.id!r}: max_slots_per_request must be between 1 "
                               "and slots")
+        if self.prefill_batch < 0 or self.prefill_batch > 8192:
+            raise ConfigError(f"model {self.id!r}: prefill_batch must be between 0 and 8192")
         if self.cache_disk_mb < 0 or self.cache_ram_mb < 0:
             raise ConfigError(f"model {self.id!r}: cache_disk_mb and cache_ram_mb must be >= 0")
         if self.context < 16:

@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Adaptive prefill, ONE run: the same SmolLM2 Q4_1 file served twice, with a prompt-only
-step budget (``prefill_batch``) of 256 tokens (as before: every step capped at ``batch``)
-and of 512 (the default), alternating, 5 rounds:
+step budget (``prefill_batch``) of 256 tokens (the default: every step capped at ``batch``)
+and of 512, alternating, 5 rounds:
 
 - a cold ~1,500-token prompt alone: time to first token;
 - the same prompt arriving while another stream generates: that stream's worst gap
