@@ -38,7 +38,7 @@ _MODEL_KEYS = {
     "chat_template", "max_tokens", "prefix_cache", "cache_entries", "pinned_prompts", "max_queue",
     "request_timeout", "tags", "preload", "ttl", "fallback", "max_slots_per_request",
     "reasoning_format", "chat_template_file", "tool_format", "cache_disk_mb",
-    "cache_ram_mb", "swa_full", "prefill_batch",
+    "cache_ram_mb", "swa_full", "prefill_batch", "step_target_ms",
 }
 TOOL_FORMATS = ("auto", "hermes", "llama3", "mistral", "granite", "mistral_args", "deepseek_v3",
                 "deepseek_r1", "qwen3_coder", "gemma4", "harmony", "generic")
@@ -82,6 +82,10 @@ class ModelConfig:
     # faster than 256 on a 2-core CPU (scripts/bench_prefill.py), so it is off by default;
     # larger pieces are what GPU offload wants
     prefill_batch: int = 0
+    # while streams generate, a step should take about this long: prompt chunks shrink to
+    # what the measured rate computes in it, so a long prompt arriving does not stall the
+    # streams (0: chunks of up to batch tokens whatever they cost)
+    step_target_ms: int = 0
     chat_template: str | None = None
     max_tokens: int | None = None  # default max_tokens when a request sets none
     prefix_cache: bool = True
@@ -129,6 +133,8 @@ class ModelConfig:
                 1 <= self.max_slots_per_request <= self.slots):
             raise ConfigError(f"model {self.id!r}: max_slots_per_request must be between 1 "
                               "and slots")
+        if self.step_target_ms < 0:
+            raise ConfigError(f"model {self.id!r}: step_target_ms must be >= 0")
         if self.prefill_batch < 0 or self.prefill_batch > 8192:
             raise ConfigError(f"model {self.id!r}: prefill_batch must be between 0 and 8192")
         if self.cache_disk_mb < 0 or self.cache_ram_mb < 0:

@@ -58,28 +58,28 @@ class EngineCollector:
                      lambda s: s["prefix_cache"]["hit_tokens"])
         yield family(CounterMetricFamily, "edgeinfer_prefix_cache_evictions",
                      "Cached prefixes evicted", lambda s: s["prefix_cache"]["evictions"])
-        def ram(k: str) -> Callable[[dict[str, Any]], float]:
-            return lambda s: float(s["prefix_cache"]["ram"][k])
+        for kind, name, doc, tier, key in _TIERS:
+            yield family(kind, f"edgeinfer_cache_{tier}_{name}", doc, _tier_value(tier, key))
 
-        def disk(k: str) -> Callable[[dict[str, Any]], float]:
-            return lambda s: float((s.get("disk") or {}).get(k, 0))
 
-        yield family(GaugeMetricFamily, "edgeinfer_cache_ram_bytes",
-                     "Evicted prefixes' KV state kept in host RAM, bytes", ram("bytes"))
-        yield family(GaugeMetricFamily, "edgeinfer_cache_ram_entries",
-                     "Evicted prefixes kept in host RAM", ram("entries"))
-        yield family(CounterMetricFamily, "edgeinfer_cache_ram_restores",
-                     "Prefixes restored from host RAM", ram("restored"))
-        yield family(CounterMetricFamily, "edgeinfer_cache_ram_restored_tokens",
-                     "Prompt tokens restored from host RAM", ram("restored_tokens"))
-        yield family(GaugeMetricFamily, "edgeinfer_cache_disk_bytes",
-                     "Pinned prefixes' KV state on disk, bytes", disk("bytes"))
-        yield family(GaugeMetricFamily, "edgeinfer_cache_disk_files",
-                     "Pinned prefixes saved on disk", disk("files"))
-        yield family(CounterMetricFamily, "edgeinfer_cache_disk_restores",
-                     "Pinned prefixes restored from disk", disk("restores"))
-        yield family(CounterMetricFamily, "edgeinfer_cache_disk_rejected",
-                     "Disk cache files refused (truncated, corrupt, foreign)", disk("rejected"))
+def _tier_value(tier: str, key: str) -> Callable[[dict[str, Any]], float]:
+    """A cache tier's counter in an engine snapshot (the disk tier may be off: 0)."""
+    if tier == "ram":
+        return lambda s: float(s["prefix_cache"]["ram"][key])
+    return lambda s: float((s.get("disk") or {}).get(key, 0))
+
+
+_G, _C = GaugeMetricFamily, CounterMetricFamily
+_TIERS = [  # (kind, name, help, tier, snapshot key)
+    (_G, "bytes", "Evicted prefixes' KV state kept in host RAM, bytes", "ram", "bytes"),
+    (_G, "entries", "Evicted prefixes kept in host RAM", "ram", "entries"),
+    (_C, "restores", "Prefixes restored from host RAM", "ram", "restored"),
+    (_C, "restored_tokens", "Prompt tokens restored from host RAM", "ram", "restored_tokens"),
+    (_G, "bytes", "Pinned prefixes' KV state on disk, bytes", "disk", "bytes"),
+    (_G, "files", "Pinned prefixes saved on disk", "disk", "files"),
+    (_C, "restores", "Pinned prefixes restored from disk", "disk", "restores"),
+    (_C, "rejected", "Disk cache files refused (truncated, corrupt, foreign)", "disk", "rejected"),
+]
 
 
 class Metrics:

@@ -84,7 +84,7 @@ class Engine:
         self.runtime = runtime
         cfg = runtime.cfg
         self.scheduler = Scheduler(cfg.slots, cfg.batch, cfg.max_slots_per_request,
-                                   cfg.prefill_batch)
+                                   cfg.prefill_batch, cfg.step_target_ms / 1000)
         sharing = runtime.supports_prefix_sharing
         if cfg.prefix_cache and sharing and runtime.sliding_window:
             log.info("model %s: a full-size cache for its %d-token sliding window, so that "
@@ -290,6 +290,7 @@ class Engine:
         else:
             self._postprocess(chunks, decoded.outputs, t2)
         t3 = time.perf_counter()
+        self.scheduler.note_step(sum(len(r.tokens) for r in runs), t2 - t1)
         st = self.stats
         st.steps += 1
         st.decode_seconds += t2 - t1
@@ -394,7 +395,4 @@ class Engine:
 
 def _settle(future: asyncio.Future[object], result: object, error: Exception | None) -> None:
     if not future.done():
-        if error is None:
-            future.set_result(result)
-        else:
-            future.set_exception(error)
+        future.set_result(result) if error is None else future.set_exception(error)

@@ -44,6 +44,11 @@ class Chunk:
 AGING_SECONDS = 10.0
 
 
+# the smallest prompt chunk a step-time target leaves a step (below it, per-step costs
+# dominate and the prompt would crawl)
+MIN_CHUNK = 32
+
+
 class Scheduler:
     """Assigns slots and per-step token counts.
 
@@ -51,7 +56,8 @@ class Scheduler:
     """
 
     def __init__(self, num_slots: int, token_budget: int,
-                 max_per_request: int | None = None, prefill_budget: int = 0) -> None:
+                 max_per_request: int | None = None, prefill_budget: int = 0,
+                 step_target: float = 0.0) -> None:
         if num_slots < 1:
             raise ValueError("num_slots must be >= 1")
         if token_budget < num_slots:
@@ -61,6 +67,10 @@ class Scheduler:
         # a step in which no sequence generates (prompts only) may take this many tokens:
         # a lone prompt goes in large pieces, while generating streams keep short steps
         self.prefill_budget = max(prefill_budget, token_budget)
+        # while streams generate, a step should take about this many seconds (0: no
+        # target): prompt chunks shrink to what the measured rate computes in that time
+        self.step_target = step_target
+        self._rate = 0.0  # tokens per second of recent steps (a moving average)
         # by default one request leaves at least one slot to everybody else
         self.max_per_request = max_per_request or max(1, num_slots - 1)
         self.waiting: deque[Sequence] = deque()
@@ -145,7 +155,7 @@ class Scheduler:
             if not seq.is_prefilling and seq.num_uncomputed > 0:
                 assert seq.num_uncomputed == 1, "a generating sequence feeds one token per step"
                 chunks.append(Chunk(seq, seq.num_computed, [seq.tokens[-1]], True))
-        budget = (self.token_budget if chunks else self.prefill_budget) - len(chunks)
+        budget = (self.streaming_budget() if chunks else self.prefill_budget) - len(chunks)
         for seq in self.running:
             if budget <= 0:
                 break
@@ -156,6 +166,21 @@ class Scheduler:
                 chunks.append(Chunk(seq, start, seq.tokens[start : start + n], done))
                 budget -= n
         return chunks
+
+    def streaming_budget(self) -> int:
+        """The token budget of a step while streams generate: ``token_budget``, or less
+        when a step-time target is set and the measured rate says it would take longer
+        (never below ``MIN_CHUNK`` prompt tokens plus the streams' own)."""
+        if not self.step_target or not self._rate:
+            return self.token_budget
+        fits = int(self._rate * self.step_target)
+        return max(self.num_slots + MIN_CHUNK, min(self.token_budget, fits))
+
+    def note_step(self, tokens: int, seconds: float) -> None:
+        """A decode of ``tokens`` took ``seconds``: update the measured rate."""
+        if tokens >= MIN_CHUNK and seconds > 0:
+            rate = tokens / seconds
+            self._rate = rate if not self._rate else 0.8 * self._rate + 0.2 * rate
 
     def commit(self, chunks: list[Chunk]) -> None:
         """Record that the chunks' tokens were decoded into the KV cache."""
