@@ -181,7 +181,10 @@ def test_64_streams_against_4_slots_and_a_queue_of_16(small_server: ServerProces
         try:
             stream = await client.chat.completions.create(
                 model="default", messages=[{"role": "user", "content": f"Count to {i}."}],
-                max_tokens=48, stream=True, extra_body={"ignore_eos": True})
+                # long enough that the 20 admitted ones still run while the rest arrive,
+                # even when a loaded machine spreads the arrivals (48 tokens once let all
+                # 64 through without a 429)
+                max_tokens=120, stream=True, extra_body={"ignore_eos": True})
             async for _ in stream:
                 pass
             return "ok"
