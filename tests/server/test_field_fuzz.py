@@ -20,8 +20,10 @@ TOOL = {"type": "function", "function": {
         "type": "object", "properties": {"x": {"type": "string", "maxLength": 5}}}}}
 CHAT = {"model": "default", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 1}
 ENDPOINTS: dict[str, tuple[dict[str, Any], list[str]]] = {
+    # temperature 0: a field fuzzed to null (max_tokens: no limit) still ends soon, with the
+    # greedy answer's end of turn (sampled, it once ran past the client's 120 s)
     "/v1/chat/completions": ({**CHAT, "tools": [TOOL], "tool_choice": "none",
-                              "stop": ["zz"], "logit_bias": {"5": 1}}, [
+                              "stop": ["zz"], "logit_bias": {"5": 1}, "temperature": 0}, [
         "model", "messages", "messages.0", "messages.0.content", "messages.0.role",
         "tools.0.function.description", "tools.0.function.parameters",
         "tools.0.function.parameters.properties.x.maxLength", "tool_choice", "stop.0",
