@@ -100,6 +100,7 @@ class PrefixCache:
             return False
         self.index.extend(cid, tokens)
         self.entries[cid] = CacheEntry(cid)
+        self.ram.restored(tokens)
         return True
 
     def count_lookup(self, cached: int) -> None:

@@ -44,19 +44,22 @@ class RamTier:
         """Keep ``data``, the state of ``tokens`` (False: it is larger than the budget)."""
         if not tokens or len(data) > self.budget:
             return False
-        held = self.index.match(tokens)
-        if held[0] == len(tokens) and held[1] is not None and self.index.length(
-                held[1]) == len(tokens):
-            return True  # the same prefix is already kept
+        if self._insert(tokens, data):
+            self.stats.saved += 1
+        return True
+
+    def _insert(self, tokens: list[int], data: bytes) -> bool:
+        """Keep a state that fits the budget (False: the same prefix is already kept)."""
+        n, hid = self.index.match(tokens)
+        if n == len(tokens) and hid is not None and self.index.length(hid) == n:
+            return False
         while self.bytes + len(data) > self.budget:
-            oldest = next(iter(self._states))
-            self._drop(oldest)
+            self._drop(next(iter(self._states)))
             self.stats.dropped += 1
         hid, self._next = self._next, self._next + 1
         self._states[hid] = (list(tokens), data)
         self.index.extend(hid, tokens)
         self.bytes += len(data)
-        self.stats.saved += 1
         return True
 
     def match(self, tokens: Sequence[int]) -> tuple[int, int | None]:
@@ -64,19 +67,19 @@ class RamTier:
         return self.index.match(tokens)
 
     def take(self, hid: int) -> tuple[list[int], bytes]:
-        """Remove and return a kept state (it goes back into the KV cache)."""
+        """Remove and return a kept state (to put it back into the KV cache: say
+        ``restored`` once it is there, ``give_back`` if it could not be)."""
         tokens, data = self._states[hid]
         self._drop(hid)
+        return tokens, data
+
+    def restored(self, tokens: list[int]) -> None:
         self.stats.restored += 1
         self.stats.restored_tokens += len(tokens)
-        return tokens, data
 
     def give_back(self, tokens: list[int], data: bytes) -> None:
         """A state that could not be restored after ``take`` (no room): keep it again."""
-        self.stats.restored -= 1
-        self.stats.restored_tokens -= len(tokens)
-        self.put(tokens, data)
-        self.stats.saved -= 1
+        self._insert(tokens, data)
 
     def _drop(self, hid: int) -> None:
         _, data = self._states.pop(hid)

@@ -154,14 +154,7 @@ class PrefixStore:
 
     def _make_room(self, size: int, keep: Path) -> None:
         """Remove least recently used files until ``size`` more bytes fit the budget."""
-        files = []
-        for p in self.folder.glob(f"*{SUFFIX}"):
-            try:
-                st = p.stat()
-            except OSError:
-                continue
-            if p != keep:
-                files.append((st.st_mtime, st.st_size, p))
+        files = [f for f in self._files() if f[2] != keep]
         used = sum(f[1] for f in files)
         for _, n, p in sorted(files):
             if used + size <= self.budget:
@@ -169,10 +162,19 @@ class PrefixStore:
             p.unlink(missing_ok=True)
             used -= n
 
+    def _files(self) -> list[tuple[float, int, Path]]:
+        """(modification time, size, path) of the saved states (a file removed while
+        listing, by the budget or a reject, is left out)."""
+        out = []
+        for p in self.folder.glob(f"*{SUFFIX}") if self.folder.is_dir() else []:
+            with contextlib.suppress(OSError):
+                st = p.stat()
+                out.append((st.st_mtime, st.st_size, p))
+        return out
+
     def snapshot(self) -> dict[str, int]:
-        files = list(self.folder.glob(f"*{SUFFIX}")) if self.folder.is_dir() else []
+        files = self._files()
         s = self.stats
-        return {"files": len(files), "bytes": sum(p.stat().st_size for p in files
-                                                  if p.exists()),
+        return {"files": len(files), "bytes": sum(f[1] for f in files),
                 "budget_bytes": self.budget, "saves": s.saves, "restores": s.restores,
                 "rejected": s.rejected, "write_errors": s.write_errors}
