@@ -38,7 +38,8 @@ _MODEL_KEYS = {
     "chat_template", "max_tokens", "prefix_cache", "cache_entries", "pinned_prompts", "max_queue",
     "request_timeout", "tags", "preload", "ttl", "fallback", "max_slots_per_request",
     "reasoning_format", "chat_template_file", "tool_format", "cache_disk_mb",
-    "cache_ram_mb", "swa_full", "prefill_batch", "step_target_ms",
+    "cache_ram_mb", "swa_full", "prefill_batch", "step_target_ms", "cache_mode",
+    "checkpoint_every",
 }
 TOOL_FORMATS = ("auto", "hermes", "llama3", "mistral", "granite", "mistral_args", "deepseek_v3",
                 "deepseek_r1", "qwen3_coder", "gemma4", "harmony", "generic")
@@ -96,6 +97,14 @@ class ModelConfig:
     # sliding-window models (Gemma 3 / 4): a full-size window cache, so that prefixes can
     # be shared (the prefix cache on), at the memory of a full KV cache
     swa_full: bool = True
+    # how prefixes are reused: "auto" (from what llama.cpp reports: "kv" where cells can be
+    # shared and trimmed, "checkpoint" for recurrent / hybrid models and sliding windows
+    # without swa_full), or "checkpoint" (whole saved states only, in the RAM tier)
+    cache_mode: str = "auto"
+    # in checkpoint mode, a prompt's state is saved every this many tokens (and one token
+    # before its end), so that prompts sharing part of it restore the latest one (0: only
+    # before the end)
+    checkpoint_every: int = 256
     tags: tuple[str, ...] = ("chat",)  # what the router may send here
     preload: bool = False  # load at start-up (the first model always is)
     ttl: float | None = None  # seconds idle before it is unloaded (None: never)
@@ -139,6 +148,11 @@ class ModelConfig:
             raise ConfigError(f"model {self.id!r}: prefill_batch must be between 0 and 8192")
         if self.cache_disk_mb < 0 or self.cache_ram_mb < 0:
             raise ConfigError(f"model {self.id!r}: cache_disk_mb and cache_ram_mb must be >= 0")
+        if self.cache_mode not in ("auto", "checkpoint"):
+            raise ConfigError(f"model {self.id!r}: cache_mode must be \"auto\" or "
+                              "\"checkpoint\"")
+        if self.checkpoint_every < 0:
+            raise ConfigError(f"model {self.id!r}: checkpoint_every must be >= 0")
         if self.context < 16:
             raise ConfigError(f"model {self.id!r}: context must be >= 16")
         if self.tool_format not in TOOL_FORMATS:

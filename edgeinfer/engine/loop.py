@@ -29,7 +29,7 @@ from edgeinfer.engine.decode_errors import DECODE_OK, after_decode_error
 from edgeinfer.engine.delta import Delta, Failure, FailureCode
 from edgeinfer.engine.finishing import DeltaSink, Output, Sampled, overdue
 from edgeinfer.engine.native import LlamaRuntime
-from edgeinfer.engine.prefix_cache import PrefixCache
+from edgeinfer.engine.prefix_cache import open_cache
 from edgeinfer.engine.prefix_wait import attach, resume_waiters
 from edgeinfer.engine.report import EngineStats, LatencyObserver, note_token, slots_json, stats_json
 from edgeinfer.engine.scheduler import Chunk, Scheduler
@@ -85,15 +85,7 @@ class Engine:
         cfg = runtime.cfg
         self.scheduler = Scheduler(cfg.slots, cfg.batch, cfg.max_slots_per_request,
                                    cfg.prefill_batch, cfg.step_target_ms / 1000)
-        sharing = runtime.supports_prefix_sharing
-        if cfg.prefix_cache and sharing and runtime.sliding_window:
-            log.info("model %s: a full-size cache for its %d-token sliding window, so that "
-                     "prefixes are shared (swa_full)", cfg.id, runtime.sliding_window)
-        if cfg.prefix_cache and not sharing:
-            log.warning("model %s: its KV memory (sliding-window or recurrent) cannot share "
-                        "prefixes; prefix caching is off for it", cfg.id)
-        self.cache = PrefixCache(runtime, cfg.slots, cfg.cache_entries, enabled=cfg.prefix_cache
-                                 and sharing, ram_bytes=cfg.cache_ram_mb << 20)
+        self.cache = open_cache(runtime)
         self.stats = EngineStats()
         self.observer: LatencyObserver | None = None
         self._inbox: queue.SimpleQueue[Message] = queue.SimpleQueue()
@@ -321,7 +313,7 @@ class Engine:
         self.scheduler.commit(chunks)
         for chunk in chunks:
             assert chunk.seq.slot is not None
-            self.cache.committed(chunk.seq.slot, chunk.tokens)
+            self.cache.committed(chunk.seq.slot, chunk.tokens, chunk.end in chunk.seq.checkpoints)
         indexes = iter(outputs)
         for chunk in chunks:
             seq = chunk.seq

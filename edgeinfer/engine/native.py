@@ -149,6 +149,7 @@ class LlamaRuntime:
             progress.done()
         self._model = self._handles.enter_context(contextlib.closing(model))
         self._vocab: VocabPtr = llama_cpp.llama_model_get_vocab(model.ptr)
+        self.memory_kind = self._memory_kind(model.ptr)
         self._ctx = self._handles.enter_context(contextlib.closing(Context(
             model.ptr, self._context_params(),
             ModelLoadError(f"model {cfg.id!r}: llama.cpp could not create a context"))))
@@ -169,7 +170,8 @@ class LlamaRuntime:
         cfg = self.cfg
         cparams: llama_cpp.llama_context_params = llama_cpp.llama_context_default_params()
         cparams.n_ctx = cfg.context
-        cparams.n_seq_max = cfg.slots + cfg.cache_entries
+        # cache entries hold finished prefixes in the KV cache; checkpoints live in RAM
+        cparams.n_seq_max = cfg.slots + (cfg.cache_entries if self.memory_kind == "kv" else 0)
         # llama.cpp asserts (aborting the process) unless a batch can hold one output per
         # sequence; the scheduler's own budget stays cfg.batch
         cparams.n_batch = cparams.n_ubatch = max(self.max_step, cparams.n_seq_max)
@@ -349,17 +351,21 @@ class LlamaRuntime:
 
     @property
     def supports_prefix_sharing(self) -> bool:
-        """False for memories that cannot share or trim parts of a sequence.
+        """True when prefixes are shared in the KV cache (``memory_kind`` "kv")."""
+        return self.memory_kind == "kv"
 
-        Sliding-window attention (unless the full-size SWA cache is on: models.toml
-        ``swa_full``, the default) and recurrent or hybrid models keep state that
-        seq_cp / partial seq_rm cannot reproduce; those models fall back to no prefix
-        reuse.
-        """
-        model = self._model.ptr
+    def _memory_kind(self, model: ModelPtr) -> str:
+        """How this model's memory lets prefixes be reused: "kv" when cells can be shared
+        and trimmed (seq_cp, partial seq_rm); "checkpoint" for recurrent and hybrid models
+        and sliding windows without the full-size cache (models.toml ``swa_full``), whose
+        state only a whole saved copy reproduces, and where models.toml asks for it."""
+        if self.cfg.cache_mode == "checkpoint":
+            return "checkpoint"
         if llama_cpp.llama_model_is_recurrent(model) or llama_cpp.llama_model_is_hybrid(model):
-            return False
-        return bool(llama_cpp.llama_model_n_swa(model) == 0 or self.cfg.swa_full)
+            return "checkpoint"
+        if llama_cpp.llama_model_n_swa(model) and not self.cfg.swa_full:
+            return "checkpoint"
+        return "kv"
 
     @property
     def sliding_window(self) -> int:

@@ -9,6 +9,14 @@ Engine thread only. The engine calls ``attach`` when a request takes a slot
 (and again when a prefix it waited for is ready), ``committed`` after every
 successful decode, ``rollback`` after a failed one, ``release`` when a
 request ends, and ``evict_one`` when llama_decode finds no room.
+
+Checkpoint mode (``checkpoint_every`` is not None), for memories whose cells cannot
+be shared or trimmed (recurrent and hybrid models, sliding windows without the
+full-size cache): no prefix is kept in the KV cache. A prompt's prefill pauses at
+``checkpoints_for``'s positions, and the slot's whole state there is saved in the RAM
+tier (as when a request ends); a later prompt that begins with a saved state's tokens
+gets that state put into its slot, a copy of the bytes a computation in the same
+pieces left, so the continuation is exactly that computation's.
 """
 
 from __future__ import annotations
@@ -44,20 +52,29 @@ class CacheStats:
     evictions: int = 0
     kept: int = 0
     restored: int = 0  # entries loaded from saved state (the disk tier)
+    checkpoints: int = 0  # states saved part-way through a prompt (checkpoint mode)
 
 
 class PrefixCache:
     """See the module docstring. ``enabled=False`` keeps only plain slot cleanup."""
 
     def __init__(self, runtime: LlamaRuntime, first_id: int, entries: int, enabled: bool,
-                 ram_bytes: int = 0) -> None:
+                 ram_bytes: int = 0, checkpoint_every: int | None = None) -> None:
         self.rt = runtime
-        self.enabled = enabled and entries > 0
+        self.checkpoint_every = checkpoint_every
+        if checkpoint_every is not None:  # checkpoint mode: RAM only
+            entries = 0
+        self.enabled = enabled and (entries > 0 or (checkpoint_every is not None
+                                                    and ram_bytes > 0))
         self.ram = RamTier(ram_bytes if self.enabled else 0)
         self.index = PrefixIndex()
         self.entries: dict[int, CacheEntry] = {}
         self._free_ids = list(range(first_id, first_id + entries)) if self.enabled else []
         self.stats = CacheStats()
+
+    @property
+    def mode(self) -> str:
+        return "kv" if self.checkpoint_every is None else "checkpoint"
 
     # -- admission ---------------------------------------------------------
     def attach(self, slot: int, tokens: list[int], limit: int) -> int:
@@ -69,6 +86,8 @@ class PrefixCache:
         have = self.index.length(slot)
         if not self.enabled or limit <= have:
             return have
+        if self.checkpoint_every is not None:
+            return self._from_checkpoint(slot, tokens, limit) if not have else have
         n, holder = self.index.match(tokens[:limit], exclude=slot)
         if self.ram.enabled and self._from_ram(tokens[:limit], max(n, have)):
             n, holder = self.index.match(tokens[:limit], exclude=slot)
@@ -103,6 +122,31 @@ class PrefixCache:
         self.ram.restored(tokens)
         return True
 
+    def _from_checkpoint(self, slot: int, tokens: list[int], limit: int) -> int:
+        """Put the longest saved state that ``tokens[:limit]`` begins with into the
+        (empty) slot; returns the tokens it covers (0: none, or llama.cpp refused it)."""
+        n, hid = self.ram.whole_prefix(tokens, limit)
+        if hid is None:
+            return 0
+        if not self.rt.set_seq_state(slot, self.ram.get(hid)) or self.rt.seq_pos_max(slot) != n - 1:
+            log.warning("a saved state of %d tokens could not be restored; computing it", n)
+            self.rt.seq_rm(slot, -1, -1)
+            return 0
+        self.index.extend(slot, tokens[:n])
+        self.ram.restored(tokens[:n])
+        return n
+
+    def checkpoints_for(self, num_prompt: int, start: int) -> tuple[int, ...]:
+        """Where a prompt of ``num_prompt`` tokens, computed from ``start``, pauses to
+        save its state: every ``checkpoint_every`` tokens, and one token before its end
+        (so that the same prompt again computes only its last token). Empty in KV mode."""
+        every = self.checkpoint_every
+        if every is None or not self.enabled:
+            return ()
+        stops = set(range(every, num_prompt - 1, every)) if every else set()
+        stops.add(num_prompt - 1)
+        return tuple(sorted(p for p in stops if p > start))
+
     def count_lookup(self, cached: int) -> None:
         if cached:
             self.stats.hits += 1
@@ -111,8 +155,18 @@ class PrefixCache:
             self.stats.misses += 1
 
     # -- after decode --------------------------------------------------------
-    def committed(self, slot: int, tokens: list[int]) -> None:
+    def committed(self, slot: int, tokens: list[int], checkpoint: bool = False) -> None:
+        """``tokens`` are in the slot now; with ``checkpoint`` (checkpoint mode), its
+        state there is saved."""
         self.index.extend(slot, tokens)
+        if checkpoint and self.checkpoint_every is not None and self.enabled:
+            self._save(slot, pinned=False)
+            self.stats.checkpoints += 1
+
+    def _save(self, slot: int, pinned: bool) -> None:
+        held = self.index.tokens_of(slot)
+        if held and (pinned or not self.ram.has(held)):
+            self.ram.put(held, self.rt.seq_state(slot), pinned=pinned)
 
     def rollback(self, slot: int, length: int) -> None:
         """Forget what the slot got from position ``length`` on (a failed decode)."""
@@ -121,8 +175,11 @@ class PrefixCache:
 
     # -- end of a request ------------------------------------------------------
     def release(self, slot: int, keep: bool, pinned: bool = False) -> None:
-        """Free the slot; with ``keep``, its cells stay as a cache entry if useful."""
-        if self.enabled and keep and self.index.length(slot):
+        """Free the slot; with ``keep``, its cells stay as a cache entry if useful (in
+        checkpoint mode: its state is saved)."""
+        if self.enabled and keep and self.checkpoint_every is not None:
+            self._save(slot, pinned)
+        elif self.enabled and keep and self.index.length(slot):
             tokens = self.index.tokens_of(slot)
             covered, _ = self.index.match(tokens, exclude=slot)
             if pinned or covered < len(tokens):
@@ -170,6 +227,8 @@ class PrefixCache:
     # -- the state of pinned prefixes, for the disk tier ---------------------------
     def state_of(self, tokens: list[int]) -> bytes | None:
         """The saved state of the cache entry holding exactly ``tokens`` (None: none)."""
+        if self.checkpoint_every is not None:
+            return self.ram.state(tokens)
         for cid in self.entries:
             if self.index.length(cid) == len(tokens) and self.index.tokens_of(cid) == tokens:
                 return self.rt.seq_state(cid)
@@ -180,6 +239,10 @@ class PrefixCache:
         when there is no free entry or llama.cpp refuses the data (nothing is kept)."""
         if not self.enabled:
             return False
+        if self.checkpoint_every is not None:
+            kept = self.ram.put(tokens, data, pinned=pinned)
+            self.stats.restored += kept
+            return kept
         cid = self._take_id()
         if cid is None:
             return False
@@ -193,7 +256,7 @@ class PrefixCache:
         return True
 
     def unpin_all(self) -> int:
-        n = 0
+        n = self.ram.unpin_all()
         for e in self.entries.values():
             if e.pinned:
                 e.pinned = False
@@ -205,9 +268,27 @@ class PrefixCache:
         s = self.stats
         entries = list(self.entries.values())  # may be read off the engine thread
         return {
-            "enabled": self.enabled, "cells_used": self.index.num_tokens,
+            "enabled": self.enabled, "mode": self.mode, "checkpoints": s.checkpoints,
+            "cells_used": self.index.num_tokens,
             "entries": len(entries), "pinned": sum(e.pinned for e in entries),
             "hits": s.hits, "hit_tokens": s.hit_tokens, "misses": s.misses,
             "evictions": s.evictions, "kept": s.kept, "restored": s.restored,
             "ram": self.ram.snapshot(),
         }
+
+
+def open_cache(runtime: LlamaRuntime) -> PrefixCache:
+    """The prefix cache of a model, in the mode its memory allows (see the module
+    docstring), with what was chosen logged."""
+    cfg = runtime.cfg
+    checkpoints = runtime.memory_kind == "checkpoint"
+    if cfg.prefix_cache and not checkpoints and runtime.sliding_window:
+        log.info("model %s: a full-size cache for its %d-token sliding window, so that "
+                 "prefixes are shared (swa_full)", cfg.id, runtime.sliding_window)
+    if cfg.prefix_cache and checkpoints:
+        log.info("model %s: prefixes are reused from whole saved states (checkpoints every "
+                 "%d tokens, in the RAM tier%s)", cfg.id, cfg.checkpoint_every,
+                 "" if cfg.cache_ram_mb else ": cache_ram_mb is 0, so none is kept")
+    return PrefixCache(runtime, cfg.slots, cfg.cache_entries, enabled=cfg.prefix_cache,
+                       ram_bytes=cfg.cache_ram_mb << 20,
+                       checkpoint_every=cfg.checkpoint_every if checkpoints else None)

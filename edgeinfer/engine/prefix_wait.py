@@ -17,6 +17,7 @@ def attach(cache: PrefixCache, running: list[Sequence], seq: Sequence) -> None:
         cache.count_lookup(0)
         return
     seq.num_computed = seq.num_cached = cache.attach(seq.slot, seq.prompt, limit)
+    seq.checkpoints = cache.checkpoints_for(seq.num_prompt, seq.num_computed)
     cache.count_lookup(seq.num_cached)
     best: PrefixWait | None = None
     for other in running:
@@ -24,6 +25,8 @@ def attach(cache: PrefixCache, running: list[Sequence], seq: Sequence) -> None:
         if other.arrival >= seq.arrival or not other.is_prefilling or not other.use_cache:
             continue
         shared = min(common_prefix(other.prompt, seq.prompt), limit)
+        if cache.checkpoint_every is not None:  # only a saved state is shared
+            shared = max((c for c in other.checkpoints if c <= shared), default=0)
         if shared > max(seq.num_computed, other.num_computed) and (
                 best is None or shared > best.length):
             best = PrefixWait(other, shared)
@@ -45,3 +48,4 @@ def resume_waiters(cache: PrefixCache, running: list[Sequence]) -> None:
         if got > seq.num_computed:
             cache.stats.hit_tokens += got - seq.num_computed
             seq.num_computed = seq.num_cached = got
+            seq.checkpoints = cache.checkpoints_for(seq.num_prompt, got)

@@ -6,6 +6,10 @@ first out). A later request whose prompt starts with that prefix gets it put bac
 into the KV cache (``llama_state_seq_set_data``) instead of computing it again. Pure
 Python: the prefix cache reads and writes the states; this keeps them and says which
 one covers most of a prompt.
+
+For memories that cannot share or trim part of a sequence (recurrent, hybrid), the
+states kept here are the prefix cache's checkpoints: only a whole state whose tokens
+begin the prompt is reused (``whole_prefix``), and it stays here when it is (``get``).
 """
 
 from __future__ import annotations
@@ -33,6 +37,7 @@ class RamTier:
         self.index = PrefixIndex()
         self._states: OrderedDict[int, tuple[list[int], bytes]] = OrderedDict()
         self._next = 0
+        self._pinned: set[int] = set()
         self.bytes = 0
         self.stats = RamStats()
 
@@ -40,27 +45,68 @@ class RamTier:
     def enabled(self) -> bool:
         return self.budget > 0
 
-    def put(self, tokens: list[int], data: bytes) -> bool:
-        """Keep ``data``, the state of ``tokens`` (False: it is larger than the budget)."""
-        if not tokens or len(data) > self.budget:
+    def put(self, tokens: list[int], data: bytes, pinned: bool = False) -> bool:
+        """Keep ``data``, the state of ``tokens`` (False: it does not fit the budget
+        beside the pinned states). A pinned state is never pushed out."""
+        pinned_bytes = sum(len(self._states[h][1]) for h in self._pinned)
+        if not tokens or pinned_bytes + len(data) > self.budget:
             return False
-        if self._insert(tokens, data):
+        if self._insert(tokens, data, pinned):
             self.stats.saved += 1
         return True
 
-    def _insert(self, tokens: list[int], data: bytes) -> bool:
-        """Keep a state that fits the budget (False: the same prefix is already kept)."""
+    def has(self, tokens: Sequence[int]) -> bool:
+        """Whether a state of exactly ``tokens`` is kept."""
+        return self._exact(tokens) is not None
+
+    def _exact(self, tokens: Sequence[int]) -> int | None:
         n, hid = self.index.match(tokens)
         if n == len(tokens) and hid is not None and self.index.length(hid) == n:
+            return hid
+        return None
+
+    def _insert(self, tokens: list[int], data: bytes, pinned: bool = False) -> bool:
+        """Keep a state that fits the budget (False: the same prefix is already kept)."""
+        same = self._exact(tokens)
+        if same is not None:
+            if pinned:
+                self._pinned.add(same)
             return False
         while self.bytes + len(data) > self.budget:
-            self._drop(next(iter(self._states)))
+            self._drop(next(h for h in self._states if h not in self._pinned))
             self.stats.dropped += 1
         hid, self._next = self._next, self._next + 1
         self._states[hid] = (list(tokens), data)
         self.index.extend(hid, tokens)
         self.bytes += len(data)
+        if pinned:
+            self._pinned.add(hid)
         return True
+
+    def whole_prefix(self, tokens: Sequence[int], limit: int) -> tuple[int, int | None]:
+        """(length, id) of the longest kept state whose tokens are all of
+        ``tokens[:limit]``'s first ones (0, None: none)."""
+        best, found = 0, None
+        for hid, (kept, _) in self._states.items():
+            n = len(kept)
+            if best < n <= limit and list(tokens[:n]) == kept:
+                best, found = n, hid
+        return best, found
+
+    def get(self, hid: int) -> bytes:
+        """A kept state, left in place (and made the most recently used)."""
+        self._states.move_to_end(hid)
+        return self._states[hid][1]
+
+    def state(self, tokens: Sequence[int]) -> bytes | None:
+        """The kept state of exactly ``tokens`` (None: none)."""
+        hid = self._exact(tokens)
+        return None if hid is None else self._states[hid][1]
+
+    def unpin_all(self) -> int:
+        n = len(self._pinned)
+        self._pinned.clear()
+        return n
 
     def match(self, tokens: Sequence[int]) -> tuple[int, int | None]:
         """(tokens of ``tokens`` a kept state covers, its id)."""
@@ -83,11 +129,13 @@ class RamTier:
 
     def _drop(self, hid: int) -> None:
         _, data = self._states.pop(hid)
+        self._pinned.discard(hid)
         self.index.remove(hid)
         self.bytes -= len(data)
 
     def snapshot(self) -> dict[str, int]:
         s = self.stats
         return {"entries": len(self._states), "bytes": self.bytes, "budget_bytes": self.budget,
+                "pinned": len(self._pinned),
                 "saved": s.saved, "restored": s.restored, "restored_tokens": s.restored_tokens,
                 "dropped": s.dropped}

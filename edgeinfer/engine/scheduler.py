@@ -160,7 +160,7 @@ class Scheduler:
             if budget <= 0:
                 break
             if seq.is_prefilling and seq.waiting_on is None:
-                n = min(budget, seq.num_prompt - seq.num_computed)
+                n = min(budget, seq.prefill_stop - seq.num_computed)
                 start = seq.num_computed
                 done = start + n == seq.num_prompt
                 chunks.append(Chunk(seq, start, seq.tokens[start : start + n], done))

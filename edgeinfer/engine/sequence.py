@@ -107,6 +107,9 @@ class Sequence:
     use_cache: bool = True  # reuse cached prefixes for this prompt
     # do not prefill: another request is computing our prefix
     waiting_on: PrefixWait | None = None
+    # prompt positions where the prefill pauses so that the state there is saved (the
+    # prefix cache's checkpoints; empty for memories whose cells are shared instead)
+    checkpoints: tuple[int, ...] = ()
 
     def __post_init__(self) -> None:
         if not self.tokens:
@@ -125,6 +128,12 @@ class Sequence:
     @property
     def num_uncomputed(self) -> int:
         return len(self.tokens) - self.num_computed
+
+    @property
+    def prefill_stop(self) -> int:
+        """Where the next prompt chunk ends at the latest: the next checkpoint, or the
+        prompt's end."""
+        return next((c for c in self.checkpoints if c > self.num_computed), len(self.prompt))
 
     @property
     def is_prefilling(self) -> bool:

@@ -96,3 +96,22 @@ def test_random_operations_agree_with_brute_force() -> None:
         # distinct tokens = size of the union of all prefixes (a trie of the holders' lists)
         trie = {tuple(t[:i]) for t in model.values() for i in range(1, len(t) + 1)}
         assert idx.num_tokens == len(trie)
+
+
+def test_checkpoint_positions_of_a_prompt() -> None:
+    from edgeinfer.engine.prefix_cache import PrefixCache
+
+    cache = PrefixCache(None, 4, 8, enabled=True, ram_bytes=1 << 20,  # type: ignore[arg-type]
+                        checkpoint_every=64)
+    assert cache.mode == "checkpoint" and cache.entries == {} and cache.enabled
+    assert cache.checkpoints_for(200, 0) == (64, 128, 192, 199)
+    assert cache.checkpoints_for(200, 128) == (192, 199)
+    assert cache.checkpoints_for(129, 0) == (64, 128)  # the end's checkpoint is 128 too
+    only_end = PrefixCache(None, 4, 8, enabled=True, ram_bytes=1 << 20,  # type: ignore[arg-type]
+                           checkpoint_every=0)
+    assert only_end.checkpoints_for(200, 0) == (199,)
+    kv = PrefixCache(None, 4, 8, enabled=True, ram_bytes=1 << 20)  # type: ignore[arg-type]
+    assert kv.mode == "kv" and kv.checkpoints_for(200, 0) == ()
+    off = PrefixCache(None, 4, 8, enabled=True, ram_bytes=0,  # type: ignore[arg-type]
+                      checkpoint_every=64)
+    assert not off.enabled and off.checkpoints_for(200, 0) == ()
