@@ -50,6 +50,6 @@ async def cache_stats(request: Request) -> Response:
     """Per loaded model: the KV-cache tier, and the disk tier of pinned prefixes
     (``disk``: null when it is off)."""
     return JSONResponse({"object": "list", "data": [
-        {"model": mid, **m.engine.cache.snapshot(),
+        {"model": mid, **m.engine.stats_snapshot()["prefix_cache"],  # type: ignore[dict-item]
          "disk": m.prefix_store.snapshot() if m.prefix_store is not None else None}
         for mid, m in pool(request).models.items()]})

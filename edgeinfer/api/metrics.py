@@ -58,6 +58,12 @@ class EngineCollector:
                      lambda s: s["prefix_cache"]["hit_tokens"])
         yield family(CounterMetricFamily, "edgeinfer_prefix_cache_evictions",
                      "Cached prefixes evicted", lambda s: s["prefix_cache"]["evictions"])
+        yield family(CounterMetricFamily, "edgeinfer_prefix_cache_time_saved_seconds",
+                     "Prompt computation the cache saved, all tiers (estimated from the "
+                     "measured prompt rate)", lambda s: s["prefix_cache"]["time_saved_s"])
+        yield family(CounterMetricFamily, "edgeinfer_prefix_cache_checkpoints",
+                     "States saved part-way through prompts (recurrent / hybrid models)",
+                     lambda s: s["prefix_cache"]["checkpoints"])
         for kind, name, doc, tier, key in _TIERS:
             yield family(kind, f"edgeinfer_cache_{tier}_{name}", doc, _tier_value(tier, key))
 
@@ -75,6 +81,8 @@ _TIERS = [  # (kind, name, help, tier, snapshot key)
     (_G, "entries", "Evicted prefixes kept in host RAM", "ram", "entries"),
     (_C, "restores", "Prefixes restored from host RAM", "ram", "restored"),
     (_C, "restored_tokens", "Prompt tokens restored from host RAM", "ram", "restored_tokens"),
+    (_C, "time_saved_seconds", "Prompt computation the RAM tier saved (estimated from the "
+     "measured prompt rate), seconds", "ram", "time_saved_s"),
     (_G, "bytes", "Pinned prefixes' KV state on disk, bytes", "disk", "bytes"),
     (_G, "files", "Pinned prefixes saved on disk", "disk", "files"),
     (_C, "restores", "Pinned prefixes restored from disk", "disk", "restores"),

@@ -110,5 +110,18 @@ def stats_json(stats: EngineStats, scheduler: Scheduler, n_ctx: int,
     s["slots_total"] = scheduler.num_slots
     s["queued"] = scheduler.num_waiting
     s["n_ctx"] = n_ctx
-    s["prefix_cache"] = cache.snapshot()
+    s["prefix_cache"] = with_time_saved(cache.snapshot(), scheduler.rate)
     return s
+
+
+def with_time_saved(snapshot: dict[str, object], rate: float) -> dict[str, object]:
+    """Add ``time_saved_s`` to the cache's snapshot and its RAM tier's: the prompt tokens
+    they gave requests, at the measured prompt rate (an estimate of the seconds of
+    computation the cache saved; 0 until a rate is measured)."""
+    def saved(tokens: object) -> float:
+        return round(float(tokens) / rate, 2) if rate and isinstance(tokens, int) else 0.0
+    ram = snapshot.get("ram")
+    if isinstance(ram, dict):
+        snapshot["ram"] = {**ram, "time_saved_s": saved(ram.get("restored_tokens"))}
+    snapshot["time_saved_s"] = saved(snapshot.get("hit_tokens"))
+    return snapshot

@@ -176,6 +176,12 @@ class Scheduler:
         fits = int(self._rate * self.step_target)
         return max(self.num_slots + MIN_CHUNK, min(self.token_budget, fits))
 
+    @property
+    def rate(self) -> float:
+        """Tokens per second of recent steps of at least ``MIN_CHUNK`` tokens (mostly
+        prompt chunks; 0.0 before the first)."""
+        return self._rate
+
     def note_step(self, tokens: int, seconds: float) -> None:
         """A decode of ``tokens`` took ``seconds``: update the measured rate."""
         if tokens >= MIN_CHUNK and seconds > 0:

