@@ -39,7 +39,7 @@ _MODEL_KEYS = {
     "request_timeout", "tags", "preload", "ttl", "fallback", "max_slots_per_request",
     "reasoning_format", "chat_template_file", "tool_format", "cache_disk_mb",
     "cache_ram_mb", "swa_full", "prefill_batch", "step_target_ms", "cache_mode",
-    "checkpoint_every",
+    "checkpoint_every", "cache_disk_hot",
 }
 TOOL_FORMATS = ("auto", "hermes", "llama3", "mistral", "granite", "mistral_args", "deepseek_v3",
                 "deepseek_r1", "qwen3_coder", "gemma4", "harmony", "generic")
@@ -94,6 +94,9 @@ class ModelConfig:
     pinned_prompts: tuple[str, ...] = ()  # system prompts kept resident, never evicted
     cache_disk_mb: int = 512  # pinned prefixes' KV state kept on disk across restarts (0: off)
     cache_ram_mb: int = 256  # evicted prefixes' KV state kept in host RAM (0: off)
+    # opt-in: this many of the most used unpinned prefixes are also written to disk when
+    # the model unloads or the server stops, and restored when it loads (0: off)
+    cache_disk_hot: int = 0
     # sliding-window models (Gemma 3 / 4): a full-size window cache, so that prefixes can
     # be shared (the prefix cache on), at the memory of a full KV cache
     swa_full: bool = True
@@ -146,8 +149,9 @@ class ModelConfig:
             raise ConfigError(f"model {self.id!r}: step_target_ms must be >= 0")
         if self.prefill_batch < 0 or self.prefill_batch > 8192:
             raise ConfigError(f"model {self.id!r}: prefill_batch must be between 0 and 8192")
-        if self.cache_disk_mb < 0 or self.cache_ram_mb < 0:
-            raise ConfigError(f"model {self.id!r}: cache_disk_mb and cache_ram_mb must be >= 0")
+        if min(self.cache_disk_mb, self.cache_ram_mb, self.cache_disk_hot) < 0:
+            raise ConfigError(f"model {self.id!r}: cache_disk_mb, cache_ram_mb and "
+                              "cache_disk_hot must be >= 0")
         if self.cache_mode not in ("auto", "checkpoint"):
             raise ConfigError(f"model {self.id!r}: cache_mode must be \"auto\" or "
                               "\"checkpoint\"")

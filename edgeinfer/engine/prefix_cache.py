@@ -255,6 +255,18 @@ class PrefixCache:
         self.stats.restored += 1
         return True
 
+    def hottest(self, n: int) -> list[tuple[list[int], bytes]]:
+        """The ``n`` most used unpinned prefixes, as (tokens, state): in KV mode the
+        entries with the most hits, in checkpoint mode the most recently used saved
+        states (for the disk tier's opt-in hot prefixes)."""
+        if n <= 0 or not self.enabled:
+            return []
+        if self.checkpoint_every is not None:
+            return self.ram.recent(n)
+        used = sorted((e for e in self.entries.values() if e.hits and not e.pinned),
+                      key=lambda e: (e.hits, e.last_used), reverse=True)[:n]
+        return [(self.index.tokens_of(e.seq_id), self.rt.seq_state(e.seq_id)) for e in used]
+
     def unpin_all(self) -> int:
         n = self.ram.unpin_all()
         for e in self.entries.values():

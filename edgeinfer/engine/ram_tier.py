@@ -103,6 +103,12 @@ class RamTier:
         hid = self._exact(tokens)
         return None if hid is None else self._states[hid][1]
 
+    def recent(self, n: int) -> list[tuple[list[int], bytes]]:
+        """The ``n`` most recently used unpinned states, newest first."""
+        out = [(list(t), d) for h, (t, d) in reversed(self._states.items())
+               if h not in self._pinned]
+        return out[:n]
+
     def unpin_all(self) -> int:
         n = len(self._pinned)
         self._pinned.clear()

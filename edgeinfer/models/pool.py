@@ -176,6 +176,7 @@ class ModelPool:
         for text in cfg.pinned_prompts:
             n = await served.pin(served.system_prefix([{"role": "system", "content": text}]))
             log.info("model %s: pinned a %d-token system prompt", cfg.id, n)
+        await served.restore_hot()
 
     async def unload(self, model_id: str) -> bool:
         """Free a loaded model (False if it is busy or not loaded): never under a user."""
@@ -184,6 +185,7 @@ class ModelPool:
         if entry.state is not ModelState.LOADED or served is None or served.busy:
             return False
         entry.state, entry.served, entry.keep_alive = ModelState.UNLOADED, None, None
+        await served.save_hot()
         await asyncio.to_thread(served.embedder.close)  # before the model is freed
         await asyncio.to_thread(served.engine.stop)
         log.info("model %s unloaded", entry.cfg.id)

@@ -3,14 +3,16 @@
 When a model pins a prefix (a models.toml ``pinned_prompts`` entry, or ``POST
 /v1/cache/pin``), its computed KV state is written here; when the model loads again
 (a restart, a reload after its ttl) the state is read back instead of computing the
-prompt, so the first request after a restart is warm.
+prompt, so the first request after a restart is warm. Opt-in (models.toml
+``cache_disk_hot``), the most used unpinned prefixes are written here too when the model
+unloads or the server stops, and all of them are restored when it loads.
 
 One file per prefix, named by a hash of the model's identity (its file's path, size
 and modification time, the llama.cpp build and the context parameters that shape the
 state) and the prefix's tokens. A file is written to a temporary name, flushed and
 renamed, so a crash leaves no half file under a real name. A file is checked on read:
 its magic, header, the model identity and tokens it was saved for, its length and a
-SHA-256 of its data; anything else (truncated, corrupt, foreign, stale) is logged,
+SHA-256 of its tokens and data; anything else (truncated, corrupt, foreign, stale) is logged,
 removed and never given to llama.cpp. The folder is kept under a byte budget, least
 recently used files removed first.
 """
@@ -30,7 +32,7 @@ from typing import Any
 
 log = logging.getLogger("edgeinfer.cache.disk")
 
-MAGIC = b"EDGEINFER-KV\x01\n"
+MAGIC = b"EDGEINFER-KV\x02\n"  # 2: the tokens are in the file (hot prefixes)
 SUFFIX = ".kv"
 _HEADER_MAX = 4096
 
@@ -82,17 +84,36 @@ class PrefixStore:
             except OSError as exc:
                 log.warning("prefix cache file %s cannot be read (%s): ignored", path.name, exc)
                 return None
-            data, why = self._check(raw, tokens)
-            if data is None:
+            body, why = self._check(raw, tokens)
+            if body is None:
                 self.reject(path, why)
                 return None
             os.utime(path)  # recently used
             self.stats.restores += 1
-            return data
+            return body[4 * len(tokens):]
 
-    def _check(self, raw: bytes, tokens: list[int]) -> tuple[bytes | None, str]:
+    def _check(self, raw: bytes, tokens: list[int] | None) -> tuple[bytes | None, str]:
+        """The state in ``raw`` if it is whole and was saved for this identity and
+        ``tokens`` (None: any tokens), else (None, why)."""
+        head, why = self._header(raw)
+        if head is None:
+            return None, why
+        if tokens is not None and head.get("tokens") != _tokens_digest(tokens):
+            return None, "saved for other tokens"
+        body = raw[head["_start"]:]
+        n_tokens, size = head.get("n_tokens"), head.get("size")
+        if not isinstance(n_tokens, int) or not isinstance(size, int):
+            return None, "corrupt header"
+        if len(body) != 4 * n_tokens + size:
+            return None, f"truncated ({len(body)} of {4 * n_tokens + size} bytes)"
+        if hashlib.sha256(body).hexdigest() != head.get("sha256"):
+            return None, "corrupt data (checksum mismatch)"
+        return body, ""
+
+    def _header(self, raw: bytes) -> tuple[dict[str, Any] | None, str]:
         if not raw.startswith(MAGIC) or len(raw) < len(MAGIC) + 4:
-            return None, "not a prefix cache file"
+            older = raw.startswith(MAGIC[:-2])
+            return None, "an older format" if older else "not a prefix cache file"
         (n,) = struct.unpack_from("<I", raw, len(MAGIC))
         start = len(MAGIC) + 4
         if n > _HEADER_MAX or len(raw) < start + n:
@@ -103,14 +124,40 @@ class PrefixStore:
             return None, "corrupt header"
         if not isinstance(head, dict) or head.get("model") != self.identity:
             return None, "saved for another model file or other context parameters"
-        if head.get("tokens") != _tokens_digest(tokens):
-            return None, "saved for other tokens"
-        data = raw[start + n:]
-        if len(data) != head.get("size"):
-            return None, f"truncated ({len(data)} of {head.get('size')} bytes)"
-        if hashlib.sha256(data).hexdigest() != head.get("sha256"):
-            return None, "corrupt data (checksum mismatch)"
-        return data, ""
+        head["_start"] = start + n
+        return head, ""
+
+    def load_hot(self) -> list[tuple[list[int], bytes]]:
+        """Every saved hot prefix (``save(..., hot=True)``), as (tokens, state); unusable
+        files are removed, saying why."""
+        out = []
+        with self._lock:
+            for _, _, path in self._files():
+                try:
+                    raw = path.read_bytes()
+                except OSError:
+                    continue
+                head, _ = self._header(raw)
+                if head is not None and not head.get("hot"):
+                    continue  # a pinned prefix: loaded by its tokens
+                body, why = self._check(raw, None)
+                if body is None:
+                    self.reject(path, why)
+                    continue
+                n = int(head["n_tokens"]) if head else 0
+                out.append((list(struct.unpack_from(f"<{n}i", body)), body[4 * n:]))
+                self.stats.restores += 1
+        return out
+
+    def drop_hot(self, keep: list[list[int]]) -> None:
+        """Remove the hot prefixes' files other than those of ``keep``."""
+        wanted = {self.path_for(t) for t in keep}
+        with self._lock:
+            for _, _, path in self._files():
+                with contextlib.suppress(OSError):
+                    head, _ = self._header(path.read_bytes()[:_HEADER_MAX + len(MAGIC) + 4])
+                    if head is not None and head.get("hot") and path not in wanted:
+                        path.unlink()
 
     def reject(self, path: Path, why: str) -> None:
         """Remove an unusable file, saying why."""
@@ -119,17 +166,19 @@ class PrefixStore:
         path.unlink(missing_ok=True)
 
     # -- writing ------------------------------------------------------------------
-    def save(self, tokens: list[int], data: bytes) -> bool:
+    def save(self, tokens: list[int], data: bytes, hot: bool = False) -> bool:
         """Write the state of ``tokens`` (atomically); False when it could not be written
-        (no room under the budget, a full disk ...), which is logged."""
+        (no room under the budget, a full disk ...), which is logged. ``hot``: an
+        unpinned prefix, restored by ``load_hot`` (a pinned one is loaded by its tokens)."""
         if not data or len(data) > self.budget:
             if data:
                 log.warning("prefix state of %d tokens (%d MiB) is over the disk budget "
                             "(cache_disk_mb): not saved", len(tokens), len(data) >> 20)
             return False
+        packed = struct.pack(f"<{len(tokens)}i", *tokens)
         head = json.dumps({"model": self.identity, "tokens": _tokens_digest(tokens),
-                           "n_tokens": len(tokens), "size": len(data),
-                           "sha256": hashlib.sha256(data).hexdigest()}).encode()
+                           "n_tokens": len(tokens), "size": len(data), "hot": hot,
+                           "sha256": hashlib.sha256(packed + data).hexdigest()}).encode()
         path = self.path_for(tokens)
         tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
         with self._lock:
@@ -138,6 +187,7 @@ class PrefixStore:
                 self._make_room(len(data), keep=path)
                 with open(tmp, "wb") as f:
                     f.write(MAGIC + struct.pack("<I", len(head)) + head)
+                    f.write(packed)
                     f.write(data)
                     f.flush()
                     os.fsync(f.fileno())

@@ -4,6 +4,7 @@ leases that keep it alive while anything uses it."""
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 import math
 import os
@@ -285,6 +286,35 @@ class ServedModel:
         if isinstance(data, bytes) and await asyncio.to_thread(store.save, tokens, data):
             log.info("model %s: a pinned %d-token prefix saved to disk (%.1f MiB)",
                      self.cfg.id, len(tokens), len(data) / 2**20)
+
+    async def save_hot(self) -> None:
+        """Write the most used unpinned prefixes to the disk tier (models.toml
+        ``cache_disk_hot``; before the model unloads). Errors are logged, not raised."""
+        store, n = self.prefix_store, self.cfg.cache_disk_hot
+        if store is None or not n or not self.engine.is_running:
+            return
+        cache = self.engine.cache
+        try:
+            hot = await self.engine.call(lambda: cache.hottest(n))
+        except EngineError:
+            return
+        assert isinstance(hot, list)
+        saved = [t for t, data in hot if await asyncio.to_thread(store.save, t, data, True)]
+        await asyncio.to_thread(store.drop_hot, saved)
+        log.info("model %s: %d hot prefixes saved to disk", self.cfg.id, len(saved))
+
+    async def restore_hot(self) -> int:
+        """Put the hot prefixes saved by ``save_hot`` back into the cache (at load)."""
+        store = self.prefix_store
+        if store is None or not self.cfg.cache_disk_hot:
+            return 0
+        cache, n = self.engine.cache, 0
+        for tokens, data in await asyncio.to_thread(store.load_hot):
+            n += bool(await self.engine.call(functools.partial(cache.restore, tokens, data,
+                                                               pinned=False)))
+        if n:
+            log.info("model %s: %d hot prefixes restored from disk", self.cfg.id, n)
+        return n
 
     def check_fits(self, n_prompt: int, max_tokens: int | None) -> None:
         """400 context_length_exceeded unless the prompt (plus max_tokens) fits."""

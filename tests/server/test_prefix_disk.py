@@ -35,11 +35,12 @@ def _wait_for(srv: ServerProcess, pattern: str, timeout: float = 60) -> str:
     raise AssertionError(f"no {pattern!r} in the log:\n{srv.log.read_text()[-3000:]}")
 
 
-def _ask(srv: ServerProcess) -> dict[str, Any]:
+def _ask(srv: ServerProcess, system: str = SYSTEM,
+         question: str = "Do you fix brakes?") -> dict[str, Any]:
     r = httpx.post(f"{srv.base_url}/v1/chat/completions", json={
         "model": "default", "max_tokens": 1, "temperature": 0, "logprobs": True,
-        "top_logprobs": 5, "messages": [{"role": "system", "content": SYSTEM},
-                                        {"role": "user", "content": "Do you fix brakes?"}]},
+        "top_logprobs": 5, "messages": [{"role": "system", "content": system},
+                                        {"role": "user", "content": question}]},
         timeout=120)
     assert r.status_code == 200, r.text
     body = r.json()
@@ -90,3 +91,29 @@ def test_a_pinned_checkpoint_survives_a_restart_exactly(tmp_path: Path) -> None:
     assert warm["cached"] == cold["cached"] > 300
     assert warm["disk"]["restores"] == 1
     assert warm["top"] == cold["top"]
+
+
+def test_hot_prefixes_survive_a_restart_when_asked(tmp_path: Path) -> None:
+    """cache_disk_hot: the most used unpinned prefix is written to disk when the server
+    stops and restored when it starts; the first request after the restart is warm."""
+    system = ("You are the booking assistant of a small mountain hotel. " * 40).strip()
+    cfg = tmp_path / "models.toml"
+    cfg.write_text(f'[[models]]\nid = "small"\naliases = ["default"]\n{SMALL}\n'
+                   "context = 2048\nslots = 2\nbatch = 128\ncache_disk_hot = 2\n")
+    env = {"EDGEINFER_CACHE": str(tmp_path / "cache")}
+    srv = start_server(tmp_path, "--config", str(cfg), env=env)
+    try:
+        _ask(srv, system, "Is breakfast included?")
+        first = _ask(srv, system, "Do you have parking?")  # a hit: the entry is used
+    finally:
+        stop_server(srv)
+    assert "hot prefixes saved to disk" in srv.log.read_text()
+    srv = start_server(tmp_path, "--config", str(cfg), env=env)
+    try:
+        log = _wait_for(srv, r"\d+ hot prefixes restored from disk")
+        again = _ask(srv, system, "Do you have parking?")
+    finally:
+        stop_server(srv)
+    assert "ignored and removed" not in log
+    assert again["cached"] >= first["cached"] > 300
+    assert again["top"] == first["top"]

@@ -81,3 +81,30 @@ def test_the_identity_follows_the_file_and_the_parameters(tmp_path: Path) -> Non
     assert a == model_identity(f, {"context": 2048}) != model_identity(f, {"context": 4096})
     f.write_bytes(b"other weights")
     assert model_identity(f, {"context": 2048}) != a
+
+
+def test_hot_prefixes_load_back_with_their_tokens(tmp_path: Path,
+                                                  caplog: pytest.LogCaptureFixture) -> None:
+    s = store(tmp_path)
+    s.save(TOKENS, DATA)  # a pinned prefix: not among the hot ones
+    assert s.save(TOKENS[:50], b"hot1", hot=True) and s.save(TOKENS[:60], b"hot2", hot=True)
+    assert sorted(s.load_hot()) == [(TOKENS[:50], b"hot1"), (TOKENS[:60], b"hot2")]
+    s.drop_hot([TOKENS[:60]])  # the next save keeps only the new hot set
+    assert s.load_hot() == [(TOKENS[:60], b"hot2")] and s.load(TOKENS) == DATA
+    stale = store(tmp_path, identity="b" * 64)  # other context parameters: stale
+    with caplog.at_level(logging.WARNING, logger="edgeinfer.cache.disk"):
+        assert stale.load_hot() == []
+    assert "another model file or other context parameters" in caplog.text
+    assert not s.path_for(TOKENS[:60]).exists()
+
+
+def test_a_file_of_the_older_format_is_named_so(tmp_path: Path,
+                                                caplog: pytest.LogCaptureFixture) -> None:
+    s = store(tmp_path)
+    s.save(TOKENS, DATA)
+    path = s.path_for(TOKENS)
+    raw = path.read_bytes()
+    path.write_bytes(raw.replace(b"EDGEINFER-KV\x02", b"EDGEINFER-KV\x01", 1))
+    with caplog.at_level(logging.WARNING, logger="edgeinfer.cache.disk"):
+        assert s.load(TOKENS) is None
+    assert "an older format" in caplog.text and not path.exists()
