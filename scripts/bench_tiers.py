@@ -20,7 +20,11 @@ server answers (the first column, from the request; the second, from the moment 
 server process was started: what a user who just launched the app waits, model loading
 included). Printed: medians and the ratios.
 
-Usage: .venv/bin/python scripts/bench_tiers.py
+Checkpoints (what recurrent and hybrid models get; measured on SmolLM2 with
+``cache_mode = "checkpoint"``, every 256 tokens): the same system prompt with another
+question (the latest checkpoint before the question restored), cold, and a 10-turn chat.
+
+Usage: .venv/bin/python scripts/bench_tiers.py [--only checkpoint]
 """
 
 from __future__ import annotations
@@ -126,7 +130,38 @@ def gemma_rounds() -> tuple[list[float], list[float]]:
     return cold, warm
 
 
+def checkpoint_rounds() -> None:
+    """SmolLM2 in checkpoint mode: cold, then another question after the same system
+    prompt (from the latest saved state), three rounds; then a 10-turn chat."""
+    cold, warm = [], []
+    turns: list[tuple[int, int, int]] = []
+    for i in range(3):
+        folder = Path(tempfile.mkdtemp(prefix="edgeinfer-bench-ckpt-"))
+        srv, _ = start(folder, folder / "cache", 'cache_mode = "checkpoint"\n')
+        try:
+            system = f"Shop {i}. " + SYSTEM
+            cold.append(first_token(srv.url, system))
+            warm.append(first_token(srv.url, system, question="Do you sell helmets?"))
+            if i == 2:
+                turns = chat_turns(srv.url)
+        finally:
+            srv.stop()
+    print("\nCheckpoints (SmolLM2 with cache_mode = \"checkpoint\", a state saved every 256 "
+          "tokens and before the prompt's end): another question after the same system prompt")
+    print(f"cold {', '.join(f'{x:.2f}' for x in cold)} s; from a checkpoint "
+          f"{', '.join(f'{x:.3f}' for x in warm)} s; cold / checkpoint: "
+          f"{statistics.median(cold) / statistics.median(warm):.1f}x")
+    print("A 10-turn chat (each request carries the whole history):")
+    print("| turn | prompt tokens | computed | new since the last turn's prompt |")
+    print("|---|---|---|---|")
+    for i, (prompt, computed, new) in enumerate(turns, 1):
+        print(f"| {i} | {prompt} | {computed} | {new} |")
+
+
 def main() -> int:
+    if sys.argv[1:] == ["--only", "checkpoint"]:
+        checkpoint_rounds()
+        return 0
     gcold, gwarm = gemma_rounds()
     print("\nGemma 3 270M (sliding window, full-size window cache): the same request cold, "
           "then warm")
@@ -185,6 +220,7 @@ def main() -> int:
     print("|---|---|---|---|")
     for i, (prompt, computed, new) in enumerate(turns, 1):
         print(f"| {i} | {prompt} | {computed} | {new} |")
+    checkpoint_rounds()
     return 0
 
 
