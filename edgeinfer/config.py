@@ -39,7 +39,7 @@ _MODEL_KEYS = {
     "request_timeout", "tags", "preload", "ttl", "fallback", "max_slots_per_request",
     "reasoning_format", "chat_template_file", "tool_format", "cache_disk_mb",
     "cache_ram_mb", "swa_full", "prefill_batch", "step_target_ms", "cache_mode",
-    "checkpoint_every", "cache_disk_hot",
+    "checkpoint_every", "cache_disk_hot", "speculative", "draft_max",
 }
 TOOL_FORMATS = ("auto", "hermes", "llama3", "mistral", "granite", "mistral_args", "deepseek_v3",
                 "deepseek_r1", "qwen3_coder", "gemma4", "harmony", "generic")
@@ -108,6 +108,11 @@ class ModelConfig:
     # before its end), so that prompts sharing part of it restore the latest one (0: only
     # before the end)
     checkpoint_every: int = 256
+    # speculative decoding without a second model: "ngram" (drafts looked up in the
+    # sequence's own tokens, verified by the model; the output is what it would be
+    # without) or "off"; draft_max bounds a sequence's drafts per step
+    speculative: str = "ngram"
+    draft_max: int = 8
     tags: tuple[str, ...] = ("chat",)  # what the router may send here
     preload: bool = False  # load at start-up (the first model always is)
     ttl: float | None = None  # seconds idle before it is unloaded (None: never)
@@ -155,6 +160,9 @@ class ModelConfig:
         if self.cache_mode not in ("auto", "checkpoint"):
             raise ConfigError(f"model {self.id!r}: cache_mode must be \"auto\" or "
                               "\"checkpoint\"")
+        if self.speculative not in ("ngram", "off") or not 1 <= self.draft_max <= 32:
+            raise ConfigError(f"model {self.id!r}: speculative must be \"ngram\" or \"off\" "
+                              "and draft_max between 1 and 32")
         if self.checkpoint_every < 0:
             raise ConfigError(f"model {self.id!r}: checkpoint_every must be >= 0")
         if self.context < 16:

@@ -133,6 +133,7 @@ def sampling_params(b: Body, max_tokens: int | None,
         ignore_eos=b.boolean("ignore_eos"),
         logit_bias=logit_bias(b),
         logprobs=logprobs,
+        speculative=b.boolean("speculative", True),
     )
 
 

@@ -40,6 +40,10 @@ class EngineCollector:
                      lambda s: s["steps"])
         yield family(CounterMetricFamily, "edgeinfer_decode_seconds",
                      "Seconds spent inside llama_decode", lambda s: s["decode_seconds"])
+        yield family(CounterMetricFamily, "edgeinfer_draft_tokens",
+                     "Draft tokens verified (speculative decoding)", lambda s: s["draft_tokens"])
+        yield family(CounterMetricFamily, "edgeinfer_draft_tokens_accepted",
+                     "Draft tokens accepted", lambda s: s["accepted_drafts"])
         yield family(GaugeMetricFamily, "edgeinfer_queue_depth", "Requests waiting for a slot",
                      lambda s: s["queued"])
         yield family(GaugeMetricFamily, "edgeinfer_slots_busy", "Slots running a request",

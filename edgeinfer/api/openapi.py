@@ -34,6 +34,7 @@ _SAMPLING: dict[str, Any] = {
     "user": _STR,
     "ignore_eos": _BOOL,
     "cache_prompt": _BOOL,
+    "speculative": _BOOL,
     "priority": {"type": "integer", "minimum": -10, "maximum": 10},
     "metadata": {"type": "object"},
     "store": _BOOL,

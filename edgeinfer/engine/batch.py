@@ -15,22 +15,25 @@ class Run(NamedTuple):
     start: int  # position of tokens[0] in the sequence
     tokens: list[int]
     wants_logits: bool  # logits for the last token
+    drafts: int = 0  # and for the ``drafts`` tokens before it (draft tokens to verify)
 
 
 class Decoded(NamedTuple):
     """What one llama_decode gave back."""
 
     rc: int  # llama_decode's code (see ``decode_errors``)
-    outputs: list[int]  # per run that wants logits, the batch index of its last token
+    # per run that wants logits, the batch index of its first output row (its last token,
+    # or the token before its drafts: the drafts' rows follow it)
+    outputs: list[int]
 
 
 def fill_batch(batch: llama_cpp.llama_batch, runs: list[Run],
                every_output: bool = False) -> list[int]:
     """Write runs of tokens into a llama_batch.
 
-    A run that wants logits gets them for its last token (all its tokens with
-    ``every_output``, as pooled embeddings need). Returns the batch index of each
-    run's last token that has logits.
+    A run that wants logits gets them for its last token, and for the ``drafts`` tokens
+    before it (all its tokens with ``every_output``, as pooled embeddings need). Returns
+    the batch index of each such run's first output row.
     """
     token, pos, n_seq, seq_ids, logits = (
         batch.token, batch.pos, batch.n_seq_id, batch.seq_id, batch.logits)
@@ -45,7 +48,8 @@ def fill_batch(batch: llama_cpp.llama_batch, runs: list[Run],
             logits[i] = 1 if every_output else 0
             i += 1
         if run.wants_logits:
-            logits[i - 1] = 1
-            out.append(i - 1)
+            for j in range(i - 1 - run.drafts, i):
+                logits[j] = 1
+            out.append(i - 1 - run.drafts)
     batch.n_tokens = i
     return out

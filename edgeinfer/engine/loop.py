@@ -21,13 +21,13 @@ import queue
 import threading
 import time
 from collections.abc import AsyncIterator, Callable
-from dataclasses import dataclass
 
-from edgeinfer.engine import finishing
+from edgeinfer.engine import finishing, speculation
 from edgeinfer.engine.batch import Run
 from edgeinfer.engine.decode_errors import DECODE_OK, after_decode_error
 from edgeinfer.engine.delta import Delta, Failure, FailureCode
 from edgeinfer.engine.finishing import DeltaSink, Output, Sampled, overdue
+from edgeinfer.engine.messages import Abort, Call, FailAll, Message, Stop, Submit, Unpin
 from edgeinfer.engine.native import LlamaRuntime
 from edgeinfer.engine.prefix_cache import open_cache
 from edgeinfer.engine.prefix_wait import attach, resume_waiters
@@ -39,42 +39,6 @@ from edgeinfer.errors import EngineError
 log = logging.getLogger("edgeinfer.engine.loop")
 
 
-@dataclass(frozen=True, slots=True)
-class Submit:
-    seq: Sequence
-    sink: DeltaSink
-
-
-@dataclass(frozen=True, slots=True)
-class Abort:
-    request_id: str
-
-
-@dataclass(frozen=True, slots=True)
-class Stop:
-    pass
-
-
-@dataclass(frozen=True, slots=True)
-class Unpin:
-    pass
-
-
-@dataclass(frozen=True, slots=True)
-class FailAll:
-    reason: str
-
-
-@dataclass(frozen=True, slots=True)
-class Call:
-    """Run ``fn`` on the engine thread (between steps); its result or exception goes to
-    ``future`` on the event loop."""
-
-    fn: Callable[[], object]
-    future: asyncio.Future[object]
-
-
-Message = Submit | Abort | Stop | Unpin | FailAll | Call
 
 
 class Engine:
@@ -83,8 +47,10 @@ class Engine:
     def __init__(self, runtime: LlamaRuntime) -> None:
         self.runtime = runtime
         cfg = runtime.cfg
+        drafts = speculation.drafter_for(cfg, runtime.memory_kind, SamplingParams())
         self.scheduler = Scheduler(cfg.slots, cfg.batch, cfg.max_slots_per_request,
-                                   cfg.prefill_batch, cfg.step_target_ms / 1000)
+                                   cfg.prefill_batch, cfg.step_target_ms / 1000,
+                                   draft_budget=2 * cfg.draft_max if drafts else 0)
         self.cache = open_cache(runtime)
         self.stats = EngineStats()
         self.observer: LatencyObserver | None = None
@@ -257,6 +223,8 @@ class Engine:
                 FailureCode.SAMPLER, str(exc)))))
             return
         self._outputs[seq] = out
+        seq.drafter = speculation.drafter_for(self.runtime.cfg, self.runtime.memory_kind,
+                                              seq.params)
         self.scheduler.add(seq, time.monotonic())
 
     def _eog(self) -> tuple[int, ...]:
@@ -271,7 +239,7 @@ class Engine:
         chunks = self._schedule()
         if not chunks:
             return
-        runs = [Run(c.seq.slot, c.start, c.tokens, c.wants_logits)
+        runs = [Run(c.seq.slot, c.start, c.tokens, c.wants_logits, c.drafts)
                 for c in chunks if c.seq.slot is not None]
         assert len(runs) == len(chunks), "a scheduled sequence holds a slot"
         t1 = time.perf_counter()
@@ -325,23 +293,45 @@ class Engine:
             out = self._outputs[seq]
             if is_prompt:
                 out.timing.prompt_done = now
-            self._sample(seq, out, next(indexes), now)
+            self._sample(chunk, out, next(indexes), now)
 
-    def _sample(self, seq: Sequence, out: Output, index: int, now: float) -> None:
+    def _sample(self, chunk: Chunk, out: Output, index: int, now: float) -> None:
+        seq = chunk.seq
         try:
-            self._on_token(seq, out, finishing.sample(seq, out, self.runtime, index), now)
+            if chunk.drafts:
+                self._verify(chunk, out, index, now)
+            else:
+                self._on_token(seq, out, finishing.sample(seq, out, self.runtime, index), now)
         except Exception:  # a failure of one request ends that request only
             log.exception("request %s: sampling failed", seq.request_id)
             if seq.status is SequenceStatus.RUNNING:
                 self._finish(seq, SequenceStatus.FINISHED_ERROR, Failure(
                     FailureCode.INTERNAL, "internal error while sampling"))
 
+    def _verify(self, chunk: Chunk, out: Output, index: int, now: float) -> None:
+        """Sample the sequence's last token and its drafts (``speculation``); keep the
+        accepted drafts' cells, remove the others'."""
+        seq = chunk.seq
+        assert seq.slot is not None and seq.drafter is not None
+        results, taken = speculation.verify(self.scheduler, seq, out, self.runtime, index,
+                                            chunk.tokens[-chunk.drafts:])
+        seq.num_computed = chunk.start + 1 + taken
+        self.cache.rollback(seq.slot, seq.num_computed)
+        seq.drafter.accepted(chunk.drafts, taken)
+        self.stats.draft_tokens += chunk.drafts
+        self.stats.accepted_drafts += taken
+        for _, verdict in results:
+            self._apply(seq, out, verdict, now)
+
     def _on_token(self, seq: Sequence, out: Output, sampled: Sampled, now: float) -> None:
-        self.stats.generated_tokens += 1
-        note_token(out.timing, now, self.observer)
         rt = self.runtime
         verdict = finishing.after_token(self.scheduler, seq, out, sampled,
                                         rt.piece(sampled.token), is_eog=rt.is_eog(sampled.token))
+        self._apply(seq, out, verdict, now)
+
+    def _apply(self, seq: Sequence, out: Output, verdict: finishing.Verdict, now: float) -> None:
+        self.stats.generated_tokens += 1
+        note_token(out.timing, now, self.observer)
         if verdict.delta is not None:
             self._outbox.append((out.sink, verdict.delta))
         if verdict.status is not None:

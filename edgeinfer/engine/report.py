@@ -24,6 +24,8 @@ class EngineStats:
     generated_tokens: int = 0
     requests_finished: int = 0
     decode_errors: int = 0
+    draft_tokens: int = 0  # draft tokens verified (speculative decoding)
+    accepted_drafts: int = 0  # of those, the ones accepted
 
     def snapshot(self) -> dict[str, float]:
         share = self.decode_seconds / self.step_seconds if self.step_seconds else 0.0
@@ -32,6 +34,7 @@ class EngineStats:
             "decode_seconds": round(self.decode_seconds, 4), "decode_share": round(share, 4),
             "prompt_tokens": self.prompt_tokens, "generated_tokens": self.generated_tokens,
             "requests_finished": self.requests_finished, "decode_errors": self.decode_errors,
+            "draft_tokens": self.draft_tokens, "accepted_drafts": self.accepted_drafts,
         }
 
 
@@ -81,6 +84,8 @@ def timings_json(seq: Sequence, t: Timing) -> dict[str, float]:
         "predicted_ms": round(gen_s * 1000, 3),
         "predicted_per_second": round(n_gen / gen_s, 2) if gen_s and n_gen else 0.0,
         "ttft_ms": round((t.first_token - t.submitted) * 1000, 3) if t.first_token else 0.0,
+        **({"draft_n": seq.drafter.proposed, "draft_n_accepted": seq.drafter.taken}
+           if seq.drafter is not None and seq.drafter.proposed else {}),
     }
 
 

@@ -35,6 +35,7 @@ class Chunk:
     start: int  # position of tokens[0] in the sequence
     tokens: list[int]
     wants_logits: bool  # logits for the last token of this chunk
+    drafts: int = 0  # the last ``drafts`` tokens are drafts to verify (logits for each)
 
     @property
     def end(self) -> int:
@@ -57,7 +58,7 @@ class Scheduler:
 
     def __init__(self, num_slots: int, token_budget: int,
                  max_per_request: int | None = None, prefill_budget: int = 0,
-                 step_target: float = 0.0) -> None:
+                 step_target: float = 0.0, draft_budget: int = 0) -> None:
         if num_slots < 1:
             raise ValueError("num_slots must be >= 1")
         if token_budget < num_slots:
@@ -71,6 +72,8 @@ class Scheduler:
         # target): prompt chunks shrink to what the measured rate computes in that time
         self.step_target = step_target
         self._rate = 0.0  # tokens per second of recent steps (a moving average)
+        # draft tokens one step may verify, all sequences together (speculative decoding)
+        self.draft_budget = draft_budget
         # by default one request leaves at least one slot to everybody else
         self.max_per_request = max_per_request or max(1, num_slots - 1)
         self.waiting: deque[Sequence] = deque()
@@ -156,6 +159,7 @@ class Scheduler:
                 assert seq.num_uncomputed == 1, "a generating sequence feeds one token per step"
                 chunks.append(Chunk(seq, seq.num_computed, [seq.tokens[-1]], True))
         budget = (self.streaming_budget() if chunks else self.prefill_budget) - len(chunks)
+        budget -= self._add_drafts(chunks, min(budget, self.draft_budget))
         for seq in self.running:
             if budget <= 0:
                 break
@@ -166,6 +170,22 @@ class Scheduler:
                 chunks.append(Chunk(seq, start, seq.tokens[start : start + n], done))
                 budget -= n
         return chunks
+
+    @staticmethod
+    def _add_drafts(chunks: list[Chunk], spare: int) -> int:
+        """Append draft tokens to generating sequences' chunks, up to ``spare`` in all
+        and never past a sequence's max_tokens; returns how many were added."""
+        added = 0
+        for chunk in chunks:
+            seq = chunk.seq
+            room = min(spare - added, seq.max_tokens - seq.num_generated - 1)
+            if seq.drafter is None or room <= 0:
+                continue
+            draft = seq.drafter.propose(seq.tokens, room)
+            chunk.tokens.extend(draft)
+            chunk.drafts = len(draft)
+            added += len(draft)
+        return added
 
     def streaming_budget(self) -> int:
         """The token budget of a step while streams generate: ``token_budget``, or less

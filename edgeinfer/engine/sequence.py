@@ -11,6 +11,8 @@ from dataclasses import dataclass, field
 from enum import IntEnum
 from typing import NamedTuple
 
+from edgeinfer.engine.drafts import NgramDrafter
+
 
 class SequenceStatus(IntEnum):
     """Lifecycle of a sequence. Every status after ``RUNNING`` is final."""
@@ -58,6 +60,7 @@ class SamplingParams:
     logit_bias: tuple[tuple[int, float], ...] = ()
     logprobs: int | None = None  # None: off; k: the sampled token's and the top k
     grammar: str | None = None  # GBNF constraining the output (root rule "root")
+    speculative: bool = True  # drafts may be verified for this request (the model's setting)
     # lazy grammar: free text until one of these words appears, the grammar from there on
     grammar_triggers: tuple[str, ...] = ()
     # the output starts inside a reasoning block: after this many tokens, close it by
@@ -110,6 +113,7 @@ class Sequence:
     # prompt positions where the prefill pauses so that the state there is saved (the
     # prefix cache's checkpoints; empty for memories whose cells are shared instead)
     checkpoints: tuple[int, ...] = ()
+    drafter: NgramDrafter | None = None  # speculative decoding (None: off for this one)
 
     def __post_init__(self) -> None:
         if not self.tokens:

@@ -183,6 +183,6 @@ def test_edgeinfer_models_shows_each_models_formats(tmp_path: Path) -> None:
         m: FAMILIES[name] for m, name in SERVED.items()}
     assert rows["r1"]["reasoning"] == "split" and rows["qwen"]["reasoning"] == "none"
     assert rows["gptoss"]["reasoning"] == "split" and rows["gemma4"]["reasoning"] == "split"
-    assert rows["qwen"]["cache"] == {"kv": True, "ram_mb": 256, "disk_mb": 512, "disk_files": 0,
-                                     "disk_mib": 0.0}
+    assert rows["qwen"]["cache"] == {"mode": "kv", "kv": True, "ram_mb": 256, "disk_mb": 512,
+                                     "disk_files": 0, "disk_mib": 0.0}
 

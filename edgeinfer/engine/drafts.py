@@ -1,0 +1,71 @@
+"""Draft tokens for speculative decoding, without a second model: prompt lookup.
+
+A sequence's next tokens are guessed from its own tokens (the prompt and the output so
+far): when its last ``n`` tokens appeared before, the tokens that followed them then are
+the draft (the longest ``n`` that matches, down to ``n_min``). Text that copies from its
+prompt (a rewrite, an extraction, code edits, JSON repeating input fields) is guessed
+well; other text rarely matches, and then nothing is drafted and nothing is spent.
+
+The engine decodes the drafts after the sequence's last token in the same batch as the
+other slots, samples the target at every drafted position in order, and keeps drafts
+while they equal what was sampled (see ``speculation``). How many tokens a sequence
+drafts follows how many it had accepted: all accepted doubles it (up to ``max_len``),
+a miss shrinks it to one more than were accepted. Pure Python.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+
+class NgramDrafter:
+    """Prompt-lookup drafts over one sequence's tokens (fed with ``extend``)."""
+
+    def __init__(self, max_len: int, n_max: int = 4, n_min: int = 2) -> None:
+        self.max_len = max_len
+        self.n_max = n_max
+        self.n_min = n_min
+        self.length = max_len  # the current draft length (adapts, see ``accepted``)
+        self._seen: dict[tuple[int, ...], int] = {}  # n-gram -> position after it, latest
+        self._indexed = 0  # n-grams ending before this position are in ``_seen``
+        self.proposed = 0
+        self.taken = 0
+
+    def _index(self, tokens: Sequence[int]) -> None:
+        """Index the n-grams that end before the last token (the last one is what is
+        looked up, so its own occurrence must not be found)."""
+        end = len(tokens) - 1
+        for pos in range(max(self._indexed, self.n_min), end + 1):
+            for n in range(self.n_min, self.n_max + 1):
+                if pos - n < 0:
+                    break
+                self._seen[tuple(tokens[pos - n:pos])] = pos
+        self._indexed = max(self._indexed, end + 1)
+
+    def propose(self, tokens: Sequence[int], limit: int) -> list[int]:
+        """Up to ``min(length, limit)`` tokens that may follow ``tokens`` (empty: no
+        guess)."""
+        k = min(self.length, limit)
+        if k <= 0 or len(tokens) <= self.n_min:
+            return []
+        self._index(tokens)
+        for n in range(min(self.n_max, len(tokens) - 1), self.n_min - 1, -1):
+            pos = self._seen.get(tuple(tokens[-n:]))
+            if pos is not None:
+                draft = list(tokens[pos:pos + k])
+                self.proposed += len(draft)
+                return draft
+        return []
+
+    def accepted(self, proposed: int, taken: int) -> None:
+        """``taken`` of ``proposed`` draft tokens were right: adapt the length."""
+        self.taken += taken
+        if proposed and taken == proposed:
+            self.length = min(self.max_len, max(1, self.length) * 2)
+        elif proposed:
+            self.length = max(1, taken + 1)
+
+    @property
+    def rate(self) -> float:
+        """The share of proposed draft tokens that were accepted (0.0: none proposed)."""
+        return self.taken / self.proposed if self.proposed else 0.0
