@@ -1,0 +1,54 @@
+"""Prompt-lookup drafts: what they propose, and how the draft length adapts."""
+
+from __future__ import annotations
+
+from edgeinfer.engine.drafts import NgramDrafter
+from edgeinfer.engine.scheduler import Scheduler
+from edgeinfer.engine.sequence import SamplingParams, Sequence
+
+
+def test_the_tokens_after_the_latest_earlier_occurrence_are_proposed() -> None:
+    d = NgramDrafter(max_len=4)
+    tokens = [1, 2, 3, 4, 5, 6, 9, 9, 1, 2, 3]
+    assert d.propose(tokens, limit=10) == [4, 5, 6, 9]  # after the earlier 1 2 3
+    assert d.propose(tokens, limit=2) == [4, 5]
+    assert d.propose([7, 8, 9, 10], limit=4) == []  # nothing repeats: no draft
+    tokens = [5, 6, 7, 1, 2, 8, 8, 1, 2, 3, 3, 1, 2]
+    d2 = NgramDrafter(max_len=2)
+    assert d2.propose(tokens, limit=2) == [3, 3]  # the latest "1 2" wins
+    tokens += [3]  # extended: indexes only what is new, finds the longer match
+    assert d2.propose(tokens, limit=2) == [3, 1]
+
+
+def test_the_length_doubles_on_success_and_shrinks_on_a_miss() -> None:
+    d = NgramDrafter(max_len=8)
+    d.length = 2
+    d.accepted(2, 2)
+    assert d.length == 4
+    d.accepted(4, 4)
+    d.accepted(8, 8)
+    assert d.length == 8  # capped
+    d.accepted(8, 1)
+    assert d.length == 2 and d.taken == 15
+
+
+def test_the_scheduler_adds_drafts_within_the_budget_and_max_tokens() -> None:
+    sch = Scheduler(2, 32, draft_budget=5)
+    seqs = []
+    for rid in ("a", "b"):
+        seq = Sequence(rid, [1, 2, 3, 4, 5, 6, 1, 2, 3], SamplingParams(), max_tokens=3)
+        seq.drafter = NgramDrafter(max_len=8)
+        sch.add(seq)
+        seqs.append(seq)
+    sch.admit()
+    for seq in seqs:
+        seq.num_computed = seq.num_prompt
+        seq.tokens.append(4)  # each has generated one token, not yet computed
+    chunks = sch.schedule()
+    # "a" may take 1 more token before max_tokens (3): 1 draft; "b" the same
+    assert [(c.tokens, c.drafts) for c in chunks] == [([4, 5], 1), ([4, 5], 1)]
+    seqs[0].max_tokens = seqs[1].max_tokens = 100
+    for seq in seqs:
+        seq.drafter = NgramDrafter(max_len=8)
+    chunks = sch.schedule()
+    assert sum(c.drafts for c in chunks) == 5  # the step's draft budget
