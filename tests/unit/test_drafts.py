@@ -8,13 +8,13 @@ from edgeinfer.engine.sequence import SamplingParams, Sequence
 
 
 def test_the_tokens_after_the_latest_earlier_occurrence_are_proposed() -> None:
-    d = NgramDrafter(max_len=4)
+    d = NgramDrafter(max_len=4, n_min=2)
     tokens = [1, 2, 3, 4, 5, 6, 9, 9, 1, 2, 3]
     assert d.propose(tokens, limit=10) == [4, 5, 6, 9]  # after the earlier 1 2 3
     assert d.propose(tokens, limit=2) == [4, 5]
     assert d.propose([7, 8, 9, 10], limit=4) == []  # nothing repeats: no draft
     tokens = [5, 6, 7, 1, 2, 8, 8, 1, 2, 3, 3, 1, 2]
-    d2 = NgramDrafter(max_len=2)
+    d2 = NgramDrafter(max_len=2, n_min=2)
     assert d2.propose(tokens, limit=2) == [3, 3]  # the latest "1 2" wins
     tokens += [3]  # extended: indexes only what is new, finds the longer match
     assert d2.propose(tokens, limit=2) == [3, 1]
@@ -30,6 +30,11 @@ def test_the_length_doubles_on_success_and_shrinks_on_a_miss() -> None:
     assert d.length == 8  # capped
     d.accepted(8, 1)
     assert d.length == 2 and d.taken == 15
+    d.accepted(2, 0)  # none accepted: shorter, and a pause
+    assert d.length == 1
+    tokens = [1, 2, 3, 4, 1, 2, 3]
+    assert [d.propose(tokens, 4) for _ in range(8)] == [[]] * 8
+    assert d.propose(tokens, 4) == [4]
 
 
 def test_the_scheduler_adds_drafts_within_the_budget_and_max_tokens() -> None:
