@@ -25,7 +25,7 @@ COOLDOWN = 8  # tokens without drafts after a draft of which none was accepted
 class NgramDrafter:
     """Prompt-lookup drafts over one sequence's tokens (fed with ``extend``)."""
 
-    def __init__(self, max_len: int, n_max: int = 6, n_min: int = 3) -> None:
+    def __init__(self, max_len: int, n_max: int = 8, n_min: int = 4) -> None:
         self.max_len = max_len
         self.n_max = n_max
         self.n_min = n_min

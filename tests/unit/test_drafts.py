@@ -21,7 +21,7 @@ def test_the_tokens_after_the_latest_earlier_occurrence_are_proposed() -> None:
 
 
 def test_the_length_doubles_on_success_and_shrinks_on_a_miss() -> None:
-    d = NgramDrafter(max_len=8)
+    d = NgramDrafter(max_len=8, n_min=3)
     d.length = 2
     d.accepted(2, 2)
     assert d.length == 4

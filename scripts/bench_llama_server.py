@@ -1,0 +1,152 @@
+#!/usr/bin/env python3
+"""edgeinfer against llama.cpp's llama-server, ONE run, alternating, medians of --rounds.
+
+Both servers run at once on 127.0.0.1 with the same SmolLM2 Q4_1 file, 2 threads, 8
+slots, an 8,192-token context (each idles while the other is measured); every round
+measures each server in turn (the order alternates between rounds, the machine is noisy):
+
+- 1, 4 and 8 concurrent streamed chats of 128 tokens (end of generation suppressed):
+  tokens/s;
+- a cold ~1,500-token prompt (a new one every time): time to first token;
+- 16 mixed arrivals, one every 0.25 s, prompts of 20 to 800 tokens, answers of 16 to
+  128 tokens: makespan, tokens/s and first-token p95.
+
+Printed: the medians, the rounds, and edgeinfer / llama-server ratios.
+
+Usage: LLAMA_SERVER_BIN=/path/to/llama-server .venv/bin/python scripts/bench_llama_server.py
+       [--rounds 3] [--threads 2]
+The binary: build tools/server of the llama.cpp that the pinned llama-cpp-python vendors
+(README "Benchmarks" says how).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import httpx
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from bench import EOS_ID, PROMPTS, Server, free_port, llama_server_env, model_path
+
+from edgeinfer.cli.sse import sse_json
+
+CLAUSE = "Clause {k}: the tenant keeps the garden tidy and pays the rent on the first."
+
+
+def long_prompt(seed: str, clauses: int = 95) -> str:
+    return f"Document {seed}. " + " ".join(CLAUSE.format(k=k) for k in range(clauses))
+
+
+async def chat(client: httpx.AsyncClient, url: str, model: str, prompt: str, tokens: int
+               ) -> tuple[int, float]:
+    """(tokens received, time to the first one) of one streamed chat."""
+    t0 = time.perf_counter()
+    first, n = 0.0, 0
+    async with client.stream("POST", f"{url}/v1/chat/completions", json={
+            "model": model, "messages": [{"role": "user", "content": prompt}],
+            "max_tokens": tokens, "temperature": 0, "stream": True,
+            "logit_bias": {str(EOS_ID): -100}}) as r:
+        r.raise_for_status()
+        async for chunk in sse_json(r):
+            for choice in chunk.get("choices", []):
+                if (choice.get("delta") or {}).get("content"):
+                    n += 1
+                    first = first or time.perf_counter() - t0
+    return n, first
+
+
+async def streams(url: str, model: str, level: int) -> float:
+    async with httpx.AsyncClient(timeout=600) as c:
+        t0 = time.perf_counter()
+        outs = await asyncio.gather(*(chat(c, url, model, PROMPTS[i % len(PROMPTS)], 128)
+                                      for i in range(level)))
+        return sum(n for n, _ in outs) / (time.perf_counter() - t0)
+
+
+async def cold(url: str, model: str, seed: str) -> float:
+    async with httpx.AsyncClient(timeout=600) as c:
+        return (await chat(c, url, model, long_prompt(seed), 1))[1]
+
+
+async def mixed(url: str, model: str, seed: str) -> tuple[float, float, float]:
+    """(makespan, tokens/s, first-token p95) of 16 staggered arrivals."""
+    async def one(c: httpx.AsyncClient, i: int) -> tuple[int, float]:
+        await asyncio.sleep(0.25 * i)
+        prompt = long_prompt(f"{seed}-{i}", clauses=[1, 10, 25, 50][i % 4])
+        return await chat(c, url, model, prompt, [16, 48, 128, 64][i % 4])
+    async with httpx.AsyncClient(timeout=600) as c:
+        t0 = time.perf_counter()
+        outs = await asyncio.gather(*(one(c, i) for i in range(16)))
+        span = time.perf_counter() - t0
+    firsts = sorted(f for _, f in outs)
+    return span, sum(n for n, _ in outs) / span, firsts[round(0.95 * (len(firsts) - 1))]
+
+
+def measure(url: str, model: str, r: int) -> dict[str, float]:
+    out = {f"x{level} tok/s": asyncio.run(streams(url, model, level)) for level in (1, 4, 8)}
+    out["cold TTFT s"] = asyncio.run(cold(url, model, f"cold-{r}-{model[-8:]}"))
+    span, tps, p95 = asyncio.run(mixed(url, model, f"mix-{r}-{model[-8:]}"))
+    out.update({"mixed makespan s": span, "mixed tok/s": tps, "mixed TTFT p95 s": p95})
+    return out
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__,
+                                 formatter_class=argparse.RawTextHelpFormatter)
+    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--threads", type=int, default=2)
+    args = ap.parse_args()
+    binary = os.environ.get("LLAMA_SERVER_BIN")
+    if not binary:
+        print("set LLAMA_SERVER_BIN to llama.cpp's llama-server binary", file=sys.stderr)
+        return 2
+    gguf, logs = model_path(), Path(tempfile.mkdtemp(prefix="edgeinfer-bench-ls-"))
+    p1, p2 = free_port(), free_port()
+    servers = {
+        "edgeinfer": (Server("edgeinfer", [
+            sys.executable, "-m", "edgeinfer", "serve", "--port", str(p1), "--threads",
+            str(args.threads), "--slots", "8", "--context", "8192", "--log-level", "warning"],
+            p1, logs), "default"),
+        "llama-server": (Server("llama-server", [
+            binary, "-m", str(gguf), "-t", str(args.threads), "-np", "8", "-c", "8192",
+            "--port", str(p2)], p2, logs, llama_server_env(Path(binary))), str(gguf)),
+    }
+    results: dict[str, list[dict[str, float]]] = {name: [] for name in servers}
+    try:
+        for srv, model in servers.values():
+            srv.wait_ready()
+            asyncio.run(streams(srv.url, model, 1))  # warm-up
+        for r in range(args.rounds):
+            order = list(servers) if r % 2 == 0 else list(reversed(servers))
+            for name in order:
+                srv, model = servers[name]
+                results[name].append(measure(srv.url, model, r))
+                print(f"round {r + 1} {name}: " + ", ".join(
+                    f"{k} {v:.2f}" for k, v in results[name][-1].items()), flush=True)
+    finally:
+        for srv, _ in servers.values():
+            srv.stop()
+    report(results)
+    return 0
+
+
+def report(results: dict[str, list[dict[str, float]]]) -> None:
+    keys = list(results["edgeinfer"][0])
+    med = {n: {k: statistics.median(r[k] for r in rs) for k in keys} for n, rs in results.items()}
+    print("\n| measure | edgeinfer | llama-server | edgeinfer / llama-server |")
+    print("|---|---|---|---|")
+    for k in keys:
+        e, ls = med["edgeinfer"][k], med["llama-server"][k]
+        print(f"| {k} | {e:.2f} | {ls:.2f} | {e / ls:.2f}x |")
+    print("(tok/s: higher is better; s: lower is better)")
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
