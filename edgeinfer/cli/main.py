@@ -268,7 +268,8 @@ def chat(args: argparse.Namespace) -> int:
     return chat_loop(args.url, args.model, args.system, args.api_key)
 
 
-def main(argv: list[str] | None = None) -> int:
+def build_parser() -> argparse.ArgumentParser:
+    """The command line: one sub-command per task (see ``main``)."""
     parser = argparse.ArgumentParser(prog="edgeinfer", description="A local LLM server on "
                                      "llama.cpp with continuous batching. With no command: "
                                      "serve.")
@@ -278,6 +279,11 @@ def main(argv: list[str] | None = None) -> int:
     for add in (_serve_parser, _models_parser, _pull_parser, _quantize_parser, _bench_parser,
                 _chat_parser):
         add(sub)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
     argv = sys.argv[1:] if argv is None else argv
     if not argv or argv[0].startswith("-") and argv[0] not in ("-h", "--help", "--version"):
         argv = ["serve", *argv]
