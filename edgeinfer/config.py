@@ -31,7 +31,7 @@ from edgeinfer.errors import ConfigError
 DEFAULT_CONFIG = Path(__file__).resolve().parent.parent / "models.toml"
 
 _SERVER_KEYS = {"host", "port", "api_keys", "api_key_file", "allowed_hosts", "cors_origins",
-                "memory_budget_mb", "send_timeout"}
+                "memory_budget_mb", "send_timeout", "serve_while_loading", "open_metrics"}
 ROUTING_WHEN = ("tools", "code", "long", "default")
 _MODEL_KEYS = {
     "id", "aliases", "path", "source", "context", "slots", "threads", "gpu_layers", "batch",
@@ -190,6 +190,9 @@ class ServerConfig:
     allowed_hosts: tuple[str, ...] = ()  # Host header values besides loopback ("*": any)
     cors_origins: tuple[str, ...] = ()  # browser origins besides http(s)://localhost[:port]
     send_timeout: float = 30.0  # seconds a stream waits for a client that does not read
+    # answer HTTP while the start-up models load (/ready says 503 until they are loaded)
+    serve_while_loading: bool = False
+    open_metrics: bool = False  # /metrics answers without an API key (Prometheus, an EPP)
 
 
 def _source(src: Any, model_id: str) -> PackageSource | DerivedSource:
@@ -275,8 +278,17 @@ def load_config(path: Path | None = None) -> ServerConfig:
         cors_origins=tuple(server.get("cors_origins", ())),
         memory_budget_mb=server.get("memory_budget_mb"),
         send_timeout=float(server.get("send_timeout", 30.0)),
+        serve_while_loading=_flag(server, "serve_while_loading"),
+        open_metrics=_flag(server, "open_metrics"),
         routing=_routing(data.get("routing", {}), seen),
     )
+
+
+def _flag(table: dict[str, Any], key: str) -> bool:
+    value = table.get(key, False)
+    if not isinstance(value, bool):
+        raise ConfigError(f"[server] {key} must be true or false, not {value!r}")
+    return value
 
 
 def _routing(table: Any, names: set[str]) -> tuple[tuple[str, str], ...]:

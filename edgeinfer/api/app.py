@@ -8,9 +8,11 @@ only wires them together.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import gc
-from collections.abc import AsyncIterator
+import logging
+from collections.abc import AsyncIterator, Callable
 from typing import Any
 
 from starlette.applications import Starlette
@@ -30,7 +32,8 @@ from edgeinfer.api import (
 from edgeinfer.api.apply_template import apply_template
 from edgeinfer.api.embeddings import embeddings
 from edgeinfer.api.errors import on_api_error, on_http_error, on_internal_error
-from edgeinfer.api.guard import ApiKeyGuard, CorsGuard, HostGuard
+from edgeinfer.api.guard import OPEN_PATHS, ApiKeyGuard, CorsGuard, HostGuard
+from edgeinfer.api.lifecycle import Lifecycle, Phase
 from edgeinfer.api.metrics import Metrics
 from edgeinfer.api.middleware import CountRequests, ReleaseLeases
 from edgeinfer.api.openai_chat import chat_completions
@@ -40,11 +43,14 @@ from edgeinfer.errors import APIError
 from edgeinfer.models.pool import ModelPool
 from edgeinfer.models.served import ServedModel
 
+log = logging.getLogger("edgeinfer")
+
 ROUTES = [
     Route("/", ops.chat_page, methods=["GET"]),
     Route("/metrics", ops.metrics, methods=["GET"]),
     Route("/slots", ops.slots, methods=["GET"]),
     Route("/health", ops.health, methods=["GET"]),
+    Route("/ready", ops.ready, methods=["GET"]),
     Route("/openapi.json", ops.openapi, methods=["GET"]),
     Route("/v1/models", models_routes.list_models, methods=["GET"]),
     Route("/v1/models/{model_id:path}/load", models_routes.load_model, methods=["POST"]),
@@ -100,19 +106,8 @@ def create_app(config: ServerConfig, pool: ModelPool | None = None) -> Starlette
     for mid, loaded in the_pool.models.items():  # a pool started before the app
         observe(mid, loaded)
 
-    @contextlib.asynccontextmanager
-    async def lifespan(app: Starlette) -> AsyncIterator[None]:
-        if own:
-            await the_pool.start()
-        # what exists now lives as long as the server: keep the garbage collector from
-        # walking it again and again (long collections stall the event loop)
-        gc.freeze()
-        try:
-            yield
-        finally:
-            if own:
-                await the_pool.stop()
-
+    life = Lifecycle() if own else Lifecycle(Phase.SERVING)  # a started pool serves now
+    lifespan = _lifespan(the_pool if own else None, config.serve_while_loading, life)
     handlers: dict[Any, Any] = {APIError: on_api_error, HTTPException: on_http_error,
                                 Exception: on_internal_error}
     middleware = [
@@ -120,7 +115,8 @@ def create_app(config: ServerConfig, pool: ModelPool | None = None) -> Starlette
                    routes={r.path for r in ROUTES if "{" not in r.path}),
         Middleware(HostGuard, allowed_hosts=(*config.allowed_hosts, config.host)),
         Middleware(CorsGuard, cors_origins=config.cors_origins),
-        Middleware(ApiKeyGuard, api_keys=config.api_keys),
+        Middleware(ApiKeyGuard, api_keys=config.api_keys,
+                   open_paths=OPEN_PATHS | ({"/metrics"} if config.open_metrics else set())),
         Middleware(ReleaseLeases),
     ]
     app = Starlette(routes=ROUTES, exception_handlers=handlers, lifespan=lifespan,
@@ -128,4 +124,48 @@ def create_app(config: ServerConfig, pool: ModelPool | None = None) -> Starlette
     app.state.pool = the_pool
     app.state.send_timeout = config.send_timeout
     app.state.metrics = app_metrics
+    app.state.lifecycle = life
     return app
+
+
+def _lifespan(pool: ModelPool | None, in_background: bool, life: Lifecycle
+              ) -> Callable[[Starlette], contextlib.AbstractAsyncContextManager[None]]:
+    """The app's lifespan: start ``pool`` (None: a pool started by its owner) before
+    serving, or while serving (``in_background``); stop it at shutdown."""
+
+    @contextlib.asynccontextmanager
+    async def lifespan(app: Starlette) -> AsyncIterator[None]:
+        starting = None
+        if pool is not None and in_background:  # answer (/ready: 503) while models load
+            starting = asyncio.ensure_future(_start_in_background(pool, life))
+        elif pool is not None:
+            await pool.start()
+        if starting is None:
+            life.serving()
+        # what exists now lives as long as the server: keep the garbage collector from
+        # walking it again and again (long collections stall the event loop)
+        gc.freeze()
+        try:
+            yield
+        finally:
+            life.drain()
+            if starting is not None and not starting.done():
+                starting.cancel()  # no further start-up loads; one under way ends alone
+            if pool is not None:
+                await pool.stop()
+
+    return lifespan
+
+
+async def _start_in_background(pool: ModelPool, life: Lifecycle) -> None:
+    """The pool's start-up loading while the server already answers; the lifecycle
+    says when it is over (serving) or failed for every model (failed: /health 503)."""
+    try:
+        await pool.start()
+    except Exception as exc:  # every model failed, or no memory for one (ModelLoadError, ...)
+        log.error("start-up failed: %s", exc)
+        life.failed(str(exc) or type(exc).__name__)
+        return
+    life.serving()
+    gc.freeze()
+    log.info("start-up models loaded: %s", ", ".join(pool.models) or "none")

@@ -1,7 +1,8 @@
 """The front door: Host header (DNS rebinding), CORS and API keys, one ASGI middleware each.
 
 - API keys (optional): ``Authorization: Bearer KEY`` or ``x-api-key: KEY``, compared
-  in constant time, never logged. ``GET /health`` stays open.
+  in constant time, never logged. The probes ``GET /health`` and ``GET /ready`` stay open
+  (a kubelet or load balancer sends no key), and ``/metrics`` with ``open_metrics``.
 - Host: the Host header must name a loopback address or a configured host, so a
   page on another site that rebinds its DNS name to 127.0.0.1 gets nothing.
 - CORS: browsers may call from localhost origins and configured ones (a desktop
@@ -26,7 +27,8 @@ ASGIApp = Callable[[Scope, Receive, Send], Awaitable[None]]
 
 LOOPBACK_HOSTS = frozenset({"localhost", "127.0.0.1", "::1", "[::1]"})
 _LOCAL_ORIGIN = re.compile(r"^https?://(localhost|127\.0\.0\.1|\[::1\])(:\d+)?$")
-OPEN_PATHS = frozenset({"/health", "/"})  # the chat page holds no data; it asks for a key
+# the probes; the chat page holds no data (it asks for a key)
+OPEN_PATHS = frozenset({"/health", "/ready", "/"})
 
 
 # RFC 9110 Host: a name or IPv4 address, or an IPv6 address in brackets, then an optional
@@ -109,11 +111,13 @@ class CorsGuard:
 
 
 class ApiKeyGuard:
-    """With keys configured, every path but ``OPEN_PATHS`` needs one (401 otherwise)."""
+    """With keys configured, every path but ``open_paths`` needs one (401 otherwise)."""
 
-    def __init__(self, app: ASGIApp, api_keys: tuple[str, ...] = ()) -> None:
+    def __init__(self, app: ASGIApp, api_keys: tuple[str, ...] = (),
+                 open_paths: frozenset[str] = OPEN_PATHS) -> None:
         self.app = app
         self.keys = tuple(k.encode() for k in api_keys if k)
+        self.open_paths = open_paths
 
     def key_ok(self, headers: dict[str, str]) -> bool:
         given = headers.get("x-api-key", "")
@@ -128,7 +132,7 @@ class ApiKeyGuard:
         return ok
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if (self.keys and scope["type"] == "http" and scope["path"] not in OPEN_PATHS
+        if (self.keys and scope["type"] == "http" and scope["path"] not in self.open_paths
                 and not self.key_ok(_headers(scope))):
             await _deny(scope, send, AuthenticationFailed(
                 "a valid API key is required (Authorization: Bearer KEY or x-api-key: KEY)",

@@ -94,6 +94,44 @@ _TIERS = [  # (kind, name, help, tier, snapshot key)
 ]
 
 
+def kv_usage(snapshot: dict[str, Any]) -> float:
+    """The fraction (0-1) of a model's KV cells it cannot free for new work: those of
+    running requests and pinned prefixes (other cached prefixes are evicted on demand)."""
+    total = float(snapshot["n_ctx"]) or 1.0
+    return min(1.0, float(snapshot["prefix_cache"].get("cells_in_use", 0)) / total)
+
+
+class LoadCollector:
+    """The load figures an inference gateway's endpoint picker reads (the Gateway API
+    Inference Extension's model server protocol): requests waiting and running, KV-cache
+    utilisation 0-1. The pod-level series carry no label, so a metric name alone selects
+    one value; ``edgeinfer_model_kv_cache_usage_ratio`` has one series per model.
+    No LoRA metric: edgeinfer serves no adapters."""
+
+    def __init__(self, snapshots: Callable[[], dict[str, dict[str, Any]]]) -> None:
+        self._snapshots = snapshots
+
+    def collect(self) -> Iterator[Metric]:
+        snaps = self._snapshots()
+        yield GaugeMetricFamily(
+            "edgeinfer_requests_waiting", "Requests waiting for a slot, all models",
+            value=float(sum(s["queued"] for s in snaps.values())))
+        yield GaugeMetricFamily(
+            "edgeinfer_requests_running", "Requests (choices) running in a slot, all models",
+            value=float(sum(s["slots_busy"] for s in snaps.values())))
+        usage = {model: kv_usage(s) for model, s in snaps.items()}
+        yield GaugeMetricFamily(
+            "edgeinfer_kv_cache_usage_ratio", "KV-cache utilisation 0-1 of the fullest "
+            "loaded model: cells of running requests and pinned prefixes over all cells",
+            value=max(usage.values(), default=0.0))
+        per_model = GaugeMetricFamily(
+            "edgeinfer_model_kv_cache_usage_ratio", "KV-cache utilisation 0-1 per model: "
+            "cells of running requests and pinned prefixes over all cells", labels=["model"])
+        for model, ratio in usage.items():
+            per_model.add_metric([model], ratio)
+        yield per_model
+
+
 class Metrics:
     """The app's registry: HTTP requests by status, latency histograms, engine counters."""
 
@@ -108,6 +146,7 @@ class Metrics:
                              "Time between two generated tokens of a request", ["model"],
                              buckets=LATENCY_BUCKETS, registry=self.registry)
         self.registry.register(EngineCollector(snapshots))
+        self.registry.register(LoadCollector(snapshots))
 
     def render(self) -> bytes:
         return generate_latest(self.registry)

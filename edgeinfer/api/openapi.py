@@ -136,7 +136,9 @@ def openapi_spec() -> dict[str, Any]:
                 "parameters": [{"name": "model", "in": "query", "required": True,
                                 "schema": _STR}],
                 "responses": _responses("Unpinned")}},
-            "/health": _get("Liveness and engine counters"),
+            "/health": _get("Liveness and engine counters (200 while loading and draining)"),
+            "/ready": _get("Readiness: 200 when the server should get requests, 503 with the "
+                           "reasons while loading, draining or after a failed start-up load"),
             **openai_responses.OPENAPI_PATHS,
             **anthropic_messages.OPENAPI_PATHS,
             **ollama_api.OPENAPI_PATHS,

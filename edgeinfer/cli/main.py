@@ -62,6 +62,16 @@ def _serve_parser(sub: Sub) -> None:
     p.add_argument("--shutdown-grace", type=float, default=10.0,
                    help="on SIGTERM/SIGINT, seconds running requests get to finish before they "
                    "end with an error (a second signal exits at once)")
+    p.add_argument("--drain-delay", type=float, default=0.0,
+                   help="on SIGTERM/SIGINT, seconds to go on serving with /ready answering 503 "
+                   "before the server stops accepting (so a load balancer or Kubernetes stops "
+                   "sending traffic first); --shutdown-grace counts after it")
+    p.add_argument("--serve-while-loading", action="store_true",
+                   help="answer HTTP while the start-up models load: /health says 200 "
+                   "(loading), /ready 503 until they are loaded (for Kubernetes probes)")
+    p.add_argument("--open-metrics", action="store_true",
+                   help="let /metrics answer without an API key (for Prometheus or an "
+                   "inference gateway's endpoint picker, which send none)")
     p.add_argument("--ready-file", type=Path, default=None,
                    help='write {"url", "pid"} as JSON here once the server answers '
                    "(a line 'EDGEINFER_READY {...}' also goes to stdout)")
@@ -167,7 +177,9 @@ def _select(config: ServerConfig, args: argparse.Namespace) -> ServerConfig:
                           "--allow-unauthenticated-network")
     send_timeout = config.send_timeout if args.send_timeout is None else args.send_timeout
     return replace(config, host=host, port=config.port if args.port is None else args.port,
-                   models=models, api_keys=tuple(keys), send_timeout=send_timeout)
+                   models=models, api_keys=tuple(keys), send_timeout=send_timeout,
+                   serve_while_loading=config.serve_while_loading or args.serve_while_loading,
+                   open_metrics=config.open_metrics or args.open_metrics)
 
 
 def serve(args: argparse.Namespace) -> int:
@@ -184,7 +196,8 @@ def serve(args: argparse.Namespace) -> int:
     uv = uvicorn.Config(app, host=config.host, port=config.port, log_level=args.log_level,
                         access_log=args.log_level == "debug", lifespan="on",
                         timeout_graceful_shutdown=int(args.shutdown_grace) + 5)
-    server = EdgeServer(uv, app, args.shutdown_grace, args.ready_file, args.parent_pid)
+    server = EdgeServer(uv, app, args.shutdown_grace, args.ready_file, args.parent_pid,
+                        drain_delay=args.drain_delay)
     server.run()
     return 0 if server.started else 1
 
@@ -255,7 +268,8 @@ def chat(args: argparse.Namespace) -> int:
     return chat_loop(args.url, args.model, args.system, args.api_key)
 
 
-def main(argv: list[str] | None = None) -> int:
+def build_parser() -> argparse.ArgumentParser:
+    """The command line: one sub-command per task (see ``main``)."""
     parser = argparse.ArgumentParser(prog="edgeinfer", description="A local LLM server on "
                                      "llama.cpp with continuous batching. With no command: "
                                      "serve.")
@@ -265,6 +279,11 @@ def main(argv: list[str] | None = None) -> int:
     for add in (_serve_parser, _models_parser, _pull_parser, _quantize_parser, _bench_parser,
                 _chat_parser):
         add(sub)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
     argv = sys.argv[1:] if argv is None else argv
     if not argv or argv[0].startswith("-") and argv[0] not in ("-h", "--help", "--version"):
         argv = ["serve", *argv]

@@ -24,6 +24,7 @@ import uvicorn
 from sse_starlette.sse import AppStatus
 
 from edgeinfer import __version__
+from edgeinfer.models.pool import ModelState
 
 log = logging.getLogger("edgeinfer")
 
@@ -42,6 +43,9 @@ def _summary(app: Any, url: str) -> str:
                      f"~{served.runtime.memory_bytes() >> 20} MiB")
     for mid, err in pool.failed.items():
         lines.append(f"  {mid}: FAILED - {err}")
+    for mid, entry in pool.entries.items():
+        if entry.state is ModelState.LOADING:  # --serve-while-loading: /ready says when
+            lines.append(f"  {mid}: loading")
     lines.append(f"  try: curl {url}/v1/chat/completions -H 'content-type: application/json' "
                  """-d '{"model": "default", "messages": [{"role": "user", "content": "Hi"}]}'""")
     return "\n".join(lines)
@@ -57,16 +61,20 @@ def _alive(pid: int) -> bool:
 class EdgeServer(uvicorn.Server):
     """uvicorn's server with edgeinfer's shutdown and start-up behaviour.
 
-    First SIGTERM/SIGINT: stop accepting, let running requests finish for
-    ``grace`` seconds, then end the rest with an error event; exit status 0.
+    First SIGTERM/SIGINT: /ready answers 503 (draining); after ``drain_delay``
+    seconds of serving as before (0: at once), stop accepting, let running requests
+    finish for ``grace`` seconds, then end the rest with an error event; exit status 0.
     Second signal: exit now.
     """
 
     def __init__(self, config: uvicorn.Config, app: Any, grace: float,
-                 ready_file: Path | None = None, parent_pid: int | None = None) -> None:
+                 ready_file: Path | None = None, parent_pid: int | None = None,
+                 drain_delay: float = 0.0) -> None:
         super().__init__(config)
         self.app = app
         self.grace = grace
+        self.drain_delay = drain_delay
+        self._signalled = False
         self.ready_file = ready_file
         self.parent_pid = parent_pid
         # sse-starlette would cut every stream at the first signal; we drain instead
@@ -105,9 +113,25 @@ class EdgeServer(uvicorn.Server):
             threading.Event().wait(0.5)
 
     def handle_exit(self, sig: int, frame: Any) -> None:
-        if self.should_exit:
+        if self._signalled:
             log.warning("second signal: exiting now")
-            self.force_exit = True
+            self.should_exit = self.force_exit = True
+            return
+        self._signalled = True
+        lifecycle = getattr(self.app.state, "lifecycle", None)
+        if lifecycle is not None:
+            lifecycle.drain()  # /ready: 503 from now on
+        if self.drain_delay <= 0:
+            self._stop_accepting()
+            return
+        log.info("draining: /ready answers 503; serving on for %gs before shutting down",
+                 self.drain_delay)
+        timer = threading.Timer(self.drain_delay, self._stop_accepting)
+        timer.daemon = True
+        timer.start()
+
+    def _stop_accepting(self) -> None:
+        if self.should_exit:  # a second signal came first
             return
         self.should_exit = True
         log.info("shutting down: running requests have %gs to finish", self.grace)

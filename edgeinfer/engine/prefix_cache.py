@@ -61,6 +61,7 @@ class PrefixCache:
     def __init__(self, runtime: LlamaRuntime, first_id: int, entries: int, enabled: bool,
                  ram_bytes: int = 0, checkpoint_every: int | None = None) -> None:
         self.rt = runtime
+        self.num_slots = first_id  # slots are sequence ids 0 .. first_id - 1
         self.checkpoint_every = checkpoint_every
         if checkpoint_every is not None:  # checkpoint mode: RAM only
             entries = 0
@@ -275,13 +276,20 @@ class PrefixCache:
                 n += 1
         return n
 
+    def cells_in_use(self, entries: list[CacheEntry]) -> int:
+        """KV cells the engine cannot free for new work: those of running requests (the
+        slots) and of pinned prefixes. Cells of other cached prefixes are evicted on demand,
+        so they count as free (as vLLM counts cached blocks no request uses)."""
+        held = set(range(self.num_slots)) | {e.seq_id for e in entries if e.pinned}
+        return self.index.tokens_held_by(held)
+
     def snapshot(self) -> dict[str, object]:
         """Counters for operators; safe to call from another thread."""
         s = self.stats
         entries = list(self.entries.values())  # may be read off the engine thread
         return {
             "enabled": self.enabled, "mode": self.mode, "checkpoints": s.checkpoints,
-            "cells_used": self.index.num_tokens,
+            "cells_used": self.index.num_tokens, "cells_in_use": self.cells_in_use(entries),
             "entries": len(entries), "pinned": sum(e.pinned for e in entries),
             "hits": s.hits, "hit_tokens": s.hit_tokens, "misses": s.misses,
             "evictions": s.evictions, "kept": s.kept, "restored": s.restored,

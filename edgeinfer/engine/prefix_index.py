@@ -55,6 +55,22 @@ class PrefixIndex:
     def holders(self) -> list[int]:
         return list(self._ends)
 
+    def tokens_held_by(self, holders: set[int]) -> int:
+        """Distinct tokens (KV cells) held by at least one of ``holders``.
+
+        Safe to call off the engine thread: it walks copies of each node's children and
+        never raises on a tree that changes meanwhile (a gauge's figure, not an invariant).
+        A node's holders are a subset of its parent's, so an unheld node's subtree is skipped.
+        """
+        total = 0
+        stack = list(self._root.children.values())
+        while stack:
+            node = stack.pop()
+            if node.holders & holders:
+                total += len(node.key)
+                stack.extend(list(node.children.values()))
+        return total
+
     def length(self, holder: int) -> int:
         end = self._ends.get(holder)
         return end[1] if end else 0
