@@ -39,13 +39,16 @@ _MODEL_KEYS = {
     "request_timeout", "tags", "preload", "ttl", "fallback", "max_slots_per_request",
     "reasoning_format", "chat_template_file", "tool_format", "cache_disk_mb",
     "cache_ram_mb", "swa_full", "prefill_batch", "step_target_ms", "cache_mode",
-    "checkpoint_every", "cache_disk_hot", "speculative", "draft_max",
+    "checkpoint_every", "cache_disk_hot", "speculative", "draft_max", "cache_type_k",
+    "cache_type_v",
 }
 TOOL_FORMATS = ("auto", "hermes", "llama3", "mistral", "granite", "mistral_args", "deepseek_v3",
                 "deepseek_r1", "qwen3_coder", "gemma4", "harmony", "generic")
 REASONING_FORMATS = ("auto", "deepseek", "none")  # see edgeinfer.prompt.reasoning
 TAGS = {"chat", "completion", "code", "tools", "reasoning"}
 
+
+KV_CACHE_TYPES = ("f16", "bf16", "f32", "q8_0", "q4_0")  # engine.kv sizes them
 
 @dataclass(frozen=True, slots=True)
 class PackageSource:
@@ -113,6 +116,9 @@ class ModelConfig:
     # without) or "off"; draft_max bounds a sequence's drafts per step
     speculative: str = "ngram"
     draft_max: int = 8
+    # the KV cache's types: f16 (default), bf16, f32, q8_0 (about half of f16), q4_0
+    cache_type_k: str = "f16"
+    cache_type_v: str = "f16"
     tags: tuple[str, ...] = ("chat",)  # what the router may send here
     preload: bool = False  # load at start-up (the first model always is)
     ttl: float | None = None  # seconds idle before it is unloaded (None: never)
@@ -160,6 +166,9 @@ class ModelConfig:
         if self.cache_mode not in ("auto", "checkpoint"):
             raise ConfigError(f"model {self.id!r}: cache_mode must be \"auto\" or "
                               "\"checkpoint\"")
+        if not {self.cache_type_k, self.cache_type_v} <= set(KV_CACHE_TYPES):
+            raise ConfigError(f"model {self.id!r}: cache_type_k and cache_type_v must be one "
+                              f"of {', '.join(KV_CACHE_TYPES)}")
         if self.speculative not in ("ngram", "off") or not 1 <= self.draft_max <= 32:
             raise ConfigError(f"model {self.id!r}: speculative must be \"ngram\" or \"off\" "
                               "and draft_max between 1 and 32")

@@ -33,7 +33,7 @@ from edgeinfer.engine.handles import (
     ModelPtr,
     VocabPtr,
 )
-from edgeinfer.engine.kv import kv_bytes_per_token, serving_bytes
+from edgeinfer.engine.kv import KV_TYPES, kv_bytes_per_token, serving_bytes
 from edgeinfer.errors import ModelLoadError
 
 log = logging.getLogger("edgeinfer.llama")
@@ -179,6 +179,8 @@ class LlamaRuntime:
         cparams.n_threads_batch = cfg.threads
         cparams.kv_unified = True
         cparams.swa_full = cfg.swa_full
+        cparams.type_k = KV_TYPES[cfg.cache_type_k][0]
+        cparams.type_v = KV_TYPES[cfg.cache_type_v][0]
         cparams.flash_attn_type = -1  # LLAMA_FLASH_ATTN_TYPE_AUTO, as llama-server
         cparams.no_perf = True
         return cparams
@@ -221,7 +223,8 @@ class LlamaRuntime:
         return kv_bytes_per_token(
             llama_cpp.llama_model_n_layer(m), llama_cpp.llama_model_n_embd(m),
             llama_cpp.llama_model_n_head(m), llama_cpp.llama_model_n_head_kv(m),
-            int(key_length) if key_length and key_length.isdigit() else 0)
+            int(key_length) if key_length and key_length.isdigit() else 0,
+            self.cfg.cache_type_k, self.cfg.cache_type_v)
 
     def _token_text(self, token: int) -> str:
         if token < 0:

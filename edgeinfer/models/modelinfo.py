@@ -16,7 +16,7 @@ from gguf import LlamaFileType
 
 from edgeinfer.config import DerivedSource, ModelConfig, PackageSource
 from edgeinfer.engine import native
-from edgeinfer.engine.kv import kv_bytes_per_token, serving_bytes
+from edgeinfer.engine.kv import kv_bytes_per_token, kv_scale, serving_bytes
 from edgeinfer.errors import ConfigError, EdgeInferError, ModelLoadError
 from edgeinfer.models.source import cache_dir, check_gguf, resolve_model_path
 from edgeinfer.prompt.reasoning import splits
@@ -138,7 +138,8 @@ def describe(cfg: ModelConfig, models: dict[str, ModelConfig] | None = None) -> 
     except (ModelLoadError, ValueError, OSError) as exc:
         return {**row, "status": "unavailable", "error": str(exc)}
     size = path.stat().st_size
-    memory = serving_bytes(size, facts["kv_bytes_per_token"], cfg.context)
+    per_token = round(facts["kv_bytes_per_token"] * kv_scale(cfg.cache_type_k, cfg.cache_type_v))
+    memory = serving_bytes(size, per_token, cfg.context)
     source = cfg.chat_template or facts["chat_template"] or CHATML
     return {**row, "status": "cached", "path": str(path), "arch": facts["arch"],
             "quant": facts["quant"], "size_mib": round(size / 2**20, 1),
@@ -186,7 +187,8 @@ def render_table(rows: list[dict[str, Any]]) -> str:
         lines.append(f"{r['id']:<28} {r['arch']:<10} {r['quant']:<8} {r['size_mib']:>9} "
                      f"{r['memory_mib']:>10} {r['tool_format']:<12} {r['reasoning']:<9} "
                      f"{_cache_text(r['cache']):<22}  {r['path']}")
-    lines.append("serve MiB: weights plus the f16 KV cache for the configured context; tools: "
+    lines.append("serve MiB: weights plus the KV cache (in its configured types) for the "
+                 "configured context; tools: "
                  "the tool-call format; reasoning: reasoning blocks split from the answer; "
                  "cache tiers: the RAM budget, and the pinned prefixes saved on disk (files / "
                  "MiB); ckpt: prefixes reused from whole saved states (recurrent, hybrid)")

@@ -13,6 +13,7 @@ from pathlib import Path
 import psutil
 
 from edgeinfer.config import ModelConfig, ServerConfig
+from edgeinfer.engine.kv import kv_scale
 from edgeinfer.errors import APIError, ModelLoadError, NotFound, Unavailable
 from edgeinfer.models.modelinfo import gguf_facts
 from edgeinfer.models.served import ServedModel, load_model
@@ -63,7 +64,8 @@ def estimate_bytes(cfg: ModelConfig, path: Path) -> int:
     ``engine.kv``, from the GGUF's shapes) and MODEL_OVERHEAD. Blocking (reads the file's
     header)."""
     try:
-        per_token = int(gguf_facts(path)["kv_bytes_per_token"])
+        per_token = round(int(gguf_facts(path)["kv_bytes_per_token"])
+                          * kv_scale(cfg.cache_type_k, cfg.cache_type_v))
     except Exception:  # a broken file fails to load later, with its reason
         per_token = 0
     return path.stat().st_size + per_token * cfg.context + MODEL_OVERHEAD

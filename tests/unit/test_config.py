@@ -60,3 +60,15 @@ gpu_layers = 99
 def test_invalid_configs_are_clear(tmp_path: Path, body: str) -> None:
     with pytest.raises(ConfigError):
         load_config(write(tmp_path, body))
+
+
+def test_kv_cache_types_are_checked_and_sized() -> None:
+    from edgeinfer.config import ConfigError, ModelConfig
+    from edgeinfer.engine.kv import kv_bytes_per_token, kv_scale
+
+    with pytest.raises(ConfigError, match="cache_type_k and cache_type_v"):
+        ModelConfig(id="m", path=Path("m.gguf"), cache_type_v="q5_9")
+    f16 = kv_bytes_per_token(30, 576, 9, 3)
+    assert f16 == 2 * 30 * 3 * 64 * 2
+    assert kv_bytes_per_token(30, 576, 9, 3, type_k="q8_0", type_v="q8_0") == round(f16 * 34 / 64)
+    assert kv_scale("q8_0", "f16") == (34 / 32 + 2) / 4
