@@ -82,7 +82,22 @@ def _serve_parser(sub: Sub) -> None:
     p.add_argument("--allow-unauthenticated-network", action="store_true",
                    help="let --host bind a non-loopback address without API keys: anyone who "
                    "can reach the address can use the server")
+    _ray_options(p)
     p.set_defaults(func=serve)
+
+
+def _ray_options(p: argparse.ArgumentParser) -> None:
+    g = p.add_argument_group("on a Ray cluster (pip install 'edgeinfer[ray]'; docs/ray.md)")
+    g.add_argument("--ray", nargs="?", const="", default=None, metavar="ADDRESS",
+                   help="serve on Ray Serve: join the cluster at ADDRESS (without it: the "
+                   "local one `ray start` started, or a new one); --host/--port are its proxy's")
+    g.add_argument("--replicas", type=int, default=2,
+                   help="engine replicas (with --max-replicas: the fewest); default 2")
+    g.add_argument("--max-replicas", type=int, default=None,
+                   help="autoscale up to this many replicas on ongoing requests per replica")
+    g.add_argument("--router", choices=["prefix", "pow2"], default="prefix",
+                   help="prefix: send a prompt where its prefix is cached (default); "
+                   "pow2: Ray Serve's default power of two choices")
 
 
 def _models_parser(sub: Sub) -> None:
@@ -189,6 +204,8 @@ def serve(args: argparse.Namespace) -> int:
     from edgeinfer.cli.server import EdgeServer
 
     config = _select(load_config(args.config), args)
+    if args.ray is not None:
+        return _serve_on_ray(config, args)
     app = create_app(config)
     log.info("edgeinfer %s: loading %s for http://%s:%d%s", __version__,
              ", ".join(m.id for m in config.models), config.host, config.port,
@@ -200,6 +217,19 @@ def serve(args: argparse.Namespace) -> int:
                         drain_delay=args.drain_delay)
     server.run()
     return 0 if server.started else 1
+
+
+def _serve_on_ray(config: ServerConfig, args: argparse.Namespace) -> int:
+    try:
+        from edgeinfer.cluster.app import ClusterOptions
+        from edgeinfer.cluster.launch import serve_on_ray
+    except ImportError as exc:
+        raise ConfigError(f"--ray needs Ray: pip install 'edgeinfer[ray]' ({exc})") from None
+    if config.port == 0:
+        raise ConfigError("--ray needs a fixed --port (Ray Serve's proxy port)")
+    opts = ClusterOptions(replicas=args.replicas, max_replicas=args.max_replicas,
+                          router=args.router, drain_s=args.shutdown_grace)
+    return serve_on_ray(config, args.ray or None, opts)
 
 
 def models(args: argparse.Namespace) -> int:

@@ -11,9 +11,10 @@ import pytest
 
 PACKAGE = Path(__file__).resolve().parents[2] / "edgeinfer"
 # bottom to top; a module may import its own layer and the ones below it
-LAYERS = ["config", "errors", "engine", "prompt", "models", "service", "api", "cli", "inprocess"]
+LAYERS = ["config", "errors", "engine", "prompt", "models", "service", "api", "cli", "inprocess",
+          "cluster"]
 RANK = {"config": 0, "errors": 0, "engine": 1, "prompt": 2, "models": 3, "service": 4,
-        "api": 5, "cli": 6, "inprocess": 6, "__main__": 7, "__init__": 0}
+        "api": 5, "cli": 6, "inprocess": 6, "cluster": 6, "__main__": 7, "__init__": 0}
 NATIVE_LAYERS = {"engine", "models"}
 MAX_MODULE_LINES = 400
 MAX_FUNCTION_LINES = 60
