@@ -77,14 +77,8 @@ MAX_BODY_BYTES = 8 * 1024 * 1024
 THREAD_PARSE_BYTES = 64 * 1024
 
 
-async def read_json(request: Request) -> Any:
-    """The request's body as strict JSON: 415 for another content type, 413 past
-    MAX_BODY_BYTES (declared or read), 400 for anything ``loads`` refuses. A large body
-    is parsed off the event loop."""
-    ctype = request.headers.get("content-type", "application/json").split(";")[0].strip().lower()
-    if ctype not in ("application/json", ""):
-        raise UnsupportedMediaType(f"the request body must be application/json, not {ctype}",
-                                   code="unsupported_media_type")
+async def read_bytes(request: Request) -> bytes:
+    """The request's body, 413 past MAX_BODY_BYTES (declared or read)."""
     declared = request.headers.get("content-length")
     if declared is not None and declared.isdigit() and int(declared) > MAX_BODY_BYTES:
         raise PayloadTooLarge(f"request body exceeds {MAX_BODY_BYTES} bytes",
@@ -95,6 +89,18 @@ async def read_json(request: Request) -> Any:
         if len(body) > MAX_BODY_BYTES:
             raise PayloadTooLarge(f"request body exceeds {MAX_BODY_BYTES} bytes",
                                   code="request_too_large")
+    return bytes(body)
+
+
+async def read_json(request: Request) -> Any:
+    """The request's body as strict JSON: 415 for another content type, 413 past
+    MAX_BODY_BYTES (declared or read), 400 for anything ``loads`` refuses. A large body
+    is parsed off the event loop."""
+    ctype = request.headers.get("content-type", "application/json").split(";")[0].strip().lower()
+    if ctype not in ("application/json", ""):
+        raise UnsupportedMediaType(f"the request body must be application/json, not {ctype}",
+                                   code="unsupported_media_type")
+    body = await read_bytes(request)
     if len(body) > THREAD_PARSE_BYTES:
         return await asyncio.to_thread(loads, body)
     return loads(body)

@@ -22,11 +22,11 @@ from ray.serve.handle import DeploymentHandle, DeploymentResponseGenerator
 from starlette.requests import Request
 from starlette.responses import Response, StreamingResponse
 
-from edgeinfer.api.body import MAX_BODY_BYTES
+from edgeinfer.api.body import read_bytes
 from edgeinfer.api.errors import error_response
 from edgeinfer.cluster.exchange import Envelope, Head, stream_error
 from edgeinfer.cluster.prefix import prefix_key
-from edgeinfer.errors import APIError, Overloaded, PayloadTooLarge, ServerError, Unavailable
+from edgeinfer.errors import APIError, Overloaded, ServerError, Unavailable
 
 log = logging.getLogger("edgeinfer.cluster")
 
@@ -39,18 +39,6 @@ def app_path(scope: Mapping[str, Any]) -> str:
     return path or "/"
 
 
-async def read_body(request: Request) -> bytes:
-    declared = request.headers.get("content-length", "")
-    if declared.isdigit() and int(declared) > MAX_BODY_BYTES:
-        raise PayloadTooLarge(f"request body exceeds {MAX_BODY_BYTES} bytes",
-                              code="body_too_large")
-    body = bytearray()
-    async for chunk in request.stream():
-        body += chunk
-        if len(body) > MAX_BODY_BYTES:
-            raise PayloadTooLarge(f"request body exceeds {MAX_BODY_BYTES} bytes",
-                                  code="body_too_large")
-    return bytes(body)
 
 
 class IngressForwarder:
@@ -63,7 +51,7 @@ class IngressForwarder:
     async def __call__(self, request: Request) -> Response:
         path = app_path(request.scope)
         try:
-            body = await read_body(request)
+            body = await read_bytes(request)
         except APIError as exc:
             return error_response(exc, path)
         client = request.client
