@@ -40,7 +40,7 @@ _MODEL_KEYS = {
     "reasoning_format", "chat_template_file", "tool_format", "cache_disk_mb",
     "cache_ram_mb", "swa_full", "prefill_batch", "step_target_ms", "cache_mode",
     "checkpoint_every", "cache_disk_hot", "speculative", "draft_max", "cache_type_k",
-    "cache_type_v",
+    "cache_type_v", "deterministic",
 }
 TOOL_FORMATS = ("auto", "hermes", "llama3", "mistral", "granite", "mistral_args", "deepseek_v3",
                 "deepseek_r1", "qwen3_coder", "gemma4", "harmony", "generic")
@@ -119,6 +119,9 @@ class ModelConfig:
     # the KV cache's types: f16 (default), bf16, f32, q8_0 (about half of f16), q4_0
     cache_type_k: str = "f16"
     cache_type_v: str = "f16"
+    # every request's output independent of the others' (a request's "deterministic"
+    # overrides it): its tokens go in llama_decode calls of their own (engine.invariance)
+    deterministic: bool = False
     tags: tuple[str, ...] = ("chat",)  # what the router may send here
     preload: bool = False  # load at start-up (the first model always is)
     ttl: float | None = None  # seconds idle before it is unloaded (None: never)
@@ -145,9 +148,12 @@ class ModelConfig:
                               "request_timeout > 0")
         if self.batch < self.slots:
             raise ConfigError(f"model {self.id!r}: batch must be >= slots")
-        if self.cache_entries < 0 or self.slots + self.cache_entries > 256:
-            raise ConfigError(f"model {self.id!r}: slots plus cache_entries must be at most 256 "
-                              "(llama.cpp's sequence limit)")
+        # llama.cpp's limit is 256 sequences; one is the deterministic mode's scratch
+        if self.cache_entries < 0 or self.slots + self.cache_entries > 255:
+            raise ConfigError(f"model {self.id!r}: slots plus cache_entries must be at most 255 "
+                              "(llama.cpp's sequence limit, less one)")
+        if not isinstance(self.deterministic, bool):
+            raise ConfigError(f"model {self.id!r}: deterministic must be true or false")
         if not set(self.tags) <= TAGS:
             raise ConfigError(f"model {self.id!r}: tags must be among {sorted(TAGS)}")
         if self.max_tokens is not None and self.max_tokens < 1:

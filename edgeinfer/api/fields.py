@@ -134,6 +134,9 @@ def sampling_params(b: Body, max_tokens: int | None,
         logit_bias=logit_bias(b),
         logprobs=logprobs,
         speculative=b.boolean("speculative", True),
+        # None: the model's setting
+        deterministic=(b.boolean("deterministic") if b.body.get("deterministic") is not None
+                       else None),
     )
 
 

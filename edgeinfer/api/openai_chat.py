@@ -27,7 +27,7 @@ FIELDS = {
     "model", "stream", "stream_options", "max_tokens", "temperature", "top_p", "top_k", "min_p",
     "presence_penalty", "frequency_penalty", "repeat_penalty", "repeat_last_n", "seed", "stop",
     "n", "logit_bias", "user", "ignore_eos", "metadata", "store", "service_tier", "cache_prompt",
-    "speculative",
+    "speculative", "deterministic",
     "priority", "messages", "max_completion_tokens", "response_format", "logprobs",
     "top_logprobs", "tools", "tool_choice", "parallel_tool_calls", "grammar",
     "reasoning_format", "chat_template_kwargs", "reasoning_effort", "reasoning_budget",

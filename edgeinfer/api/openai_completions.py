@@ -19,7 +19,7 @@ FIELDS = {
     "model", "stream", "stream_options", "max_tokens", "temperature", "top_p", "top_k", "min_p",
     "presence_penalty", "frequency_penalty", "repeat_penalty", "repeat_last_n", "seed", "stop",
     "n", "logit_bias", "user", "ignore_eos", "metadata", "store", "service_tier", "cache_prompt",
-    "speculative",
+    "speculative", "deterministic",
     "priority", "prompt", "echo", "logprobs", "best_of", "suffix", "grammar",
 }
 

@@ -35,6 +35,7 @@ _SAMPLING: dict[str, Any] = {
     "ignore_eos": _BOOL,
     "cache_prompt": _BOOL,
     "speculative": _BOOL,
+    "deterministic": _BOOL,
     "priority": {"type": "integer", "minimum": -10, "maximum": 10},
     "metadata": {"type": "object"},
     "store": _BOOL,

@@ -22,7 +22,7 @@ import threading
 import time
 from collections.abc import AsyncIterator, Callable
 
-from edgeinfer.engine import finishing, speculation
+from edgeinfer.engine import finishing, invariance, speculation
 from edgeinfer.engine.batch import Run
 from edgeinfer.engine.decode_errors import DECODE_OK, after_decode_error
 from edgeinfer.engine.delta import Delta, Failure, FailureCode
@@ -223,8 +223,11 @@ class Engine:
                 FailureCode.SAMPLER, str(exc)))))
             return
         self._outputs[seq] = out
-        seq.drafter = speculation.drafter_for(self.runtime.cfg, self.runtime.memory_kind,
-                                              seq.params)
+        cfg = self.runtime.cfg
+        det = seq.params.deterministic
+        seq.deterministic = cfg.deterministic if det is None else det
+        seq.drafter = None if seq.deterministic else speculation.drafter_for(
+            cfg, self.runtime.memory_kind, seq.params)
         self.scheduler.add(seq, time.monotonic())
 
     def _eog(self) -> tuple[int, ...]:
@@ -239,22 +242,31 @@ class Engine:
         chunks = self._schedule()
         if not chunks:
             return
+        # one llama_decode, or more when deterministic sequences run (``invariance``)
+        for call in invariance.calls(chunks):
+            self._decode([c for c in call if c.seq.status is SequenceStatus.RUNNING])
+        self.stats.steps += 1
+        self.stats.step_seconds += time.perf_counter() - t0
+
+    def _decode(self, chunks: list[Chunk]) -> None:
+        """One llama_decode of ``chunks``, then their tokens sampled (or the error handled)."""
+        if not chunks:
+            return
         runs = [Run(c.seq.slot, c.start, c.tokens, c.wants_logits, c.drafts)
                 for c in chunks if c.seq.slot is not None]
         assert len(runs) == len(chunks), "a scheduled sequence holds a slot"
+        padded = invariance.pad(runs, chunks, self.runtime.scratch_seq)
         t1 = time.perf_counter()
         decoded = self.runtime.decode(runs)
         t2 = time.perf_counter()
+        if padded:
+            self.runtime.seq_rm(self.runtime.scratch_seq)
         if decoded.rc != DECODE_OK:
             self._on_decode_error(decoded.rc, chunks)
         else:
             self._postprocess(chunks, decoded.outputs, t2)
-        t3 = time.perf_counter()
         self.scheduler.note_step(sum(len(r.tokens) for r in runs), t2 - t1)
-        st = self.stats
-        st.steps += 1
-        st.decode_seconds += t2 - t1
-        st.step_seconds += t3 - t0
+        self.stats.decode_seconds += t2 - t1
 
     def _schedule(self) -> list[Chunk]:
         """End requests past their time limit, admit waiting ones (with their cached
@@ -281,7 +293,8 @@ class Engine:
         self.scheduler.commit(chunks)
         for chunk in chunks:
             assert chunk.seq.slot is not None
-            self.cache.committed(chunk.seq.slot, chunk.tokens, chunk.end in chunk.seq.checkpoints)
+            self.cache.committed(chunk.seq.slot, chunk.tokens, chunk.end in chunk.seq.checkpoints,
+                                 chunk.seq.deterministic)
         indexes = iter(outputs)
         for chunk in chunks:
             seq = chunk.seq

@@ -16,13 +16,16 @@ def attach(cache: PrefixCache, running: list[Sequence], seq: Sequence) -> None:
     if not seq.use_cache or not cache.enabled:
         cache.count_lookup(0)
         return
-    seq.num_computed = seq.num_cached = cache.attach(seq.slot, seq.prompt, limit)
+    seq.num_computed = seq.num_cached = cache.attach(seq.slot, seq.prompt, limit,
+                                                     seq.deterministic)
     seq.checkpoints = cache.checkpoints_for(seq.num_prompt, seq.num_computed)
     cache.count_lookup(seq.num_cached)
     best: PrefixWait | None = None
     for other in running:
         # only older requests: waits then always point back in time, never in a cycle
         if other.arrival >= seq.arrival or not other.is_prefilling or not other.use_cache:
+            continue
+        if seq.deterministic and not other.deterministic:  # (see ``engine.invariance``)
             continue
         shared = min(common_prefix(other.prompt, seq.prompt), limit)
         if cache.checkpoint_every is not None:  # only a saved state is shared
@@ -44,7 +47,7 @@ def resume_waiters(cache: PrefixCache, running: list[Sequence]) -> None:
             continue
         seq.waiting_on = None
         assert seq.slot is not None
-        got = cache.attach(seq.slot, seq.prompt, seq.num_prompt - 1)
+        got = cache.attach(seq.slot, seq.prompt, seq.num_prompt - 1, seq.deterministic)
         if got > seq.num_computed:
             cache.stats.hit_tokens += got - seq.num_computed
             seq.num_computed = seq.num_cached = got

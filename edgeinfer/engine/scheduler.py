@@ -48,6 +48,8 @@ AGING_SECONDS = 10.0
 # the smallest prompt chunk a step-time target leaves a step (below it, per-step costs
 # dominate and the prompt would crawl)
 MIN_CHUNK = 32
+# a deterministic sequence's largest prompt piece (see ``invariance``)
+DETERMINISTIC_PIECE = 32
 
 
 class Scheduler:
@@ -165,6 +167,8 @@ class Scheduler:
                 break
             if seq.is_prefilling and seq.waiting_on is None:
                 n = min(budget, seq.prefill_stop - seq.num_computed)
+                if seq.deterministic:  # pieces that keep its calls small (``invariance``)
+                    n = min(n, DETERMINISTIC_PIECE)
                 start = seq.num_computed
                 done = start + n == seq.num_prompt
                 chunks.append(Chunk(seq, start, seq.tokens[start : start + n], done))

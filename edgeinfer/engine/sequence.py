@@ -61,6 +61,8 @@ class SamplingParams:
     logprobs: int | None = None  # None: off; k: the sampled token's and the top k
     grammar: str | None = None  # GBNF constraining the output (root rule "root")
     speculative: bool = True  # drafts may be verified for this request (the model's setting)
+    # the output does not depend on other requests (``invariance``); None: the model's setting
+    deterministic: bool | None = None
     # lazy grammar: free text until one of these words appears, the grammar from there on
     grammar_triggers: tuple[str, ...] = ()
     # the output starts inside a reasoning block: after this many tokens, close it by
@@ -114,6 +116,7 @@ class Sequence:
     # prefix cache's checkpoints; empty for memories whose cells are shared instead)
     checkpoints: tuple[int, ...] = ()
     drafter: NgramDrafter | None = None  # speculative decoding (None: off for this one)
+    deterministic: bool = False  # computed in calls of its own (``invariance``)
 
     def __post_init__(self) -> None:
         if not self.tokens:

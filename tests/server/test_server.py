@@ -132,6 +132,38 @@ def test_greedy_request_alone_and_among_others(aclient: openai.AsyncOpenAI) -> N
     assert all(batched)
 
 
+def test_deterministic_request_through_the_openai_client(aclient: openai.AsyncOpenAI,
+                                                        client: openai.OpenAI) -> None:
+    """``"deterministic": true`` (engine.invariance): 128 greedy tokens and their
+    log-probabilities are the same alone, among 7 other streams, and from the cache."""
+    ask = [{"role": "user", "content": "Tell a long story about a lighthouse keeper."}]
+
+    async def run(messages: list[dict[str, str]], det: bool, cache: bool = True
+                  ) -> tuple[str, list[object]]:
+        r = await aclient.chat.completions.create(
+            model="default", messages=messages, max_tokens=128, temperature=0, logprobs=True,
+            top_logprobs=2, extra_body={"deterministic": det, "ignore_eos": True,
+                                        "cache_prompt": cache})
+        lp = r.choices[0].logprobs
+        assert lp is not None and lp.content is not None
+        return r.choices[0].message.content or "", [t.model_dump() for t in lp.content]
+
+    async def main() -> tuple[object, object, object]:
+        alone = await run(ask, True)
+        others = [[{"role": "user", "content": f"Write about the number {i}. " * (i + 1)}]
+                  for i in range(7)]
+        busy = await asyncio.gather(*(run(m, False) for m in others), run(ask, True, False))
+        cached = await run(ask, True)
+        return alone, busy[-1], cached
+
+    alone, busy, cached = asyncio.run(main())
+    assert busy == alone
+    assert cached == alone
+    with pytest.raises(openai.BadRequestError):
+        client.chat.completions.create(model="default", messages=ask, max_tokens=1,
+                                       extra_body={"deterministic": "yes"})
+
+
 def _wait_idle(server: ServerProcess, timeout: float = 10.0) -> dict[str, object]:
     deadline = time.monotonic() + timeout
     stats = server.engine_stats()

@@ -1,0 +1,60 @@
+"""Deterministic mode: a sequence's numbers do not depend on what else the engine runs.
+
+llama.cpp's CPU kernels give a token's logits bit for bit whatever other rows share its
+batch (each matrix row is its own dot products; flash attention skips the cells other
+sequences own), except where a kernel is chosen by the shape of the whole batch:
+
+- flash attention takes a tiled path when a batch has 64 query rows or more, and a
+  KV-split path (partial sums per thread over the KV view, whose length other sequences
+  set) when it has exactly one row and the view is 512 cells or longer;
+- so the same token, computed in a big prompt step, beside one other stream, or alone,
+  can come out with different rounding, and a greedy answer parts after a few tokens.
+
+A deterministic sequence's tokens therefore go in llama_decode calls of their own that
+always take the plain path: between 2 and ``MAX_ROWS`` rows (a lone row gets a pad row
+of a scratch sequence, removed right after), and its prompt in pieces of at most
+``PIECE`` tokens. Its cells are laid out in position order as long as the cache has no
+free cells before them (llama.cpp fills the lowest free cell from its head; a removal
+moves the head back to the freed cells), which holds in normal serving: finished
+requests stay cached, rejected drafts are refilled at once. A prefix from the cache is
+taken only as far as it was itself computed this way (``PrefixCache.attach``). The
+cost: one more llama_decode per step while deterministic and other sequences run, and
+prompts in smaller pieces (scripts/bench_determinism.py measures both).
+"""
+
+from __future__ import annotations
+
+from edgeinfer.engine.batch import Run
+from edgeinfer.engine.scheduler import DETERMINISTIC_PIECE, Chunk
+
+# below ggml's tiled flash-attention threshold (GGML_FA_TILE_Q = 64 query rows)
+MAX_ROWS = 63
+PIECE = DETERMINISTIC_PIECE  # a deterministic prompt's largest piece (the scheduler's)
+
+
+def calls(chunks: list[Chunk]) -> list[list[Chunk]]:
+    """The llama_decode calls of one step: every other sequence's chunks in one call, as
+    planned, then the deterministic sequences' chunks in calls of at most ``MAX_ROWS``
+    tokens (one call when nothing is deterministic)."""
+    plain = [c for c in chunks if not c.seq.deterministic]
+    out: list[list[Chunk]] = [plain] if plain else []
+    rows = MAX_ROWS
+    for chunk in chunks:
+        if not chunk.seq.deterministic:
+            continue
+        if rows + len(chunk.tokens) > MAX_ROWS:
+            out.append([])
+            rows = 0
+        out[-1].append(chunk)
+        rows += len(chunk.tokens)
+    return out
+
+
+def pad(runs: list[Run], chunks: list[Chunk], scratch: int) -> bool:
+    """Add a pad row (token 0 of the ``scratch`` sequence) to a deterministic call of one
+    row, so that it takes the same kernel as a call of several; True when added (the
+    caller removes the scratch sequence's cell after the decode)."""
+    if sum(len(r.tokens) for r in runs) != 1 or not chunks[0].seq.deterministic:
+        return False
+    runs.append(Run(scratch, 0, [0], False))
+    return True

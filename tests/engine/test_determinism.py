@@ -1,0 +1,106 @@
+"""Deterministic mode, in-process on the real model: a greedy request's 128 tokens and
+their log-probabilities are bit for bit the same alone, among 7 other requests (long
+prompts computed beside it, other streams speculating), and after a prefix-cache hit.
+Without the mode the same comparison differs, which is what the mode is for."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator, Iterator
+from dataclasses import replace
+
+import pytest
+
+from edgeinfer.config import load_config, override_model
+from edgeinfer.engine.delta import Delta
+from edgeinfer.engine.sequence import SamplingParams
+from edgeinfer.models.served import ServedModel, load_model
+
+STORY = ("Write a long story about a lighthouse keeper named Ada who finds a message in a "
+         "bottle, the storm that follows, and the ship she guides home. ")
+GREEDY = SamplingParams(temperature=0, max_tokens=128, logprobs=3, ignore_eos=True)
+
+Answer = tuple[str, list[object]]
+
+
+class Loop:
+    def __init__(self, served: ServedModel) -> None:
+        self.loop = asyncio.new_event_loop()
+        self.served = served
+        served.engine.start(self.loop)
+
+    def tokens(self, text: str) -> list[int]:
+        return self.served.runtime.tokenize(
+            f"<|im_start|>user\n{text}<|im_end|>\n<|im_start|>assistant\n",
+            add_special=False, parse_special=True)
+
+    async def _one(self, rid: str, prompt: list[int], params: SamplingParams,
+                   use_cache: bool, delay: float = 0.0) -> Answer:
+        await asyncio.sleep(delay)
+        gen: AsyncIterator[Delta] = self.served.engine.generate(rid, prompt, params,
+                                                                use_cache=use_cache)
+        deltas = [d async for d in gen]
+        assert deltas[-1].finish_reason in ("length", "stop"), deltas[-1]
+        return "".join(d.text for d in deltas), [d.logprob for d in deltas if d.logprob]
+
+    def alone(self, rid: str, prompt: list[int], params: SamplingParams,
+              use_cache: bool) -> Answer:
+        return self.loop.run_until_complete(self._one(rid, prompt, params, use_cache))
+
+    def among_others(self, rid: str, prompt: list[int], params: SamplingParams) -> Answer:
+        """The request, 0.3 s after 7 others started (long prompts still being computed,
+        streams generating with speculation on), none of its prefix cached."""
+        others = [(f"{rid}-o{i}", self.tokens(STORY * (1 + 2 * i) + f"Chapter {i}."),
+                   SamplingParams(temperature=0.9, seed=i, max_tokens=80 + 10 * i))
+                  for i in range(7)]
+
+        async def run() -> Answer:
+            tasks = [self._one(r, p, s, True) for r, p, s in others]
+            mine = self._one(rid, prompt, params, False, delay=0.3)
+            *_, answer = await asyncio.gather(*tasks, mine)
+            return answer
+        return self.loop.run_until_complete(run())
+
+    def close(self) -> None:
+        self.served.engine.stop()
+        self.loop.close()
+
+
+@pytest.fixture(scope="module")
+def lp() -> Iterator[Loop]:
+    cfg = override_model(load_config().models[0], context=6144, slots=8, batch=256,
+                         threads=2)
+    loop = Loop(load_model(cfg))
+    yield loop
+    loop.close()
+
+
+def _same(a: Answer, b: Answer) -> bool:
+    return a[0] == b[0] and a[1] == b[1]
+
+
+def test_deterministic_request_is_bit_identical_alone_among_others_and_cached(
+        lp: Loop) -> None:
+    prompt = lp.tokens("Explain, step by step, how a lighthouse lens focuses light, "
+                       "and why the keeper trims the wick every evening. " * 3)
+    params = replace(GREEDY, deterministic=True)
+    alone = lp.alone("d-alone", prompt, params, use_cache=True)
+    assert len(alone[1]) == 128
+    busy = lp.among_others("d-busy", prompt, params)
+    before = lp.served.engine.cache.stats.hit_tokens
+    cached = lp.alone("d-cached", prompt, params, use_cache=True)
+    # its whole prompt but the last token came from the cache
+    assert lp.served.engine.cache.stats.hit_tokens - before == len(prompt) - 1
+    assert busy[0] == alone[0]
+    assert busy[1] == alone[1]  # every token's log-probability (and top 3), bit for bit
+    assert cached[0] == alone[0] and cached[1] == alone[1]
+
+
+def test_without_the_mode_the_same_comparison_differs(lp: Loop) -> None:
+    """The control: the engine's normal batching moves the numbers (so the test above
+    can fail)."""
+    prompt = lp.tokens("Describe the ships that pass a lighthouse on a winter night, "
+                       "one by one, with their names and cargo. " * 3)
+    alone = lp.alone("n-alone", prompt, GREEDY, use_cache=False)
+    busy = lp.among_others("n-busy", prompt, GREEDY)
+    assert not _same(alone, busy)
