@@ -122,6 +122,9 @@ class ModelConfig:
     # every request's output independent of the others' (a request's "deterministic"
     # overrides it): its tokens go in llama_decode calls of their own (engine.invariance)
     deterministic: bool = False
+    # which of context and slots were set (models.toml, --context/--slots); the others
+    # the fit step chooses at load time from the free memory (``models.fit``)
+    explicit: tuple[str, ...] = ("context", "slots")
     tags: tuple[str, ...] = ("chat",)  # what the router may send here
     preload: bool = False  # load at start-up (the first model always is)
     ttl: float | None = None  # seconds idle before it is unloaded (None: never)
@@ -255,6 +258,8 @@ def _model_from_table(table: dict[str, Any], base: Path) -> ModelConfig:
         if key in kwargs:
             kwargs[key] = tuple(kwargs[key])
     kwargs["pinned_prompts"] = tuple(kwargs.get("pinned_prompts", ()))
+    # what is left out, the fit step chooses when the model loads (``models.fit``)
+    kwargs["explicit"] = tuple(k for k in ("context", "slots") if k in table)
     try:
         return ModelConfig(**kwargs)
     except TypeError as exc:
@@ -330,5 +335,8 @@ def read_api_key_file(path: Path) -> list[str]:
 
 
 def override_model(cfg: ModelConfig, **changes: Any) -> ModelConfig:
-    """Return cfg with the non-None values of changes applied."""
-    return replace(cfg, **{k: v for k, v in changes.items() if v is not None})
+    """Return cfg with the non-None values of changes applied (a context or slots given
+    here is kept by the fit step, as one models.toml sets)."""
+    given = {k: v for k, v in changes.items() if v is not None}
+    sized = tuple(sorted(set(cfg.explicit) | ({"context", "slots"} & set(given))))
+    return replace(cfg, **given, explicit=sized)

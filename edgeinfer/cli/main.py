@@ -168,7 +168,9 @@ def _select(config: ServerConfig, args: argparse.Namespace) -> ServerConfig:
     if args.model:
         path = Path(args.model).expanduser()
         if args.model.endswith(".gguf") or path.is_file():
-            models = (ModelConfig(id=path.stem, path=path.resolve(), aliases=("default",)),)
+            # context and slots: the fit step's (unless --context / --slots)
+            models = (ModelConfig(id=path.stem, path=path.resolve(), aliases=("default",),
+                                  explicit=()),)
         else:
             chosen = [m for m in models if args.model in m.names]
             if not chosen:

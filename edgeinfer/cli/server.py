@@ -39,7 +39,8 @@ def _summary(app: Any, url: str) -> str:
         where = f"GPU ({cfg.gpu_layers} layers)" if cfg.gpu_layers else "CPU"
         aliases = f" ({', '.join(cfg.aliases)})" if cfg.aliases else ""
         lines.append(f"  {cfg.id}{aliases}: {info.description}, {where}, {cfg.slots} slots, "
-                     f"{info.n_ctx} KV cells, {cfg.threads} threads, "
+                     f"{info.n_ctx} KV cells{'' if 'context' in cfg.explicit else ' (fit)'}, "
+                     f"{cfg.threads} threads, "
                      f"~{served.runtime.memory_bytes() >> 20} MiB")
     for mid, err in pool.failed.items():
         lines.append(f"  {mid}: FAILED - {err}")

@@ -10,16 +10,17 @@ sequences own), except where a kernel is chosen by the shape of the whole batch:
 - so the same token, computed in a big prompt step, beside one other stream, or alone,
   can come out with different rounding, and a greedy answer parts after a few tokens.
 
-A deterministic sequence's tokens therefore go in llama_decode calls of their own that
-always take the plain path: between 2 and ``MAX_ROWS`` rows (a lone row gets a pad row
-of a scratch sequence, removed right after), and its prompt in pieces of at most
-``PIECE`` tokens. Its cells are laid out in position order as long as the cache has no
+A deterministic sequence's tokens therefore go in llama_decode calls that always take the
+plain path: between 2 and ``MAX_ROWS`` rows (a lone row gets a pad row of a scratch
+sequence, removed right after), shared only with other streams' next tokens (other
+prompts' chunks go in a call of their own), and its prompt in pieces of at most ``PIECE``
+tokens. Its cells are laid out in position order as long as the cache has no
 free cells before them (llama.cpp fills the lowest free cell from its head; a removal
 moves the head back to the freed cells), which holds in normal serving: finished
 requests stay cached, rejected drafts are refilled at once. A prefix from the cache is
 taken only as far as it was itself computed this way (``PrefixCache.attach``). The
-cost: one more llama_decode per step while deterministic and other sequences run, and
-prompts in smaller pieces (scripts/bench_determinism.py measures both).
+cost: one more llama_decode in a step that also computes other prompts, and prompts in
+smaller pieces (scripts/bench_determinism.py measures both).
 """
 
 from __future__ import annotations
@@ -33,21 +34,26 @@ PIECE = DETERMINISTIC_PIECE  # a deterministic prompt's largest piece (the sched
 
 
 def calls(chunks: list[Chunk]) -> list[list[Chunk]]:
-    """The llama_decode calls of one step: every other sequence's chunks in one call, as
-    planned, then the deterministic sequences' chunks in calls of at most ``MAX_ROWS``
-    tokens (one call when nothing is deterministic)."""
-    plain = [c for c in chunks if not c.seq.deterministic]
-    out: list[list[Chunk]] = [plain] if plain else []
+    """The llama_decode calls of one step: one, as planned, when no deterministic sequence
+    is in it; else the deterministic sequences' chunks with the other streams' next tokens
+    (and drafts) in calls of at most ``MAX_ROWS`` rows, and the other sequences' prompt
+    chunks in a call of their own (so a step of streams alone stays one call)."""
+    if not any(c.seq.deterministic for c in chunks):
+        return [chunks]
+    prompts = [c for c in chunks if not c.seq.deterministic and c.start < c.seq.num_prompt]
+    out: list[list[Chunk]] = []
     rows = MAX_ROWS
-    for chunk in chunks:
-        if not chunk.seq.deterministic:
+    # deterministic rows first: the cells the others' rejected drafts free then lie after
+    # them, and are refilled in order
+    for chunk in sorted(chunks, key=lambda c: not c.seq.deterministic):
+        if not chunk.seq.deterministic and chunk.start < chunk.seq.num_prompt:
             continue
         if rows + len(chunk.tokens) > MAX_ROWS:
             out.append([])
             rows = 0
         out[-1].append(chunk)
         rows += len(chunk.tokens)
-    return out
+    return out + [prompts] if prompts else out
 
 
 def pad(runs: list[Run], chunks: list[Chunk], scratch: int) -> bool:

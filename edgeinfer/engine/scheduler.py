@@ -49,7 +49,7 @@ AGING_SECONDS = 10.0
 # dominate and the prompt would crawl)
 MIN_CHUNK = 32
 # a deterministic sequence's largest prompt piece (see ``invariance``)
-DETERMINISTIC_PIECE = 32
+DETERMINISTIC_PIECE = 62
 
 
 class Scheduler:

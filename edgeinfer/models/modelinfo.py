@@ -12,12 +12,14 @@ from pathlib import Path
 from typing import Any
 
 import llama_cpp
+import psutil
 from gguf import LlamaFileType
 
 from edgeinfer.config import DerivedSource, ModelConfig, PackageSource
 from edgeinfer.engine import native
 from edgeinfer.engine.kv import kv_bytes_per_token, kv_scale, serving_bytes
 from edgeinfer.errors import ConfigError, EdgeInferError, ModelLoadError
+from edgeinfer.models.fit import MEMORY_RESERVE, Memory, fit
 from edgeinfer.models.source import cache_dir, check_gguf, resolve_model_path
 from edgeinfer.prompt.reasoning import splits
 from edgeinfer.prompt.template import CHATML
@@ -139,6 +141,10 @@ def describe(cfg: ModelConfig, models: dict[str, ModelConfig] | None = None) -> 
         return {**row, "status": "unavailable", "error": str(exc)}
     size = path.stat().st_size
     per_token = round(facts["kv_bytes_per_token"] * kv_scale(cfg.cache_type_k, cfg.cache_type_v))
+    if not {"context", "slots"} <= set(cfg.explicit):  # what the fit step would choose now
+        cfg, _ = fit(cfg, Memory(size, per_token, int(facts["layers"]), facts["context_train"],
+                                 psutil.virtual_memory().available - MEMORY_RESERVE))
+        row.update(slots=cfg.slots, context=cfg.context, fit=True)
     memory = serving_bytes(size, per_token, cfg.context)
     source = cfg.chat_template or facts["chat_template"] or CHATML
     return {**row, "status": "cached", "path": str(path), "arch": facts["arch"],

@@ -15,7 +15,9 @@ import psutil
 from edgeinfer.config import ModelConfig, ServerConfig
 from edgeinfer.engine.kv import kv_scale
 from edgeinfer.errors import APIError, ModelLoadError, NotFound, Unavailable
+from edgeinfer.models.fit import MEMORY_RESERVE, MODEL_OVERHEAD, Memory, fit
 from edgeinfer.models.modelinfo import gguf_facts
+from edgeinfer.models.offload import gpu_free_bytes
 from edgeinfer.models.served import ServedModel, load_model
 from edgeinfer.models.source import resolve_model_path
 
@@ -55,8 +57,6 @@ class PoolEntry:
         return now - max(self.last_used, done[-1] if done else 0.0)
 
 
-MEMORY_RESERVE = 512 << 20  # left free for the OS and the server itself
-MODEL_OVERHEAD = 64 << 20  # a loaded model's compute buffers and the rest, besides weights + KV
 
 
 def estimate_bytes(cfg: ModelConfig, path: Path) -> int:
@@ -161,6 +161,7 @@ class ModelPool:
         entry.state = ModelState.LOADING
         try:
             path = await asyncio.to_thread(resolve_model_path, cfg, self._configs())
+            cfg = await asyncio.to_thread(self._fitted, cfg, path)
             await self._make_room(cfg, await asyncio.to_thread(estimate_bytes, cfg, path))
             served = await asyncio.to_thread(load_model, cfg, path)
         except Unavailable:
@@ -202,6 +203,40 @@ class ModelPool:
 
     def _configs(self) -> dict[str, ModelConfig]:
         return {e.cfg.id: e.cfg for e in self.entries.values()}
+
+    def _fitted(self, cfg: ModelConfig, path: Path) -> ModelConfig:
+        """``cfg`` with the context and slots models.toml left out chosen to fit the memory
+        free now, idle models counted as free (``models.fit``; blocking)."""
+        if {"context", "slots"} <= set(cfg.explicit):
+            return cfg
+        try:
+            facts = gguf_facts(path)
+        except ValueError:  # a broken file fails to load, with its reason
+            return cfg
+        per_token = round(int(facts["kv_bytes_per_token"])
+                          * kv_scale(cfg.cache_type_k, cfg.cache_type_v))
+        fitted, note = fit(cfg, Memory(
+            path.stat().st_size, per_token, int(facts["layers"]), facts["context_train"],
+            self._room(), gpu_free_bytes() if cfg.gpu_layers else None))
+        log.info("%s", note)
+        return fitted
+
+    def _room(self) -> int:
+        """Bytes a model being loaded may take: free RAM less the reserve, plus what idle
+        models hold (they are unloaded for it), within the memory budget."""
+        now = time.monotonic()
+        idle = busy = 0
+        for e in self.entries.values():
+            if e.state is ModelState.LOADED and e.served is not None:
+                held = e.served.runtime.memory_bytes() + MODEL_OVERHEAD
+                if e.idle_for(now) > 0.5:
+                    idle += held
+                else:
+                    busy += held
+        room = int(psutil.virtual_memory().available) - MEMORY_RESERVE + idle
+        if self.config.memory_budget_mb:
+            room = min(room, (self.config.memory_budget_mb << 20) - busy)
+        return max(room, 0)
 
     async def _make_room(self, cfg: ModelConfig, need: int) -> None:
         """Unload idle models, least recently used first, until the new one (``need``

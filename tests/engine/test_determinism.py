@@ -1,4 +1,4 @@
-"""Deterministic mode, in-process on the real model: a greedy request's 128 tokens and
+"""Deterministic mode, in-process on the real model: a greedy (or seeded) request's 128 tokens and
 their log-probabilities are bit for bit the same alone, among 7 other requests (long
 prompts computed beside it, other streams speculating), and after a prefix-cache hit.
 Without the mode the same comparison differs, which is what the mode is for."""
@@ -79,11 +79,14 @@ def _same(a: Answer, b: Answer) -> bool:
     return a[0] == b[0] and a[1] == b[1]
 
 
+@pytest.mark.parametrize("sampling", [GREEDY, replace(GREEDY, temperature=0.8, seed=7)],
+                         ids=["greedy", "seeded"])
 def test_deterministic_request_is_bit_identical_alone_among_others_and_cached(
-        lp: Loop) -> None:
-    prompt = lp.tokens("Explain, step by step, how a lighthouse lens focuses light, "
-                       "and why the keeper trims the wick every evening. " * 3)
-    params = replace(GREEDY, deterministic=True)
+        lp: Loop, sampling: SamplingParams) -> None:
+    topic = "lens focuses light" if sampling.is_greedy else "keeper trims the wick"
+    prompt = lp.tokens(f"Explain, step by step, how a lighthouse {topic}, and why it "
+                       "matters on a stormy night. " * 3)
+    params = replace(sampling, deterministic=True)
     alone = lp.alone("d-alone", prompt, params, use_cache=True)
     assert len(alone[1]) == 128
     busy = lp.among_others("d-busy", prompt, params)

@@ -223,3 +223,22 @@ def test_memory_budget_unloads_idle_models_never_busy_ones(tmp_path: Path) -> No
         assert states() == {"a": "loaded", "b": "unloaded"}
     finally:
         stop_server(srv)
+
+
+def test_fit_step_sizes_a_model_without_context_to_the_memory_budget(tmp_path: Path) -> None:
+    """No context or slots in models.toml: the fit step picks them at load time within the
+    budget (SmolLM2: 94 MiB of weights, 22.5 KiB of KV a cell, 64 MiB of overhead)."""
+    cfg = tmp_path / "models.toml"
+    cfg.write_text(f'[server]\nmemory_budget_mb = 220\n[[models]]\nid = "a"\n{SMOL}\n')
+    srv = start_server(tmp_path, "--config", str(cfg))
+    try:
+        meta = httpx.get(f"{srv.base_url}/v1/models").json()["data"][0]["meta"]
+        assert meta["n_ctx"] == 2816  # the training context (8,192) lowered to fit 220 MiB
+        slots = httpx.get(f"{srv.base_url}/slots").json()["data"][0]["slots"]
+        assert len(slots) == 5  # 512 cells a slot at least
+        log = srv.log.read_text()
+        assert "fit: context 2816, lowered from 8192 to fit, 5 slots" in log
+        assert "2816 KV cells (fit)" in log
+        assert _chat(srv.base_url, "a", 2).status_code == 200
+    finally:
+        stop_server(srv)
