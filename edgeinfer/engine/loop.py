@@ -274,8 +274,13 @@ class Engine:
         self._expire()
         if not self.scheduler.has_work():
             return []
-        for seq in self.scheduler.admit(time.monotonic()):
+        admitted = self.scheduler.admit(time.monotonic())
+        for seq in admitted:
             attach(self.cache, self.scheduler.running, seq)
+        # idle cached cells slow every step: keep few while requests run (not while a
+        # deterministic one does: freed cells below its own would break its order)
+        if admitted and not any(s.deterministic for s in self.scheduler.running):
+            self.cache.trim_idle(self.runtime.cfg.batch)
         resume_waiters(self.cache, self.scheduler.running)
         return self.scheduler.schedule()
 

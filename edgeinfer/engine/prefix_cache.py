@@ -244,6 +244,22 @@ class PrefixCache:
         self.stats.evictions += 1
         return True
 
+    def trim_idle(self, keep: int) -> int:
+        """Move least recently used unpinned entries to the RAM tier until the KV cells no
+        running request or pinned prefix uses are at most ``keep`` (returns how many
+        moved). Every idle cell lengthens the KV view each step's attention runs over (a
+        cell is checked, masked or not): 5,500 idle cells cost 8 streams ~20 % of their
+        tokens/s on a 2-core CPU. A later hit restores the entry from RAM, bit for bit.
+        Off without the RAM tier (evicting would lose the entry)."""
+        if not self.enabled or not self.ram.enabled or self.checkpoint_every is not None:
+            return 0
+        moved = 0
+        while self.index.num_tokens - self.cells_in_use(list(self.entries.values())) > keep:
+            if not self._evict_lru():
+                break
+            moved += 1
+        return moved
+
     def evict_one(self) -> bool:
         """Free KV cells by evicting least recently used unpinned entries.
 

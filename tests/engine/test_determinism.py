@@ -66,8 +66,11 @@ class Loop:
         self.loop.close()
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture()
 def lp() -> Iterator[Loop]:
+    """A fresh engine: the mode's promise holds while no free cells lie before the
+    sequence's own (README, "Deterministic mode"), which earlier requests that freed cells
+    can break."""
     cfg = override_model(load_config().models[0], context=6144, slots=8, batch=256,
                          threads=2)
     loop = Loop(load_model(cfg))

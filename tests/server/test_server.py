@@ -10,7 +10,7 @@ import time
 import httpx
 import openai
 import pytest
-from serverproc import ServerProcess
+from serverproc import ServerProcess, start_server, stop_server
 
 HELLO = [{"role": "user", "content": "Say hello in one short sentence."}]
 
@@ -132,10 +132,23 @@ def test_greedy_request_alone_and_among_others(aclient: openai.AsyncOpenAI) -> N
     assert all(batched)
 
 
-def test_deterministic_request_through_the_openai_client(aclient: openai.AsyncOpenAI,
-                                                        client: openai.OpenAI) -> None:
+def test_deterministic_request_through_the_openai_client(
+        tmp_path_factory: pytest.TempPathFactory) -> None:
     """``"deterministic": true`` (engine.invariance): 128 greedy tokens and their
-    log-probabilities are the same alone, among 7 other streams, and from the cache."""
+    log-probabilities are the same alone, among 7 other streams, and from the cache. A
+    server of its own: the promise holds while no freed cells lie before the request's
+    (README), which the other tests' requests (``cache_prompt: false``) leave behind."""
+    srv = start_server(tmp_path_factory.mktemp("det"))
+    aclient = openai.AsyncOpenAI(base_url=f"{srv.base_url}/v1", api_key="unused",
+                                 max_retries=0, timeout=120)
+    client = openai.OpenAI(base_url=f"{srv.base_url}/v1", api_key="unused", max_retries=0)
+    try:
+        _deterministic_checks(aclient, client)
+    finally:
+        stop_server(srv)
+
+
+def _deterministic_checks(aclient: openai.AsyncOpenAI, client: openai.OpenAI) -> None:
     ask = [{"role": "user", "content": "Tell a long story about a lighthouse keeper."}]
 
     async def run(messages: list[dict[str, str]], det: bool, cache: bool = True
@@ -372,7 +385,6 @@ def test_tokenize_and_detokenize(server: ServerProcess) -> None:
 
 
 def test_api_key_server(tmp_path_factory: pytest.TempPathFactory) -> None:
-    from serverproc import start_server, stop_server
 
     tmp = tmp_path_factory.mktemp("keys")
     keyfile = tmp / "keys.txt"
