@@ -280,7 +280,8 @@ class Engine:
         # idle cached cells slow every step: keep few while requests run (not while a
         # deterministic one does: freed cells below its own would break its order)
         if admitted and not any(s.deterministic for s in self.scheduler.running):
-            self.cache.trim_idle(self.runtime.cfg.batch)
+            n_ctx = self.runtime.info.n_ctx
+            self.cache.trim_idle(max(n_ctx // 4, 1), max(n_ctx // 8, 1))
         resume_waiters(self.cache, self.scheduler.running)
         return self.scheduler.schedule()
 

@@ -244,16 +244,20 @@ class PrefixCache:
         self.stats.evictions += 1
         return True
 
-    def trim_idle(self, keep: int) -> int:
-        """Move least recently used unpinned entries to the RAM tier until the KV cells no
-        running request or pinned prefix uses are at most ``keep`` (returns how many
-        moved). Every idle cell lengthens the KV view each step's attention runs over (a
-        cell is checked, masked or not): 5,500 idle cells cost 8 streams ~20 % of their
-        tokens/s on a 2-core CPU. A later hit restores the entry from RAM, bit for bit.
-        Off without the RAM tier (evicting would lose the entry)."""
+    def trim_idle(self, above: int, keep: int) -> int:
+        """When more than ``above`` KV cells are idle (no running request or pinned prefix
+        uses them), move least recently used unpinned entries to the RAM tier until at most
+        ``keep`` are; returns how many moved (the gap between the two keeps it rare).
+
+        Every idle cell lengthens the KV view each step's attention runs over (a cell is
+        checked, masked or not): 5,500 idle cells cost 8 streams ~20 % of their tokens/s
+        on a 2-core CPU. A later hit restores the entry from RAM, bit for bit. Off
+        without the RAM tier (evicting would lose the entry)."""
         if not self.enabled or not self.ram.enabled or self.checkpoint_every is not None:
             return 0
         moved = 0
+        if self.index.num_tokens - self.cells_in_use(list(self.entries.values())) <= above:
+            return 0
         while self.index.num_tokens - self.cells_in_use(list(self.entries.values())) > keep:
             if not self._evict_lru():
                 break
