@@ -281,7 +281,7 @@ class Engine:
         # deterministic one does: freed cells below its own would break its order)
         if admitted and not any(s.deterministic for s in self.scheduler.running):
             n_ctx = self.runtime.info.n_ctx
-            self.cache.trim_idle(max(n_ctx // 4, 1), max(n_ctx // 8, 1))
+            self.cache.trim_idle(max(n_ctx // 8, 1), max(n_ctx // 16, 1))
         resume_waiters(self.cache, self.scheduler.running)
         return self.scheduler.schedule()
 
