@@ -13,24 +13,24 @@ sequences own), except where a kernel is chosen by the shape of the whole batch:
 A deterministic sequence's tokens therefore go in llama_decode calls that always take the
 plain path: between 2 and ``MAX_ROWS`` rows (a lone row gets a pad row of a scratch
 sequence, removed right after), shared only with other streams' next tokens (other
-prompts' chunks go in a call of their own), and its prompt in pieces of at most ``PIECE``
-tokens. Its cells are laid out in position order as long as the cache has no
-free cells before them (llama.cpp fills the lowest free cell from its head; a removal
-moves the head back to the freed cells), which holds in normal serving: finished
-requests stay cached, rejected drafts are refilled at once. A prefix from the cache is
-taken only as far as it was itself computed this way (``PrefixCache.attach``). The
-cost: one more llama_decode in a step that also computes other prompts, and prompts in
-smaller pieces (scripts/bench_determinism.py measures both).
+prompts' chunks go in a call of their own), and its prompt in pieces of at most 62
+tokens (the scheduler's ``DETERMINISTIC_PIECE``). Its cells are laid out in position
+order as long as the cache has no free cells before them (llama.cpp fills the lowest
+free cell from its head; a removal moves the head back to the freed cells), which holds
+in normal serving: finished requests stay cached, rejected drafts are refilled at once.
+A prefix from the cache is taken only as far as it was itself computed this way
+(``PrefixCache.attach``). The cost: one more llama_decode in a step that also computes
+other prompts, and prompts in smaller pieces (scripts/bench_determinism.py measures
+both).
 """
 
 from __future__ import annotations
 
 from edgeinfer.engine.batch import Run
-from edgeinfer.engine.scheduler import DETERMINISTIC_PIECE, Chunk
+from edgeinfer.engine.scheduler import Chunk
 
 # below ggml's tiled flash-attention threshold (GGML_FA_TILE_Q = 64 query rows)
 MAX_ROWS = 63
-PIECE = DETERMINISTIC_PIECE  # a deterministic prompt's largest piece (the scheduler's)
 
 
 def calls(chunks: list[Chunk]) -> list[list[Chunk]]:
@@ -41,13 +41,12 @@ def calls(chunks: list[Chunk]) -> list[list[Chunk]]:
     if not any(c.seq.deterministic for c in chunks):
         return [chunks]
     prompts = [c for c in chunks if not c.seq.deterministic and c.start < c.seq.num_prompt]
+    small = [c for c in chunks if c not in prompts]
     out: list[list[Chunk]] = []
     rows = MAX_ROWS
     # deterministic rows first: the cells the others' rejected drafts free then lie after
     # them, and are refilled in order
-    for chunk in sorted(chunks, key=lambda c: not c.seq.deterministic):
-        if not chunk.seq.deterministic and chunk.start < chunk.seq.num_prompt:
-            continue
+    for chunk in sorted(small, key=lambda c: not c.seq.deterministic):
         if rows + len(chunk.tokens) > MAX_ROWS:
             out.append([])
             rows = 0

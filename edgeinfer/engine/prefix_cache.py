@@ -255,14 +255,17 @@ class PrefixCache:
         without the RAM tier (evicting would lose the entry)."""
         if not self.enabled or not self.ram.enabled or self.checkpoint_every is not None:
             return 0
-        moved = 0
-        if self.index.num_tokens - self.cells_in_use(list(self.entries.values())) <= above:
+        idle = self._idle_cells()
+        if idle <= above:
             return 0
-        while self.index.num_tokens - self.cells_in_use(list(self.entries.values())) > keep:
-            if not self._evict_lru():
-                break
+        moved = 0
+        while idle > keep and self._evict_lru():
             moved += 1
+            idle = self._idle_cells()
         return moved
+
+    def _idle_cells(self) -> int:
+        return self.index.num_tokens - self.cells_in_use(list(self.entries.values()))
 
     def evict_one(self) -> bool:
         """Free KV cells by evicting least recently used unpinned entries.

@@ -121,6 +121,18 @@ def gguf_facts(path: Path) -> dict[str, Any]:
             "chat_template": meta.get("tokenizer.chat_template")}
 
 
+def kv_per_token(cfg: ModelConfig, facts: dict[str, Any]) -> int:
+    """Bytes of KV cache one token takes in ``cfg``'s cache types (``facts``: gguf_facts)."""
+    return round(int(facts["kv_bytes_per_token"]) * kv_scale(cfg.cache_type_k, cfg.cache_type_v))
+
+
+def fit_file(cfg: ModelConfig, path: Path, facts: dict[str, Any], room: int,
+             vram_free: int | None = None) -> tuple[ModelConfig, str]:
+    """The fit step (``models.fit``) for the GGUF at ``path`` in ``room`` bytes of RAM."""
+    return fit(cfg, Memory(path.stat().st_size, kv_per_token(cfg, facts), int(facts["layers"]),
+                           facts["context_train"], room, vram_free))
+
+
 def describe(cfg: ModelConfig, models: dict[str, ModelConfig] | None = None) -> dict[str, Any]:
     """A row of ``edgeinfer models``."""
     row: dict[str, Any] = {"id": cfg.id, "aliases": list(cfg.aliases), "slots": cfg.slots,
@@ -140,11 +152,10 @@ def describe(cfg: ModelConfig, models: dict[str, ModelConfig] | None = None) -> 
     except (ModelLoadError, ValueError, OSError) as exc:
         return {**row, "status": "unavailable", "error": str(exc)}
     size = path.stat().st_size
-    per_token = round(facts["kv_bytes_per_token"] * kv_scale(cfg.cache_type_k, cfg.cache_type_v))
     if not {"context", "slots"} <= set(cfg.explicit):  # what the fit step would choose now
-        cfg, _ = fit(cfg, Memory(size, per_token, int(facts["layers"]), facts["context_train"],
-                                 psutil.virtual_memory().available - MEMORY_RESERVE))
+        cfg, _ = fit_file(cfg, path, facts, psutil.virtual_memory().available - MEMORY_RESERVE)
         row.update(slots=cfg.slots, context=cfg.context, fit=True)
+    per_token = kv_per_token(cfg, facts)
     memory = serving_bytes(size, per_token, cfg.context)
     source = cfg.chat_template or facts["chat_template"] or CHATML
     return {**row, "status": "cached", "path": str(path), "arch": facts["arch"],

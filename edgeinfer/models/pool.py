@@ -13,10 +13,9 @@ from pathlib import Path
 import psutil
 
 from edgeinfer.config import ModelConfig, ServerConfig
-from edgeinfer.engine.kv import kv_scale
 from edgeinfer.errors import APIError, ModelLoadError, NotFound, Unavailable
-from edgeinfer.models.fit import MEMORY_RESERVE, MODEL_OVERHEAD, Memory, fit
-from edgeinfer.models.modelinfo import gguf_facts
+from edgeinfer.models.fit import MEMORY_RESERVE, MODEL_OVERHEAD
+from edgeinfer.models.modelinfo import fit_file, gguf_facts, kv_per_token
 from edgeinfer.models.offload import gpu_free_bytes
 from edgeinfer.models.served import ServedModel, load_model
 from edgeinfer.models.source import resolve_model_path
@@ -57,15 +56,12 @@ class PoolEntry:
         return now - max(self.last_used, done[-1] if done else 0.0)
 
 
-
-
 def estimate_bytes(cfg: ModelConfig, path: Path) -> int:
     """Memory a model will take once loaded: weights, its KV cache (the one formula,
     ``engine.kv``, from the GGUF's shapes) and MODEL_OVERHEAD. Blocking (reads the file's
     header)."""
     try:
-        per_token = round(int(gguf_facts(path)["kv_bytes_per_token"])
-                          * kv_scale(cfg.cache_type_k, cfg.cache_type_v))
+        per_token = kv_per_token(cfg, gguf_facts(path))
     except Exception:  # a broken file fails to load later, with its reason
         per_token = 0
     return path.stat().st_size + per_token * cfg.context + MODEL_OVERHEAD
@@ -213,11 +209,8 @@ class ModelPool:
             facts = gguf_facts(path)
         except ValueError:  # a broken file fails to load, with its reason
             return cfg
-        per_token = round(int(facts["kv_bytes_per_token"])
-                          * kv_scale(cfg.cache_type_k, cfg.cache_type_v))
-        fitted, note = fit(cfg, Memory(
-            path.stat().st_size, per_token, int(facts["layers"]), facts["context_train"],
-            self._room(), gpu_free_bytes() if cfg.gpu_layers else None))
+        fitted, note = fit_file(cfg, path, facts, self._room(),
+                                gpu_free_bytes() if cfg.gpu_layers else None)
         log.info("%s", note)
         return fitted
 
