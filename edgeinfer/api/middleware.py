@@ -7,7 +7,7 @@ from typing import Any
 
 from edgeinfer.api.metrics import Metrics
 from edgeinfer.api.respond import LEASES
-from edgeinfer.models.served import Lease
+from edgeinfer.models.lease import Lease
 
 
 class CountRequests:

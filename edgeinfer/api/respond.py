@@ -16,8 +16,8 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
 from edgeinfer.api.openai_render import CompletionMeta, Stream, collect, sse_chunks
+from edgeinfer.models.lease import Lease
 from edgeinfer.models.pool import ModelPool
-from edgeinfer.models.served import Lease
 from edgeinfer.service.generation import Generation, generate
 from edgeinfer.service.request import GenerateRequest
 

@@ -8,7 +8,6 @@ import functools
 import logging
 import math
 import os
-import threading
 import time
 import uuid
 from collections import deque
@@ -26,6 +25,7 @@ from edgeinfer.engine.loop import Engine
 from edgeinfer.engine.native import LlamaRuntime, gpu_offload_supported
 from edgeinfer.engine.sequence import SamplingParams
 from edgeinfer.errors import EngineError, InvalidRequest, ModelLoadError, Overloaded
+from edgeinfer.models.lease import Lease, Places, Users
 from edgeinfer.models.modelinfo import gguf_facts
 from edgeinfer.models.offload import gpu_free_bytes, plan_gpu_layers, warn_cpu_only_once
 from edgeinfer.models.prefix_store import PrefixStore, model_identity
@@ -59,47 +59,6 @@ class RenderedChat:
     tail: str
 
 
-class Users:
-    """How many callers are using a model's native handles right now (thread-safe).
-
-    Taken on the event loop before any work starts and given back by whoever
-    finishes last (a worker thread, for blocking native calls), so a model is
-    never freed while anything can still touch it.
-    """
-
-    def __init__(self) -> None:
-        self._n = 0
-        self._lock = threading.Lock()
-
-    def take(self) -> None:
-        with self._lock:
-            self._n += 1
-
-    def give_back(self) -> None:
-        with self._lock:
-            assert self._n > 0, "a model's user count went below zero"
-            self._n -= 1
-
-    @property
-    def count(self) -> int:
-        return self._n
-
-
-class Lease:
-    """One use of a loaded model; ``release`` (idempotent) ends it."""
-
-    __slots__ = ("_users",)
-
-    def __init__(self, users: Users) -> None:
-        users.take()
-        self._users: Users | None = users
-
-    def release(self) -> None:
-        if self._users is not None:
-            self._users.give_back()
-            self._users = None
-
-
 @dataclass(slots=True)
 class ServedModel:
     """A loaded model: its runtime (native handles), engine thread and chat template.
@@ -118,6 +77,7 @@ class ServedModel:
     embedder: Embedder
     created: int = field(default_factory=lambda: int(time.time()))
     inflight: int = 0  # engine requests submitted and not finished (event-loop side)
+    reserved: int = 0  # admitted engine requests not submitted yet (see ``Places``)
     _finished_at: deque[float] = field(default_factory=lambda: deque(maxlen=64))
     users: Users = field(default_factory=Users)
     markup: Markup = field(default_factory=lambda: Markup(()))
@@ -134,7 +94,7 @@ class ServedModel:
 
     @property
     def busy(self) -> bool:
-        return self.inflight > 0 or self.users.count > 0
+        return self.inflight > 0 or self.reserved > 0 or self.users.count > 0
 
     async def run(self, fn: Callable[..., T], *args: Any) -> T:
         """``fn(*args)`` in a worker thread, holding the model until it returns."""
@@ -155,20 +115,29 @@ class ServedModel:
 
     def admit(self, n: int) -> None:
         """Refuse ``n`` more requests with 429 when running + queued would pass the bound."""
-        room = self.cfg.slots + self.cfg.max_queue - self.inflight
+        room = self.cfg.slots + self.cfg.max_queue - self.inflight - self.reserved
         if n <= room:
             return
         done = self._finished_at
         now = time.monotonic()
         rate = (len(done) - 1) / (now - done[0]) if len(done) > 1 and now > done[0] else 0.0
-        queued = self.inflight - self.cfg.slots + n
+        queued = self.inflight + self.reserved - self.cfg.slots + n
         retry = math.ceil(queued / rate) if rate > 0 else 10
-        raise Overloaded(f"model {self.cfg.id!r} is overloaded: {self.inflight} requests in "
+        raise Overloaded(f"model {self.cfg.id!r} is overloaded: "
+                         f"{self.inflight + self.reserved} requests in "
                          f"flight; retry in {retry}s", retry_after=max(1, min(retry, 300)))
 
+    def reserve(self, n: int) -> Places:
+        """``admit(n)``, and the ``n`` places held until their streams start (pass the
+        result to ``generate``) or it is released."""
+        self.admit(n)
+        return Places(self, n)
+
     async def generate(self, request_id: str, prompt: list[int], params: SamplingParams,
-                       **kw: Any) -> AsyncIterator[Delta]:
-        """engine.generate, counted for admission control."""
+                       places: Places | None = None, **kw: Any) -> AsyncIterator[Delta]:
+        """engine.generate, counted for admission control (taking one of ``places``)."""
+        if places is not None:
+            places.take()
         self.inflight += 1
         try:
             async for d in self.engine.generate(request_id, prompt, params, **kw):

@@ -5,8 +5,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from edgeinfer.errors import InvalidRequest
+from edgeinfer.models.lease import Lease
 from edgeinfer.models.pool import ModelPool
-from edgeinfer.models.served import Lease
 from edgeinfer.service.request import EmbedRequest
 from edgeinfer.service.selection import model_for
 

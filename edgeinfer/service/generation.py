@@ -19,8 +19,9 @@ from dataclasses import dataclass, replace
 from edgeinfer.engine.delta import Delta, Failure, FailureCode
 from edgeinfer.engine.sequence import SamplingParams
 from edgeinfer.errors import APIError, EngineError, InvalidRequest, Timeout, Unavailable
+from edgeinfer.models.lease import Lease
 from edgeinfer.models.pool import ModelPool
-from edgeinfer.models.served import Lease, ServedModel
+from edgeinfer.models.served import ServedModel
 from edgeinfer.prompt.reasoning import harmony_reasoning, markers_for, starts_in_thought
 from edgeinfer.prompt.tools import parameter_types
 from edgeinfer.service.constraint import grammar_for
@@ -86,11 +87,13 @@ async def generate(pool: ModelPool, req: GenerateRequest, leases: list[Lease],
                          reasoning_close=tuple(close))
     jobs = [(pi, prompt, _choice_params(params, i))
             for pi, prompt in enumerate(prompts) for i in range(req.n)]
-    # checked again right before submitting: model_for's check ran before rendering and
-    # tokenizing, while other requests kept arriving
-    served.admit(len(jobs))
-    streams = [served.generate(f"{request_id}-{k}", prompt, p, use_cache=req.cache_prompt,
-                               priority=req.priority, group=request_id)
+    # checked again right before submitting (model_for's check ran before rendering and
+    # tokenizing, while other requests kept arriving), and the places held from here on
+    places = served.reserve(len(jobs))
+    leases.append(places)
+    streams = [served.generate(f"{request_id}-{k}", prompt, p, places,
+                               use_cache=req.cache_prompt, priority=req.priority,
+                               group=request_id)
                for k, (_, prompt, p) in enumerate(jobs)]
     events = to_events(merge(streams), [pi for pi, _, _ in jobs], [len(p) for p in prompts],
                        reading)

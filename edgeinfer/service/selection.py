@@ -5,9 +5,10 @@ from __future__ import annotations
 import logging
 
 from edgeinfer.errors import APIError, Overloaded, Unavailable
+from edgeinfer.models.lease import Lease
 from edgeinfer.models.pool import ModelPool
 from edgeinfer.models.routing import Features, route
-from edgeinfer.models.served import Lease, ServedModel
+from edgeinfer.models.served import ServedModel
 from edgeinfer.service.request import ChatPrompt, GenerateRequest
 
 log = logging.getLogger("edgeinfer.service")
