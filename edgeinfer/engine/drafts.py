@@ -72,13 +72,18 @@ class NgramDrafter:
                 return list(tokens[pos:pos + k])
         return []
 
+    def expectations(self, n: int) -> list[float]:
+        """For ``k`` = 0 to ``n``: how many of a ``k``-token draft's tokens are likely to be
+        accepted."""
+        out, chain = [0.0], 1.0
+        for p in self._accept[:n]:
+            chain *= p
+            out.append(out[-1] + chain)
+        return out
+
     def expected(self, k: int) -> float:
         """How many of a ``k``-token draft's tokens are likely to be accepted."""
-        total, chain = 0.0, 1.0
-        for p in self._accept[:k]:
-            chain *= p
-            total += chain
-        return total
+        return self.expectations(k)[-1]
 
     def unused(self) -> None:
         """A proposal was not worth its rows: drift back toward trying again."""

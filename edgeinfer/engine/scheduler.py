@@ -190,15 +190,17 @@ class Scheduler:
             if seq.drafter is None or room <= 0:
                 continue
             draft = seq.drafter.propose(seq.tokens, room)
-            k = worth(costs, rows, gain, [seq.drafter.expected(j) for j in
-                                          range(len(draft) + 1)])
+            if not draft:
+                continue
+            expected = seq.drafter.expectations(len(draft))
+            k = worth(costs, rows, gain, expected)
             if k < len(draft):
                 seq.drafter.unused()
             chunk.tokens.extend(draft[:k])
             chunk.drafts = k
             added += k
             rows += k
-            gain += seq.drafter.expected(k)
+            gain += expected[k]
         return added
 
     def streaming_budget(self) -> int:
@@ -258,10 +260,12 @@ def worth(costs: StepCost, rows: int, gain: float, expected: list[float]) -> int
     with the most expected tokens per second, where ``expected[k]`` is how many of ``k``
     drafts are likely accepted. A row count never measured is tried (the whole proposal)."""
     base = costs.seconds(rows)
-    best, best_rate = 0, 0.0 if base is None else gain / base
+    if base is None:
+        return len(expected) - 1
+    best, best_rate = 0, gain / base
     for k in range(1, len(expected)):
         seconds = costs.seconds(rows + k)
-        if base is None or seconds is None:
+        if seconds is None:
             return len(expected) - 1
         rate = (gain + expected[k]) / seconds
         if rate > best_rate:

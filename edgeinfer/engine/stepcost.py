@@ -36,7 +36,6 @@ class StepCost:
         if not above:
             return None
         hi = min(above)
-        below = [r for r in self._seconds if r < rows]
-        lo, lo_s = (max(below), self._seconds[max(below)]) if below else (0, 0.0)
-        hi_s = self._seconds[hi]
+        lo = max((r for r in self._seconds if r < rows), default=0)
+        lo_s, hi_s = self._seconds.get(lo, 0.0), self._seconds[hi]
         return lo_s + (hi_s - lo_s) * (rows - lo) / (hi - lo)

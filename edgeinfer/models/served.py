@@ -94,7 +94,7 @@ class ServedModel:
 
     @property
     def busy(self) -> bool:
-        return self.inflight > 0 or self.reserved > 0 or self.users.count > 0
+        return self.inflight > 0 or self.users.count > 0  # held places hold a user too
 
     async def run(self, fn: Callable[..., T], *args: Any) -> T:
         """``fn(*args)`` in a worker thread, holding the model until it returns."""
