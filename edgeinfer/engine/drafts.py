@@ -11,12 +11,8 @@ other slots, samples the target at every drafted position in order, and keeps dr
 while they equal what was sampled (see ``speculation``). How many tokens a sequence
 drafts follows how many it had accepted: all accepted doubles it (up to ``max_len``),
 a miss shrinks it to one more than were accepted, and a draft of which none was
-accepted halves it and pauses drafting for ``COOLDOWN`` tokens. Each sequence also
-keeps, for each draft position, how often a draft reaching it was accepted there (a
-moving average): ``expected(k)`` is the number of a ``k``-token draft's tokens likely to
-be accepted, which the scheduler weighs against what the extra rows cost (``stepcost``):
-on a CPU a verified row costs about as much as a stream's own, so drafts that miss are a
-loss. Pure Python.
+accepted halves it and pauses drafting for ``COOLDOWN`` tokens (on a CPU a verified row
+costs about a third of a decode step: drafts that miss are a loss). Pure Python.
 """
 
 from __future__ import annotations
@@ -24,9 +20,6 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 COOLDOWN = 8  # tokens without drafts after a draft of which none was accepted
-PRIOR = 0.9  # the acceptance assumed at each draft position before any is verified
-LEARN = 0.25  # weight of one verification in a position's acceptance average
-RECOVER = 0.05  # a draft not used moves the averages this far back toward PRIOR
 
 
 class NgramDrafter:
@@ -40,8 +33,6 @@ class NgramDrafter:
         self._seen: dict[tuple[int, ...], int] = {}  # n-gram -> position after it, latest
         self._indexed = 0  # n-grams ending before this position are in ``_seen``
         self._pause = 0  # proposals left to skip (see COOLDOWN)
-        # P(the draft token at position i is accepted | the ones before it were)
-        self._accept = [PRIOR] * max_len
         self.proposed = 0
         self.taken = 0
 
@@ -69,34 +60,14 @@ class NgramDrafter:
         for n in range(min(self.n_max, len(tokens) - 1), self.n_min - 1, -1):
             pos = self._seen.get(tuple(tokens[-n:]))
             if pos is not None:
-                return list(tokens[pos:pos + k])
+                draft = list(tokens[pos:pos + k])
+                self.proposed += len(draft)
+                return draft
         return []
 
-    def expectations(self, n: int) -> list[float]:
-        """For ``k`` = 0 to ``n``: how many of a ``k``-token draft's tokens are likely to be
-        accepted."""
-        out, chain = [0.0], 1.0
-        for p in self._accept[:n]:
-            chain *= p
-            out.append(out[-1] + chain)
-        return out
-
-    def expected(self, k: int) -> float:
-        """How many of a ``k``-token draft's tokens are likely to be accepted."""
-        return self.expectations(k)[-1]
-
-    def unused(self) -> None:
-        """A proposal was not worth its rows: drift back toward trying again."""
-        self._accept = [a + RECOVER * (PRIOR - a) for a in self._accept]
-
     def accepted(self, proposed: int, taken: int) -> None:
-        """``taken`` of ``proposed`` draft tokens were right: adapt the length and the
-        acceptance averages."""
-        self.proposed += proposed
+        """``taken`` of ``proposed`` draft tokens were right: adapt the length."""
         self.taken += taken
-        for i in range(min(proposed, taken + 1)):
-            hit = 1.0 if i < taken else 0.0
-            self._accept[i] += LEARN * (hit - self._accept[i])
         if proposed and taken == proposed:
             self.length = min(self.max_len, max(1, self.length) * 2)
         elif proposed and not taken:

@@ -25,7 +25,6 @@ from collections import Counter, deque
 from dataclasses import dataclass
 
 from edgeinfer.engine.sequence import Sequence, SequenceStatus
-from edgeinfer.engine.stepcost import StepCost
 
 
 @dataclass(slots=True)
@@ -77,7 +76,6 @@ class Scheduler:
         self._rate = 0.0  # tokens per second of recent steps (a moving average)
         # draft tokens one step may verify, all sequences together (speculative decoding)
         self.draft_budget = draft_budget
-        self.costs = StepCost()  # generating steps' seconds by rows: the price of drafts
         # by default one request leaves at least one slot to everybody else
         self.max_per_request = max_per_request or max(1, num_slots - 1)
         self.waiting: deque[Sequence] = deque()
@@ -163,7 +161,7 @@ class Scheduler:
                 assert seq.num_uncomputed == 1, "a generating sequence feeds one token per step"
                 chunks.append(Chunk(seq, seq.num_computed, [seq.tokens[-1]], True))
         budget = (self.streaming_budget() if chunks else self.prefill_budget) - len(chunks)
-        budget -= self._add_drafts(chunks, min(budget, self.draft_budget), self.costs)
+        budget -= self._add_drafts(chunks, min(budget, self.draft_budget))
         for seq in self.running:
             if budget <= 0:
                 break
@@ -178,29 +176,19 @@ class Scheduler:
         return chunks
 
     @staticmethod
-    def _add_drafts(chunks: list[Chunk], spare: int, costs: StepCost) -> int:
-        """Append draft tokens to generating sequences' chunks, up to ``spare`` in all,
-        never past a sequence's max_tokens, and only as many of a proposal as raise the
-        step's expected tokens per second (``worth``); returns how many were added."""
+    def _add_drafts(chunks: list[Chunk], spare: int) -> int:
+        """Append draft tokens to generating sequences' chunks, up to ``spare`` in all
+        and never past a sequence's max_tokens; returns how many were added."""
         added = 0
-        rows, gain = len(chunks), float(len(chunks))
         for chunk in chunks:
             seq = chunk.seq
             room = min(spare - added, seq.max_tokens - seq.num_generated - 1)
             if seq.drafter is None or room <= 0:
                 continue
             draft = seq.drafter.propose(seq.tokens, room)
-            if not draft:
-                continue
-            expected = seq.drafter.expectations(len(draft))
-            k = worth(costs, rows, gain, expected)
-            if k < len(draft):
-                seq.drafter.unused()
-            chunk.tokens.extend(draft[:k])
-            chunk.drafts = k
-            added += k
-            rows += k
-            gain += expected[k]
+            chunk.tokens.extend(draft)
+            chunk.drafts = len(draft)
+            added += len(draft)
         return added
 
     def streaming_budget(self) -> int:
@@ -218,12 +206,8 @@ class Scheduler:
         prompt chunks; 0.0 before the first)."""
         return self._rate
 
-    def note_step(self, chunks: list[Chunk], seconds: float) -> None:
-        """A decode of ``chunks`` took ``seconds``: update the measured rate (prompt
-        chunks) and the cost of generating steps (``costs``)."""
-        tokens = sum(len(c.tokens) for c in chunks)
-        if all(c.wants_logits and len(c.tokens) == c.drafts + 1 for c in chunks):
-            self.costs.note(tokens, seconds)
+    def note_step(self, tokens: int, seconds: float) -> None:
+        """A decode of ``tokens`` took ``seconds``: update the measured rate."""
         if tokens >= MIN_CHUNK and seconds > 0:
             rate = tokens / seconds
             self._rate = rate if not self._rate else 0.8 * self._rate + 0.2 * rate
@@ -252,22 +236,3 @@ class Scheduler:
             self.waiting.remove(seq)
         seq.status = status
         return freed
-
-
-def worth(costs: StepCost, rows: int, gain: float, expected: list[float]) -> int:
-    """How many of a proposal's draft tokens to verify in a step that already has
-    ``rows`` rows and ``gain`` expected tokens: the ``k`` (0 to ``len(expected) - 1``)
-    with the most expected tokens per second, where ``expected[k]`` is how many of ``k``
-    drafts are likely accepted. A row count never measured is tried (the whole proposal)."""
-    base = costs.seconds(rows)
-    if base is None:
-        return len(expected) - 1
-    best, best_rate = 0, gain / base
-    for k in range(1, len(expected)):
-        seconds = costs.seconds(rows + k)
-        if seconds is None:
-            return len(expected) - 1
-        rate = (gain + expected[k]) / seconds
-        if rate > best_rate:
-            best, best_rate = k, rate
-    return best
