@@ -274,15 +274,14 @@ class Engine:
         self._expire()
         if not self.scheduler.has_work():
             return []
-        admitted = self.scheduler.admit(time.monotonic())
+        admitted, running = self.scheduler.admit(time.monotonic()), self.scheduler.running
+        # idle cached cells slow every step: none stays while requests run (nor are any
+        # freed while a deterministic one does: freed cells below its own break its order)
+        if running and not any(s.deterministic for s in running):
+            self.cache.trim_idle([s.prompt for s in running if s.is_prefilling])
         for seq in admitted:
-            attach(self.cache, self.scheduler.running, seq)
-        # idle cached cells slow every step: keep few while requests run (not while a
-        # deterministic one does: freed cells below its own would break its order)
-        if admitted and not any(s.deterministic for s in self.scheduler.running):
-            n_ctx = self.runtime.info.n_ctx
-            self.cache.trim_idle(max(n_ctx // 8, 1), max(n_ctx // 16, 1))
-        resume_waiters(self.cache, self.scheduler.running)
+            attach(self.cache, running, seq)
+        resume_waiters(self.cache, running)
         return self.scheduler.schedule()
 
     def _expire(self) -> None:

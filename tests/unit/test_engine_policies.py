@@ -115,6 +115,58 @@ def test_least_recently_used_entry_goes_first_and_pinned_ones_never() -> None:
     assert cache.unpin_all() == 1 and cache.evict_one() is True and not cache.entries
 
 
+class StateMemory(FakeMemory):
+    """FakeMemory with sequence state to host memory and back (the RAM tier's calls)."""
+
+    def seq_state(self, seq: int) -> bytes:
+        return bytes(sorted(self.cells.get(seq, {})))
+
+    def set_seq_state(self, seq: int, data: bytes) -> bool:
+        self.cells[seq] = dict.fromkeys(data, True)
+        return True
+
+    def seq_pos_max(self, seq: int) -> int:
+        return max(self.cells.get(seq, {}), default=-1)
+
+
+def test_idle_entries_wait_in_ram_while_requests_run_and_come_back_on_a_hit() -> None:
+    mem = StateMemory()
+    cache = PrefixCache(cast(LlamaRuntime, mem), 2, 4, True, ram_bytes=1 << 20)
+    a, b, c = list(range(30)), list(range(100, 130)), list(range(200, 230))
+    for tokens, pin in ((a, False), (b, False), (c, True)):
+        fill(cache, mem, 0, tokens)
+        cache.release(0, keep=True, pinned=pin)
+    assert len(cache.entries) == 3
+    # a request on a's prefix is admitted: b's cells are idle, a is about to be used,
+    # c is pinned
+    assert cache.trim_idle([[*a, 99]]) == 1
+    assert sorted(cache.index.tokens_of(e) for e in cache.entries) == [a, c]
+    assert not any(mem.holds(e) for e in range(2, 6) if e not in cache.entries)
+    assert cache.attach(1, [*a, 99], limit=30) == 30
+    assert cache.trim_idle([]) == 0  # no slot released since
+    # b's prompt again: its cells come back from RAM, whole
+    assert cache.attach(0, [*b, 99], limit=30) == 30 and mem.holds(0) == 30
+    # when the request on a ends, a's entry is idle in turn
+    cache.release(1, keep=False)
+    assert cache.trim_idle([]) == 1
+    assert sorted(cache.index.tokens_of(e) for e in cache.entries) == [b, c]
+    # a prompt that shares only a few tokens with an idle entry does not keep it
+    cache.release(0, keep=False)
+    assert cache.trim_idle([[*b[:5], 99]]) == 1 and len(cache.entries) == 1
+    # a prompt that shares part of a state in RAM gets that part; RAM keeps the whole
+    assert cache.attach(0, [*b[:20], 99], limit=21) == 20 and cache.ram.has(b)
+    assert mem.holds(0) == 20 and sum(mem.holds(e) for e in cache.entries) == 20 + 30
+    assert cache.stats.evictions == 3
+
+
+def test_without_the_ram_tier_idle_entries_stay() -> None:
+    cache, mem = make_cache(entries=2)
+    fill(cache, mem, 0, [1, 2, 3])
+    cache.release(0, keep=True)
+    fill(cache, mem, 1, [7, 8])
+    assert cache.trim_idle([]) == 0 and len(cache.entries) == 1
+
+
 def test_rollback_forgets_a_failed_batch() -> None:
     cache, mem = make_cache()
     fill(cache, mem, 0, [1, 2, 3, 4, 5, 6])
