@@ -12,6 +12,7 @@ import logging
 from typing import NamedTuple
 
 from edgeinfer.engine.delta import Failure, FailureCode
+from edgeinfer.engine.lane import Lane
 from edgeinfer.engine.prefix_cache import PrefixCache
 from edgeinfer.engine.scheduler import Chunk
 from edgeinfer.engine.sequence import Sequence, SequenceStatus
@@ -44,8 +45,13 @@ class Ending(NamedTuple):
 
 
 def after_decode_error(rc: int, chunks: list[Chunk], cache: PrefixCache,
-                       num_running: int) -> list[Ending]:
-    """Undo the batch in the cache; the requests to end (none: retry the step)."""
+                       num_running: int, lane: Lane | None = None) -> list[Ending]:
+    """Undo the batch in the cache; the requests to end (none: retry the step). A call
+    in the ``lane`` (one deterministic sequence) is undone there, and ends its request."""
+    if lane is not None:
+        lane.rollback(chunks[0].start)
+        return [Ending(chunks[0].seq, SequenceStatus.FINISHED_ERROR,
+                       Failure(FailureCode.DECODE, f"llama_decode failed ({rc})"))]
     for chunk in chunks:
         if chunk.seq.slot is not None:
             cache.rollback(chunk.seq.slot, chunk.start)

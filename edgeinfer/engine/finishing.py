@@ -13,7 +13,11 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import NamedTuple, Protocol
 
+import numpy as np
+import numpy.typing as npt
+
 from edgeinfer.engine.delta import Delta, Failure
+from edgeinfer.engine.handles import ContextPtr
 from edgeinfer.engine.logprobs import TokenLogprob, token_logprob
 from edgeinfer.engine.native import LlamaRuntime
 from edgeinfer.engine.report import Timing, timings_json
@@ -59,7 +63,16 @@ class Verdict(NamedTuple):
     status: SequenceStatus | None  # the status that ends the request now (None: it goes on)
 
 
-def sample(seq: Sequence, out: Output, runtime: LlamaRuntime, index: int) -> Sampled:
+class LogitsSource(Protocol):
+    """What sampling reads: a context's last decode (the runtime's, or the lane's)."""
+
+    @property
+    def ctx(self) -> ContextPtr: ...
+
+    def logits_row(self, batch_index: int) -> npt.NDArray[np.float32]: ...
+
+
+def sample(seq: Sequence, out: Output, runtime: LogitsSource, index: int) -> Sampled:
     """Sample the request's next token from output ``index`` of the last decode, with its
     logprobs (from the raw logits) when asked for."""
     token = out.sampler.sample(runtime.ctx, index)

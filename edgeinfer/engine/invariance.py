@@ -12,16 +12,13 @@ sequences own), except where a kernel is chosen by the shape of the whole batch:
 
 A deterministic sequence's tokens therefore go in llama_decode calls that always take the
 plain path: between 2 and ``MAX_ROWS`` rows (a lone row gets a pad row of a scratch
-sequence, removed right after), shared only with other streams' next tokens (other
-prompts' chunks go in a call of their own), and its prompt in pieces of at most 62
-tokens (the scheduler's ``DETERMINISTIC_PIECE``). Its cells are laid out in position
-order as long as the cache has no free cells before them (llama.cpp fills the lowest
-free cell from its head; a removal moves the head back to the freed cells), which holds
-in normal serving: finished requests stay cached, rejected drafts are refilled at once.
-A prefix from the cache is taken only as far as it was itself computed this way
-(``PrefixCache.attach``). The cost: one more llama_decode in a step that also computes
-other prompts, and prompts in smaller pieces (scripts/bench_determinism.py measures
-both).
+sequence, removed right after), and its prompt in pieces of at most 62 tokens (the
+scheduler's ``DETERMINISTIC_PIECE``). Those calls go to a context of their own, the
+lane (``engine.lane``), which holds the sequence at cells equal to its positions (the
+order of its cells also moves the numbers) and keeps the previous deterministic
+request's tokens as a prefix for the next. The cost: one more llama_decode per step
+while a deterministic request runs, deterministic requests one at a time, prompts in
+smaller pieces, and a second KV cache (scripts/bench_determinism.py measures the time).
 """
 
 from __future__ import annotations
@@ -34,32 +31,18 @@ MAX_ROWS = 63
 
 
 def calls(chunks: list[Chunk]) -> list[list[Chunk]]:
-    """The llama_decode calls of one step: one, as planned, when no deterministic sequence
-    is in it; else the deterministic sequences' chunks with the other streams' next tokens
-    (and drafts) in calls of at most ``MAX_ROWS`` rows, and the other sequences' prompt
-    chunks in a call of their own (so a step of streams alone stays one call)."""
-    if not any(c.seq.deterministic for c in chunks):
-        return [chunks]
-    prompts = [c for c in chunks if not c.seq.deterministic and c.start < c.seq.num_prompt]
-    small = [c for c in chunks if c not in prompts]
-    out: list[list[Chunk]] = []
-    rows = MAX_ROWS
-    # deterministic rows first: the cells the others' rejected drafts free then lie after
-    # them, and are refilled in order
-    for chunk in sorted(small, key=lambda c: not c.seq.deterministic):
-        if rows + len(chunk.tokens) > MAX_ROWS:
-            out.append([])
-            rows = 0
-        out[-1].append(chunk)
-        rows += len(chunk.tokens)
-    return out + [prompts] if prompts else out
+    """The llama_decode calls of one step: the shared context's (as planned), then the
+    deterministic sequence's, in the lane (``engine.lane``; one runs at a time)."""
+    det = [c for c in chunks if c.seq.deterministic]
+    rest = [c for c in chunks if not c.seq.deterministic]
+    return [call for call in (rest, det) if call]
 
 
-def pad(runs: list[Run], chunks: list[Chunk], scratch: int) -> bool:
+def pad(runs: list[Run], scratch: int) -> bool:
     """Add a pad row (token 0 of the ``scratch`` sequence) to a deterministic call of one
     row, so that it takes the same kernel as a call of several; True when added (the
     caller removes the scratch sequence's cell after the decode)."""
-    if sum(len(r.tokens) for r in runs) != 1 or not chunks[0].seq.deterministic:
+    if sum(len(r.tokens) for r in runs) != 1:
         return False
     runs.append(Run(scratch, 0, [0], False))
     return True

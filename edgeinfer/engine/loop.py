@@ -26,7 +26,8 @@ from edgeinfer.engine import finishing, invariance, speculation
 from edgeinfer.engine.batch import Run
 from edgeinfer.engine.decode_errors import DECODE_OK, after_decode_error
 from edgeinfer.engine.delta import Delta, Failure, FailureCode
-from edgeinfer.engine.finishing import DeltaSink, Output, Sampled, overdue
+from edgeinfer.engine.finishing import DeltaSink, LogitsSource, Output, Sampled, overdue
+from edgeinfer.engine.lane import SEQ, Lane
 from edgeinfer.engine.messages import Abort, Call, FailAll, Message, Stop, Submit, Unpin
 from edgeinfer.engine.native import LlamaRuntime
 from edgeinfer.engine.prefix_cache import open_cache
@@ -58,8 +59,8 @@ class Engine:
         self._loop: asyncio.AbstractEventLoop | None = None
         self._thread: threading.Thread | None = None
         self._outbox: list[tuple[DeltaSink, Delta]] = []
-        self._eog_tokens: tuple[int, ...] | None = None
         self._outputs: dict[Sequence, Output] = {}  # every admitted, unfinished request
+        self._lane: Lane | None = None  # deterministic requests' context, on first use
 
     # -- event-loop side -------------------------------------------------
     def start(self, loop: asyncio.AbstractEventLoop) -> None:
@@ -169,6 +170,8 @@ class Engine:
             self._fail_all("the engine stopped")
             self._flush()
             self._refuse_calls()
+            if self._lane is not None:
+                self._lane.close()
             self.runtime.close()
 
     def _refuse_calls(self) -> None:  # calls still in the inbox when the engine stops
@@ -214,27 +217,23 @@ class Engine:
         self._loop.call_soon_threadsafe(_settle, msg.future, result, error)
 
     def _admit(self, seq: Sequence, sink: DeltaSink) -> None:
+        cfg, det = self.runtime.cfg, seq.params.deterministic
+        seq.deterministic = cfg.deterministic if det is None else det
         try:
-            bans = self._eog() if seq.params.ignore_eos else ()
+            if seq.deterministic and self._lane is None:
+                self._lane = Lane(self.runtime)
+            bans = self.runtime.eog_tokens() if seq.params.ignore_eos else ()
             out = finishing.open_output(seq, sink, self.runtime, bans)
-        except (ValueError, MemoryError) as exc:
-            log.warning("request %s: sampler setup failed: %s", seq.request_id, exc)
+        except (ValueError, MemoryError, EngineError) as exc:
+            log.warning("request %s: setup failed: %s", seq.request_id, exc)
             self._outbox.append((sink, Delta("", finish_reason="error", failure=Failure(
-                FailureCode.SAMPLER, str(exc)))))
+                FailureCode.KV_FULL if isinstance(exc, EngineError) else FailureCode.SAMPLER,
+                str(exc)))))
             return
         self._outputs[seq] = out
-        cfg = self.runtime.cfg
-        det = seq.params.deterministic
-        seq.deterministic = cfg.deterministic if det is None else det
         seq.drafter = None if seq.deterministic else speculation.drafter_for(
             cfg, self.runtime.memory_kind, seq.params)
         self.scheduler.add(seq, time.monotonic())
-
-    def _eog(self) -> tuple[int, ...]:
-        if self._eog_tokens is None:
-            rt = self.runtime
-            self._eog_tokens = tuple(t for t in range(rt.info.n_vocab) if rt.is_eog(t))
-        return self._eog_tokens
 
     # -- engine thread: one step ---------------------------------------------
     def _step(self) -> None:
@@ -242,29 +241,28 @@ class Engine:
         chunks = self._schedule()
         if not chunks:
             return
-        # one llama_decode, or more when deterministic sequences run (``invariance``)
+        # one llama_decode, and one in the lane while a deterministic sequence runs
         for call in invariance.calls(chunks):
             self._decode([c for c in call if c.seq.status is SequenceStatus.RUNNING])
         self.stats.steps += 1
         self.stats.step_seconds += time.perf_counter() - t0
 
     def _decode(self, chunks: list[Chunk]) -> None:
-        """One llama_decode of ``chunks``, then their tokens sampled (or the error handled)."""
+        """One llama_decode of ``chunks`` (in the lane for a deterministic sequence's),
+        then their tokens sampled (or the error handled)."""
         if not chunks:
             return
-        runs = [Run(c.seq.slot, c.start, c.tokens, c.wants_logits, c.drafts)
+        lane = self._lane if chunks[0].seq.deterministic else None
+        runs = [Run(SEQ if lane else c.seq.slot, c.start, c.tokens, c.wants_logits, c.drafts)
                 for c in chunks if c.seq.slot is not None]
         assert len(runs) == len(chunks), "a scheduled sequence holds a slot"
-        padded = invariance.pad(runs, chunks, self.runtime.scratch_seq)
         t1 = time.perf_counter()
-        decoded = self.runtime.decode(runs)
+        decoded = (lane or self.runtime).decode(runs)
         t2 = time.perf_counter()
-        if padded:
-            self.runtime.seq_rm(self.runtime.scratch_seq)
         if decoded.rc != DECODE_OK:
-            self._on_decode_error(decoded.rc, chunks)
+            self._on_decode_error(decoded.rc, chunks, lane)
         else:
-            self._postprocess(chunks, decoded.outputs, t2)
+            self._postprocess(chunks, decoded.outputs, t2, lane)
         self.scheduler.note_step(sum(len(r.tokens) for r in runs), t2 - t1)
         self.stats.decode_seconds += t2 - t1
 
@@ -275,12 +273,10 @@ class Engine:
         if not self.scheduler.has_work():
             return []
         admitted, running = self.scheduler.admit(time.monotonic()), self.scheduler.running
-        # idle cached cells slow every step: none stays while requests run (nor are any
-        # freed while a deterministic one does: freed cells below its own break its order)
-        if running and not any(s.deterministic for s in running):
+        if running:  # idle cached cells slow every step: none stays while requests run
             self.cache.trim_idle([s.prompt for s in running if s.is_prefilling])
         for seq in admitted:
-            attach(self.cache, running, seq)
+            attach(self.cache, running, seq, self._lane)
         resume_waiters(self.cache, running)
         return self.scheduler.schedule()
 
@@ -292,14 +288,18 @@ class Engine:
             self._finish(seq, SequenceStatus.FINISHED_ERROR, Failure(
                 FailureCode.TIMEOUT, f"the request exceeded the time limit of {limit:g} s"))
 
-    def _postprocess(self, chunks: list[Chunk], outputs: list[int], now: float) -> None:
-        """The batch is in the KV cache: record it, then sample each chunk that wants a
-        token (``outputs``: their batch indexes, in order)."""
+    def _postprocess(self, chunks: list[Chunk], outputs: list[int], now: float,
+                     lane: Lane | None) -> None:
+        """The batch is in the KV cache (the lane's, with ``lane``): record it, then sample
+        each chunk that wants a token (``outputs``: their batch indexes, in order)."""
         self.scheduler.commit(chunks)
         for chunk in chunks:
             assert chunk.seq.slot is not None
-            self.cache.committed(chunk.seq.slot, chunk.tokens, chunk.end in chunk.seq.checkpoints,
-                                 chunk.seq.deterministic)
+            if lane is not None:
+                lane.committed(chunk.tokens)
+            else:
+                self.cache.committed(chunk.seq.slot, chunk.tokens,
+                                     chunk.end in chunk.seq.checkpoints)
         indexes = iter(outputs)
         for chunk in chunks:
             seq = chunk.seq
@@ -311,15 +311,16 @@ class Engine:
             out = self._outputs[seq]
             if is_prompt:
                 out.timing.prompt_done = now
-            self._sample(chunk, out, next(indexes), now)
+            self._sample(chunk, out, next(indexes), now, lane or self.runtime)
 
-    def _sample(self, chunk: Chunk, out: Output, index: int, now: float) -> None:
+    def _sample(self, chunk: Chunk, out: Output, index: int, now: float,
+                src: LogitsSource) -> None:
         seq = chunk.seq
         try:
             if chunk.drafts:
                 self._verify(chunk, out, index, now)
             else:
-                self._on_token(seq, out, finishing.sample(seq, out, self.runtime, index), now)
+                self._on_token(seq, out, finishing.sample(seq, out, src, index), now)
         except Exception:  # a failure of one request ends that request only
             log.exception("request %s: sampling failed", seq.request_id)
             if seq.status is SequenceStatus.RUNNING:
@@ -375,9 +376,10 @@ class Engine:
             f", error: {failure.message}" if failure else "",
         )
 
-    def _on_decode_error(self, rc: int, chunks: list[Chunk]) -> None:
+    def _on_decode_error(self, rc: int, chunks: list[Chunk], lane: Lane | None) -> None:
         self.stats.decode_errors += 1
-        for end in after_decode_error(rc, chunks, self.cache, len(self.scheduler.running)):
+        for end in after_decode_error(rc, chunks, self.cache, len(self.scheduler.running),
+                                      lane):
             self._finish(end.seq, end.status, end.failure)
 
     def _fail_all(self, msg: str) -> None:

@@ -151,13 +151,14 @@ class LlamaRuntime:
         self._vocab: VocabPtr = llama_cpp.llama_model_get_vocab(model.ptr)
         self.memory_kind = self._memory_kind(model.ptr)
         self._ctx = self._handles.enter_context(contextlib.closing(Context(
-            model.ptr, self._context_params(),
+            model.ptr, self.context_params(),
             ModelLoadError(f"model {cfg.id!r}: llama.cpp could not create a context"))))
         self._mem: MemoryPtr = llama_cpp.llama_get_memory(self._ctx.ptr)
         # room for the largest step: a prompt-only step takes up to prefill_batch tokens
         self._batch = self._handles.enter_context(contextlib.closing(Batch(self.max_step)))
         self.info = self._read_info()
         self._pieces: list[bytes | None] = [None] * self.info.n_vocab
+        self._eog: tuple[int, ...] | None = None
         self._memory_bytes = serving_bytes(self.info.size_bytes, self._kv_bytes_per_token(),
                                            self.info.n_ctx)
 
@@ -171,7 +172,7 @@ class LlamaRuntime:
         """A sequence id no request or cache entry uses (pad rows, removed at once)."""
         return self.cfg.slots + (self.cfg.cache_entries if self.memory_kind == "kv" else 0)
 
-    def _context_params(self) -> llama_cpp.llama_context_params:
+    def context_params(self) -> llama_cpp.llama_context_params:
         cfg = self.cfg
         cparams: llama_cpp.llama_context_params = llama_cpp.llama_context_default_params()
         cparams.n_ctx = cfg.context
@@ -304,6 +305,12 @@ class LlamaRuntime:
 
     def is_eog(self, token: int) -> bool:
         return bool(llama_cpp.llama_vocab_is_eog(self._vocab, token))
+
+    def eog_tokens(self) -> tuple[int, ...]:
+        """Every end-of-generation token of the vocabulary (listed once)."""
+        if self._eog is None:
+            self._eog = tuple(t for t in range(self.info.n_vocab) if self.is_eog(t))
+        return self._eog
 
     @property
     def model(self) -> ModelPtr:

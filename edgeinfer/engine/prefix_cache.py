@@ -26,7 +26,7 @@ import time
 from dataclasses import dataclass, field
 
 from edgeinfer.engine.native import LlamaRuntime
-from edgeinfer.engine.prefix_index import PrefixIndex, common_prefix
+from edgeinfer.engine.prefix_index import PrefixIndex
 from edgeinfer.engine.ram_tier import RamTier
 
 log = logging.getLogger("edgeinfer.cache")
@@ -73,9 +73,6 @@ class PrefixCache:
         self.ram = RamTier(ram_bytes if self.enabled else 0)
         self.index = PrefixIndex()
         self.entries: dict[int, CacheEntry] = {}
-        # per holder, how many leading tokens were computed in deterministic calls (the
-        # only prefix a deterministic request reuses: ``engine.invariance``)
-        self.invariant: dict[int, int] = {}
         self._free_ids = list(range(first_id, first_id + entries)) if self.enabled else []
         self.stats = CacheStats()
         self._trim_due = False  # a slot was released since the last trim_idle
@@ -85,10 +82,8 @@ class PrefixCache:
         return "kv" if self.checkpoint_every is None else "checkpoint"
 
     # -- admission ---------------------------------------------------------
-    def attach(self, slot: int, tokens: list[int], limit: int,
-               deterministic: bool = False) -> int:
-        """Give ``slot`` the longest cached prefix of ``tokens[:limit]`` (for a
-        ``deterministic`` sequence: only what deterministic calls computed).
+    def attach(self, slot: int, tokens: list[int], limit: int) -> int:
+        """Give ``slot`` the longest cached prefix of ``tokens[:limit]``.
 
         ``slot`` may already hold a prefix of tokens (a second attach after a
         wait); only the extension is copied. Returns what the slot now holds.
@@ -97,36 +92,19 @@ class PrefixCache:
         if not self.enabled or limit <= have:
             return have
         if self.checkpoint_every is not None:
-            if deterministic:  # a saved state's pieces are not known
-                return have
             return self._from_checkpoint(slot, tokens, limit) if not have else have
-        if deterministic:
-            n, holder = self._invariant_match(tokens[:limit], slot)
-        else:
+        n, holder = self.index.match(tokens[:limit], exclude=slot)
+        if self.ram.enabled and self._from_ram(tokens[:limit], max(n, have)):
             n, holder = self.index.match(tokens[:limit], exclude=slot)
-            if self.ram.enabled and self._from_ram(tokens[:limit], max(n, have)):
-                n, holder = self.index.match(tokens[:limit], exclude=slot)
         if holder is None or n <= have:
             return have
         self.rt.seq_cp(holder, slot, have, n)
         self.index.extend(slot, tokens[have:n])
-        if self.invariant.get(slot, 0) >= have:
-            self.invariant[slot] = max(have, min(n, self.invariant.get(holder, 0)))
         entry = self.entries.get(holder)
         if entry is not None:
             entry.last_used = time.monotonic()
             entry.hits += 1
         return n
-
-    def _invariant_match(self, tokens: list[int], slot: int) -> tuple[int, int | None]:
-        """The longest prefix of ``tokens`` that a holder computed deterministically."""
-        best: tuple[int, int | None] = (0, None)
-        for holder, length in self.invariant.items():
-            if holder != slot and length > best[0]:
-                n = min(length, common_prefix(self.index.tokens_of(holder), tokens))
-                if n > best[0]:
-                    best = (n, holder)
-        return best
 
     def _from_ram(self, prompt: list[int], known: int) -> bool:
         """Put the RAM tier's state covering most of ``prompt`` back into the KV cache as
@@ -187,13 +165,9 @@ class PrefixCache:
             self.stats.misses += 1
 
     # -- after decode --------------------------------------------------------
-    def committed(self, slot: int, tokens: list[int], checkpoint: bool = False,
-                  deterministic: bool = False) -> None:
-        """``tokens`` are in the slot now (computed in a ``deterministic`` call or not);
-        with ``checkpoint`` (checkpoint mode), its state there is saved."""
-        have = self.index.length(slot)
-        if deterministic and self.invariant.get(slot, 0) == have:
-            self.invariant[slot] = have + len(tokens)
+    def committed(self, slot: int, tokens: list[int], checkpoint: bool = False) -> None:
+        """``tokens`` are in the slot now; with ``checkpoint`` (checkpoint mode), its
+        state there is saved."""
         self.index.extend(slot, tokens)
         if checkpoint and self.checkpoint_every is not None and self.enabled:
             self._save(slot, pinned=False)
@@ -208,8 +182,6 @@ class PrefixCache:
         """Forget what the slot got from position ``length`` on (a failed decode)."""
         self.rt.seq_rm(slot, length, -1)
         self.index.truncate(slot, length)
-        if self.invariant.get(slot, 0) > length:
-            self.invariant[slot] = length
 
     # -- end of a request ------------------------------------------------------
     def release(self, slot: int, keep: bool, pinned: bool = False) -> None:
@@ -225,12 +197,10 @@ class PrefixCache:
                 if cid is not None:
                     self.rt.seq_cp(slot, cid, -1, -1)
                     self.index.rename(slot, cid)
-                    self.invariant[cid] = self.invariant.get(slot, 0)
                     self.entries[cid] = CacheEntry(cid, pinned=pinned)
                     self.stats.kept += 1
         self.rt.seq_rm(slot, -1, -1)
         self.index.remove(slot)
-        self.invariant.pop(slot, None)
         self._trim_due = True
 
     def _take_id(self) -> int | None:
@@ -253,7 +223,6 @@ class PrefixCache:
             self.ram.put(self.index.tokens_of(victim.seq_id), self.rt.seq_state(victim.seq_id))
         self.rt.seq_rm(victim.seq_id, -1, -1)
         self.index.remove(victim.seq_id)
-        self.invariant.pop(victim.seq_id, None)
         del self.entries[victim.seq_id]
         self._free_ids.append(victim.seq_id)
         self.stats.evictions += 1
@@ -273,17 +242,14 @@ class PrefixCache:
         cache holds what running requests use and the rest waits in RAM; a hit restores
         it bit for bit, into low cells in position order, with the prompt computed on top
         of it. Entries stay while the server is idle (a next hit costs no copy); pinned
-        and deterministically computed ones always stay. Off without the RAM tier
+        ones always stay. Off without the RAM tier
         (evicting would lose the entry) and in checkpoint mode."""
         if not self._trim_due:
             return 0
         self._trim_due = False
         if not self.enabled or not self.ram.enabled or self.checkpoint_every is not None:
             return 0
-        # pinned prefixes stay, and so do prefixes computed deterministically (the mode
-        # reuses only those, and its RAM copy would not say so)
-        stay = {e.seq_id for e in self.entries.values()
-                if e.pinned or self.invariant.get(e.seq_id, 0)}
+        stay = {e.seq_id for e in self.entries.values() if e.pinned}
         for prompt in prompts:
             n, holder = self.index.match(prompt)
             if holder in self.entries and n >= KEEP_MATCH * self.index.length(holder):

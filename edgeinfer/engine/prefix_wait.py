@@ -4,20 +4,25 @@ shared prefix is computed once), and attaches to it when that request is past it
 
 from __future__ import annotations
 
+from edgeinfer.engine.lane import Lane
 from edgeinfer.engine.prefix_cache import PrefixCache
 from edgeinfer.engine.prefix_index import common_prefix
 from edgeinfer.engine.sequence import PrefixWait, Sequence, SequenceStatus
 
 
-def attach(cache: PrefixCache, running: list[Sequence], seq: Sequence) -> None:
-    """Give a newly admitted sequence its cached prefix, or make it wait for one."""
+def attach(cache: PrefixCache, running: list[Sequence], seq: Sequence,
+           lane: Lane | None = None) -> None:
+    """Give a newly admitted sequence its cached prefix, or make it wait for one (a
+    deterministic one: what the ``lane`` holds of its prompt)."""
     assert seq.slot is not None
+    if seq.deterministic and lane is not None:
+        cache.count_lookup(lane.attach(seq))
+        return
     limit = seq.num_prompt - 1  # at least one prompt token is computed, for logits
     if not seq.use_cache or not cache.enabled:
         cache.count_lookup(0)
         return
-    seq.num_computed = seq.num_cached = cache.attach(seq.slot, seq.prompt, limit,
-                                                     seq.deterministic)
+    seq.num_computed = seq.num_cached = cache.attach(seq.slot, seq.prompt, limit)
     seq.checkpoints = cache.checkpoints_for(seq.num_prompt, seq.num_computed)
     cache.count_lookup(seq.num_cached)
     best: PrefixWait | None = None
@@ -25,7 +30,7 @@ def attach(cache: PrefixCache, running: list[Sequence], seq: Sequence) -> None:
         # only older requests: waits then always point back in time, never in a cycle
         if other.arrival >= seq.arrival or not other.is_prefilling or not other.use_cache:
             continue
-        if seq.deterministic and not other.deterministic:  # (see ``engine.invariance``)
+        if other.deterministic:  # its cells are in the lane (``engine.lane``)
             continue
         shared = min(common_prefix(other.prompt, seq.prompt), limit)
         if cache.checkpoint_every is not None:  # only a saved state is shared
@@ -47,7 +52,7 @@ def resume_waiters(cache: PrefixCache, running: list[Sequence]) -> None:
             continue
         seq.waiting_on = None
         assert seq.slot is not None
-        got = cache.attach(seq.slot, seq.prompt, seq.num_prompt - 1, seq.deterministic)
+        got = cache.attach(seq.slot, seq.prompt, seq.num_prompt - 1)
         if got > seq.num_computed:
             cache.stats.hit_tokens += got - seq.num_computed
             seq.num_computed = seq.num_cached = got

@@ -109,8 +109,9 @@ class Scheduler:
         seq.queued_at = now
         self.waiting.append(seq)
 
-    def _next(self, now: float, running: Counter[str]) -> Sequence | None:
-        """The waiting sequence to admit next (None: every waiting request is at its cap).
+    def _next(self, now: float, running: Counter[str], lane_busy: bool) -> Sequence | None:
+        """The waiting sequence to admit next (None: every waiting request is at its cap,
+        or is deterministic while one deterministic sequence runs: ``engine.lane``).
 
         Order: effective priority, then the request with the fewest running
         sequences, then arrival. Effective priority = priority + seconds waited /
@@ -124,7 +125,7 @@ class Scheduler:
         best_key: tuple[float, int, int] | None = None
         for s in self.waiting:
             held = running[s.group]
-            if held >= self.max_per_request:
+            if held >= self.max_per_request or (s.deterministic and lane_busy):
                 continue
             key = (min(s.priority + (now - s.queued_at) / AGING_SECONDS, top), -held,
                    -s.arrival)
@@ -138,10 +139,12 @@ class Scheduler:
         """Move waiting sequences into free slots (see ``_next`` for the order)."""
         admitted = []
         running = Counter(s.group for s in self.running)
+        lane_busy = any(s.deterministic for s in self.running)
         while self.waiting and self._free_slots:
-            seq = self._next(now, running)
+            seq = self._next(now, running, lane_busy)
             if seq is None:
                 break
+            lane_busy |= seq.deterministic
             running[seq.group] += 1
             seq.slot = self._free_slots.pop(0)
             seq.status = SequenceStatus.RUNNING

@@ -1,6 +1,7 @@
 """Deterministic mode, in-process on the real model: a greedy (or seeded) request's 128 tokens and
 their log-probabilities are bit for bit the same alone, among 7 other requests (long
-prompts computed beside it, other streams speculating), and after a prefix-cache hit.
+prompts computed beside it, other streams speculating), after a prefix-cache hit, and
+after another deterministic request, on an engine other requests have used.
 Without the mode the same comparison differs, which is what the mode is for."""
 
 from __future__ import annotations
@@ -47,16 +48,18 @@ class Loop:
               use_cache: bool) -> Answer:
         return self.loop.run_until_complete(self._one(rid, prompt, params, use_cache))
 
-    def among_others(self, rid: str, prompt: list[int], params: SamplingParams) -> Answer:
+    def among_others(self, rid: str, prompt: list[int], params: SamplingParams,
+                     use_cache: bool = False) -> Answer:
         """The request, 0.3 s after 7 others started (long prompts still being computed,
-        streams generating with speculation on), none of its prefix cached."""
+        streams generating with speculation on), none of its prefix cached unless
+        ``use_cache``."""
         others = [(f"{rid}-o{i}", self.tokens(STORY * (1 + 2 * i) + f"Chapter {i}."),
                    SamplingParams(temperature=0.9, seed=i, max_tokens=80 + 10 * i))
                   for i in range(7)]
 
         async def run() -> Answer:
             tasks = [self._one(r, p, s, True) for r, p, s in others]
-            mine = self._one(rid, prompt, params, False, delay=0.3)
+            mine = self._one(rid, prompt, params, use_cache, delay=0.3)
             *_, answer = await asyncio.gather(*tasks, mine)
             return answer
         return self.loop.run_until_complete(run())
@@ -66,11 +69,10 @@ class Loop:
         self.loop.close()
 
 
-@pytest.fixture()
+@pytest.fixture(scope="module")
 def lp() -> Iterator[Loop]:
-    """A fresh engine: the mode's promise holds while no free cells lie before the
-    sequence's own (README, "Deterministic mode"), which earlier requests that freed cells
-    can break."""
+    """One engine for the module: each test finds what the earlier ones left in its KV
+    cache (cached prefixes, cells freed by finished requests)."""
     cfg = override_model(load_config().models[0], context=6144, slots=8, batch=256,
                          threads=2)
     loop = Loop(load_model(cfg))
@@ -90,6 +92,8 @@ def test_deterministic_request_is_bit_identical_alone_among_others_and_cached(
     prompt = lp.tokens(f"Explain, step by step, how a lighthouse {topic}, and why it "
                        "matters on a stormy night. " * 3)
     params = replace(sampling, deterministic=True)
+    # a used engine: other requests ran, were cached and finished, and freed cells
+    lp.among_others(f"warm-{sampling.seed}", lp.tokens(STORY), GREEDY)
     alone = lp.alone("d-alone", prompt, params, use_cache=True)
     assert len(alone[1]) == 128
     busy = lp.among_others("d-busy", prompt, params)
@@ -97,9 +101,13 @@ def test_deterministic_request_is_bit_identical_alone_among_others_and_cached(
     cached = lp.alone("d-cached", prompt, params, use_cache=True)
     # its whole prompt but the last token came from the cache
     assert lp.served.engine.cache.stats.hit_tokens - before == len(prompt) - 1
+    # another deterministic request in between (the lane keeps only a shared prefix)
+    lp.alone("d-between", lp.tokens(STORY + "Begin at dawn."), params, use_cache=True)
+    again = lp.among_others("d-again", prompt, params, use_cache=True)
     assert busy[0] == alone[0]
     assert busy[1] == alone[1]  # every token's log-probability (and top 3), bit for bit
     assert cached[0] == alone[0] and cached[1] == alone[1]
+    assert again[0] == alone[0] and again[1] == alone[1]
 
 
 def test_without_the_mode_the_same_comparison_differs(lp: Loop) -> None:

@@ -133,19 +133,11 @@ def test_greedy_request_alone_and_among_others(aclient: openai.AsyncOpenAI) -> N
 
 
 def test_deterministic_request_through_the_openai_client(
-        tmp_path_factory: pytest.TempPathFactory) -> None:
-    """``"deterministic": true`` (engine.invariance): 128 greedy tokens and their
-    log-probabilities are the same alone, among 7 other streams, and from the cache. A
-    server of its own: the promise holds while no freed cells lie before the request's
-    (README), which the other tests' requests (``cache_prompt: false``) leave behind."""
-    srv = start_server(tmp_path_factory.mktemp("det"))
-    aclient = openai.AsyncOpenAI(base_url=f"{srv.base_url}/v1", api_key="unused",
-                                 max_retries=0, timeout=120)
-    client = openai.OpenAI(base_url=f"{srv.base_url}/v1", api_key="unused", max_retries=0)
-    try:
-        _deterministic_checks(aclient, client)
-    finally:
-        stop_server(srv)
+        aclient: openai.AsyncOpenAI, client: openai.OpenAI) -> None:
+    """``"deterministic": true`` (engine.lane): 128 greedy tokens and their
+    log-probabilities are the same alone, among 7 other streams, and from the cache, on
+    the suite's shared server, whatever the other tests left in its KV cache."""
+    _deterministic_checks(aclient, client)
 
 
 def _deterministic_checks(aclient: openai.AsyncOpenAI, client: openai.OpenAI) -> None:

@@ -239,3 +239,17 @@ def test_a_step_time_target_shrinks_prompt_chunks_while_streams_generate() -> No
         sched.note_step(4000, 1.0)  # faster now: 400 tokens per 0.1 s, capped by the budget
     assert sched.streaming_budget() == 256
     assert Scheduler(2, 256).streaming_budget() == 256  # no target: the plain budget
+
+
+def test_one_deterministic_sequence_runs_at_a_time() -> None:
+    """Deterministic sequences share one lane (``engine.lane``): the next is admitted when
+    the running one ends; other requests are admitted past it meanwhile."""
+    sched = Scheduler(num_slots=4, token_budget=64)
+    d1, d2, plain = make_seq("d1", 5), make_seq("d2", 5), make_seq("plain", 5)
+    d1.deterministic = d2.deterministic = True
+    for s in (d1, d2, plain):
+        sched.add(s)
+    assert sched.admit() == [d1, plain]
+    assert sched.admit() == [] and list(sched.waiting) == [d2]
+    sched.finish(d1, SequenceStatus.FINISHED_STOPPED)
+    assert sched.admit() == [d2]
