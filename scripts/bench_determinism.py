@@ -3,11 +3,12 @@
 prefix cache not used): each workload with every request normal and with the mode on,
 alternating, 3 rounds, median.
 
-- 8 streams of 128 tokens: total tokens/s, all normal vs all deterministic;
+- 8 streams of 128 tokens: total tokens/s, all normal vs all deterministic (which run
+  one at a time, in the lane: ``engine.lane``);
 - 1 deterministic stream among 7 normal ones: total tokens/s vs all 8 normal (the step
-  then makes two llama_decode calls);
+  then makes two llama_decode calls, one in the lane);
 - a cold 1,500-token prompt: time to its first token (deterministic prompts go in
-  32-token pieces).
+  62-token pieces).
 
 It also checks the mode's promise on the way: the deterministic stream's text is the same
 in every round, alone or among the others.
