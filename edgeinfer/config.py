@@ -151,7 +151,7 @@ class ModelConfig:
                               "request_timeout > 0")
         if self.batch < self.slots:
             raise ConfigError(f"model {self.id!r}: batch must be >= slots")
-        # llama.cpp's limit is 256 sequences; one is the deterministic mode's scratch
+        # llama.cpp's limit is 256 sequences (one is kept spare)
         if self.cache_entries < 0 or self.slots + self.cache_entries > 255:
             raise ConfigError(f"model {self.id!r}: slots plus cache_entries must be at most 255 "
                               "(llama.cpp's sequence limit, less one)")

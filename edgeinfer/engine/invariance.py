@@ -11,8 +11,9 @@ sequences own), except where a kernel is chosen by the shape of the whole batch:
   can come out with different rounding, and a greedy answer parts after a few tokens.
 
 A deterministic sequence's tokens therefore go in llama_decode calls that always take the
-plain path: between 2 and ``MAX_ROWS`` rows (a lone row gets a pad row of a scratch
-sequence, removed right after), and its prompt in pieces of at most 62 tokens (the
+plain path: up to ``MAX_ROWS`` rows (a lone row whose view is long enough for the
+KV-split path gets a pad row of a scratch sequence, removed right after), and its prompt
+in pieces of at most 62 tokens (the
 scheduler's ``DETERMINISTIC_PIECE``). Those calls go to a context of their own, the
 lane (``engine.lane``), which holds the sequence at cells equal to its positions (the
 order of its cells also moves the numbers) and keeps the previous deterministic
@@ -28,6 +29,9 @@ from edgeinfer.engine.scheduler import Chunk
 
 # below ggml's tiled flash-attention threshold (GGML_FA_TILE_Q = 64 query rows)
 MAX_ROWS = 63
+# ggml's KV-split path takes one query row over a view of this many cells or more;
+# llama.cpp pads the view to a multiple of VIEW_PAD cells
+SPLIT_VIEW, VIEW_PAD = 512, 256
 
 
 def calls(chunks: list[Chunk]) -> list[list[Chunk]]:
@@ -39,10 +43,12 @@ def calls(chunks: list[Chunk]) -> list[list[Chunk]]:
 
 
 def pad(runs: list[Run], scratch: int) -> bool:
-    """Add a pad row (token 0 of the ``scratch`` sequence) to a deterministic call of one
-    row, so that it takes the same kernel as a call of several; True when added (the
-    caller removes the scratch sequence's cell after the decode)."""
-    if sum(len(r.tokens) for r in runs) != 1:
+    """Add a pad row (token 0 of the ``scratch`` sequence) to a call of one row in the lane
+    whose KV view would take the KV-split path, so that it takes the same kernel as a call
+    of several; True when added (the caller removes the scratch sequence's cell after the
+    decode). In the lane a token at position p lies in cell p, so the view is ``p + 1``
+    cells padded to ``VIEW_PAD``: split from p = ``SPLIT_VIEW - VIEW_PAD`` on."""
+    if sum(len(r.tokens) for r in runs) != 1 or runs[0].start < SPLIT_VIEW - VIEW_PAD:
         return False
     runs.append(Run(scratch, 0, [0], False))
     return True

@@ -91,8 +91,8 @@ class Lane:
         del self.held[length:]
 
     def decode(self, runs: list[Run]) -> Decoded:
-        """One call of the lane's sequence (its runs name ``SEQ``); a lone row gets a pad
-        row (``invariance.pad``), whose cell is removed right after."""
+        """One call of the lane's sequence (its runs name ``SEQ``); a lone row past the
+        first 256 positions gets a pad row (``invariance.pad``), removed right after."""
         pad(runs, SCRATCH)
         batch = self._batch.batch
         out = fill_batch(batch, runs)

@@ -167,18 +167,12 @@ class LlamaRuntime:
         """The most tokens one engine step may decode."""
         return max(self.cfg.batch, self.cfg.prefill_batch)
 
-    @property
-    def scratch_seq(self) -> int:
-        """A sequence id no request or cache entry uses (pad rows, removed at once)."""
-        return self.cfg.slots + (self.cfg.cache_entries if self.memory_kind == "kv" else 0)
-
     def context_params(self) -> llama_cpp.llama_context_params:
         cfg = self.cfg
         cparams: llama_cpp.llama_context_params = llama_cpp.llama_context_default_params()
         cparams.n_ctx = cfg.context
         # cache entries hold finished prefixes in the KV cache; checkpoints live in RAM
-        # (and one scratch sequence: the pad row of ``invariance``)
-        cparams.n_seq_max = self.scratch_seq + 1
+        cparams.n_seq_max = cfg.slots + (cfg.cache_entries if self.memory_kind == "kv" else 0)
         # llama.cpp asserts (aborting the process) unless a batch can hold one output per
         # sequence; the scheduler's own budget stays cfg.batch
         cparams.n_batch = cparams.n_ubatch = max(self.max_step, cparams.n_seq_max)

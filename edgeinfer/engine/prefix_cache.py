@@ -8,7 +8,9 @@ id, no tensor is copied. The ``PrefixIndex`` says which id holds what.
 Engine thread only. The engine calls ``attach`` when a request takes a slot
 (and again when a prefix it waited for is ready), ``committed`` after every
 successful decode, ``rollback`` after a failed one, ``release`` when a
-request ends, and ``evict_one`` when llama_decode finds no room.
+request ends, ``evict_one`` when llama_decode finds no room, and ``trim_idle``
+at each step while requests run (idle entries then wait in the RAM tier).
+Deterministic requests do not use it (``engine.lane``).
 
 Checkpoint mode (``checkpoint_every`` is not None), for memories whose cells cannot
 be shared or trimmed (recurrent and hybrid models, sliding windows without the

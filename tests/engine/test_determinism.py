@@ -89,11 +89,14 @@ def _same(a: Answer, b: Answer) -> bool:
 def test_deterministic_request_is_bit_identical_alone_among_others_and_cached(
         lp: Loop, sampling: SamplingParams) -> None:
     topic = "lens focuses light" if sampling.is_greedy else "keeper trims the wick"
+    # about 170 prompt tokens: its 128 tokens are decoded alone under 256 positions and
+    # with a pad row past them (``invariance.pad``)
     prompt = lp.tokens(f"Explain, step by step, how a lighthouse {topic}, and why it "
-                       "matters on a stormy night. " * 3)
+                       "matters on a stormy night. " * 8)
     params = replace(sampling, deterministic=True)
     # a used engine: other requests ran, were cached and finished, and freed cells
     lp.among_others(f"warm-{sampling.seed}", lp.tokens(STORY), GREEDY)
+    assert 128 < len(prompt) < 256
     alone = lp.alone("d-alone", prompt, params, use_cache=True)
     assert len(alone[1]) == 128
     busy = lp.among_others("d-busy", prompt, params)
@@ -118,3 +121,33 @@ def test_without_the_mode_the_same_comparison_differs(lp: Loop) -> None:
     alone = lp.alone("n-alone", prompt, GREEDY, use_cache=False)
     busy = lp.among_others("n-busy", prompt, GREEDY)
     assert not _same(alone, busy)
+
+
+def test_a_conversation_going_on_reuses_its_answer_exactly(lp: Loop) -> None:
+    """The next turn of a deterministic conversation keeps the previous prompt and answer
+    in the lane (past 256 positions, where a lone token takes a pad row) and computes only
+    the new turn: the same tokens and log-probabilities as the whole prompt computed
+    afresh."""
+    params = replace(GREEDY, deterministic=True)
+    first = lp.tokens("Tell the story of the lighthouse keeper and the lost ship, "
+                      "in many short chapters. " * 8)
+
+    async def run(rid: str, prompt: list[int], use_cache: bool
+                  ) -> tuple[list[int], list[object], int]:
+        gen: AsyncIterator[Delta] = lp.served.engine.generate(rid, prompt, params,
+                                                              use_cache=use_cache)
+        deltas = [d async for d in gen]
+        return ([t for d in deltas for t in d.tokens], [d.logprob for d in deltas if d.logprob],
+                deltas[-1].cached_tokens)
+
+    answer, _, _ = lp.loop.run_until_complete(run("c-1", first, True))
+    assert len(first) + len(answer) > 256 + 16
+    turn = lp.served.runtime.tokenize("<|im_end|>\n<|im_start|>user\nGo on.<|im_end|>\n"
+                                      "<|im_start|>assistant\n", add_special=False,
+                                      parse_special=True)
+    second = first + answer + turn
+    kept, kept_lp, cached = lp.loop.run_until_complete(run("c-2", second, True))
+    assert cached == len(first) + len(answer) - 1  # all but the last answer token
+    fresh, fresh_lp, cached = lp.loop.run_until_complete(run("c-3", second, False))
+    assert cached == 0
+    assert kept == fresh and kept_lp == fresh_lp
