@@ -14,7 +14,8 @@ token, so that every cell is computed by flash attention's plain path, row by ro
 a prefix kept from an earlier request equals the same tokens computed afresh. One
 deterministic request runs at a time (the scheduler admits the next when the lane is
 free). Created on the first deterministic request: its KV cache takes as much memory
-again as the model's context. Owned by the engine thread.
+again as the model's context (counted in the model's ``memory_bytes`` from then on).
+Owned by the engine thread.
 """
 
 from __future__ import annotations
@@ -59,6 +60,7 @@ class Lane:
             self._handles.close()
             raise
         self._mem: MemoryPtr = llama_cpp.llama_get_memory(self._ctx.ptr)
+        runtime.add_kv_cache()
         log.info("model %s: a context of %d tokens for deterministic requests", runtime.cfg.id,
                  cparams.n_ctx)
 

@@ -311,8 +311,13 @@ class LlamaRuntime:
         return self._model.ptr
 
     def memory_bytes(self) -> int:
-        """Weights plus the KV cache of the context (``engine.kv``), as loaded."""
+        """Weights plus the KV cache of the context (``engine.kv``), as loaded, plus the
+        deterministic mode's once it has one (``add_kv_cache``)."""
         return self._memory_bytes
+
+    def add_kv_cache(self) -> None:
+        """Count a second KV cache of the context's size (``engine.lane``'s)."""
+        self._memory_bytes += self._kv_bytes_per_token() * self.info.n_ctx
 
     # -- context (engine thread only) -----------------------------------
     @property

@@ -151,3 +151,22 @@ def test_a_conversation_going_on_reuses_its_answer_exactly(lp: Loop) -> None:
     fresh, fresh_lp, cached = lp.loop.run_until_complete(run("c-3", second, False))
     assert cached == 0
     assert kept == fresh and kept_lp == fresh_lp
+
+
+def test_the_lane_is_made_on_first_use_and_its_memory_counted() -> None:
+    cfg = override_model(load_config().models[0], context=2048, slots=2, threads=2)
+    lp = Loop(load_model(cfg))
+    try:
+        rt = lp.served.runtime
+        before = rt.memory_bytes()
+        assert lp.served.engine._lane is None
+        prompt = lp.tokens("Say hello.")
+        lp.alone("plain", prompt, replace(GREEDY, max_tokens=2), use_cache=True)
+        assert lp.served.engine._lane is None and rt.memory_bytes() == before
+        lp.alone("det", prompt, replace(GREEDY, max_tokens=2, deterministic=True),
+                 use_cache=True)
+        assert lp.served.engine._lane is not None
+        # a second KV cache of the context's size (memory_bytes: weights + KV cache)
+        assert rt.memory_bytes() - before == before - rt.info.size_bytes
+    finally:
+        lp.close()
