@@ -47,6 +47,10 @@ class Lane:
     def __init__(self, runtime: LlamaRuntime) -> None:
         self.n_vocab = runtime.info.n_vocab
         self.held: list[int] = []
+        # a prefix is kept only where the memory can drop part of a sequence exactly (a
+        # sliding window without the full-size cache has pruned what lies before its end)
+        self._partial = runtime.memory_kind == "kv"
+        self._reuse = runtime.cfg.prefix_cache
         self._handles = contextlib.ExitStack()  # the context, then the batch
         cparams = runtime.context_params()
         cparams.n_seq_max = 2
@@ -73,8 +77,9 @@ class Lane:
         prompt (all but its last token, and nothing for a request that opted out of the
         cache), remove the rest; returns how many tokens are kept (it computes from
         there)."""
-        limit = seq.num_prompt - 1 if seq.use_cache else 0
-        self.rollback(common_prefix(self.held, seq.prompt[:limit]))
+        limit = seq.num_prompt - 1 if seq.use_cache and self._reuse else 0
+        keep = common_prefix(self.held, seq.prompt[:limit])
+        self.rollback(keep if self._partial or keep == len(self.held) else 0)
         seq.num_computed = seq.num_cached = len(self.held)
         return len(self.held)
 
@@ -83,10 +88,11 @@ class Lane:
         self.held.extend(tokens)
 
     def rollback(self, length: int) -> None:
-        """Keep the first ``length`` tokens only (all is cleared where the memory cannot
-        drop part of a sequence)."""
-        if length >= len(self.held):
-            return
+        """Keep the first ``length`` tokens only, and no cell after them (all is cleared
+        where the memory cannot drop part of a sequence)."""
+        length = min(length, len(self.held))
+        if not self._partial and length < len(self.held):
+            length = 0
         if not llama_cpp.llama_memory_seq_rm(self._mem, SEQ, length, -1):
             llama_cpp.llama_memory_seq_rm(self._mem, SEQ, -1, -1)
             length = 0

@@ -248,8 +248,7 @@ class Engine:
         self.stats.step_seconds += time.perf_counter() - t0
 
     def _decode(self, chunks: list[Chunk]) -> None:
-        """One llama_decode of ``chunks`` (in the lane for a deterministic sequence's),
-        then their tokens sampled (or the error handled)."""
+        """One llama_decode of ``chunks`` (the lane's: a deterministic one's), then sampling."""
         if not chunks:
             return
         lane = self._lane if chunks[0].seq.deterministic else None
@@ -274,7 +273,8 @@ class Engine:
             return []
         admitted, running = self.scheduler.admit(time.monotonic()), self.scheduler.running
         if running:  # idle cached cells slow every step: none stays while requests run
-            self.cache.trim_idle([s.prompt for s in running if s.is_prefilling])
+            self.cache.trim_idle([s.prompt for s in running
+                                  if s.is_prefilling and not s.deterministic])
         for seq in admitted:
             attach(self.cache, running, seq, self._lane)
         resume_waiters(self.cache, running)

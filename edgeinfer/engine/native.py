@@ -358,6 +358,10 @@ class LlamaRuntime:
         n = llama_cpp.llama_state_seq_get_data(self.ctx, buf, size, seq_id)
         return ctypes.string_at(buf, n)  # one copy (slicing the array would go int by int)
 
+    def seq_state_size(self, seq_id: int) -> int:
+        """The size of ``seq_state(seq_id)`` in bytes, without copying it."""
+        return int(llama_cpp.llama_state_seq_get_size(self.ctx, seq_id))
+
     def set_seq_state(self, seq_id: int, data: bytes) -> bool:
         """Load a sequence's state saved by ``seq_state`` into ``seq_id`` (which must be
         empty); False when llama.cpp refuses it (no room, or data it cannot read)."""

@@ -96,7 +96,8 @@ class PrefixCache:
         if self.checkpoint_every is not None:
             return self._from_checkpoint(slot, tokens, limit) if not have else have
         n, holder = self.index.match(tokens[:limit], exclude=slot)
-        if self.ram.enabled and self._from_ram(tokens[:limit], max(n, have)):
+        if self.ram.enabled:  # (again after it: making room may have evicted ``holder``)
+            self._from_ram(tokens[:limit], max(n, have))
             n, holder = self.index.match(tokens[:limit], exclude=slot)
         if holder is None or n <= have:
             return have
@@ -259,7 +260,8 @@ class PrefixCache:
         held = set(range(self.num_slots)) | stay
         base = self.index.tokens_held_by(held)
         idle = [e for e in self.entries.values()
-                if e.seq_id not in stay and self.index.tokens_held_by(held | {e.seq_id}) > base]
+                if e.seq_id not in stay and self.index.tokens_held_by(held | {e.seq_id}) > base
+                and self.ram.fits(self.rt.seq_state_size(e.seq_id))]  # else it would be lost
         for entry in sorted(idle, key=lambda e: e.last_used):
             self._evict(entry)
         return len(idle)

@@ -45,11 +45,14 @@ class RamTier:
     def enabled(self) -> bool:
         return self.budget > 0
 
+    def fits(self, size: int) -> bool:
+        """Whether a state of ``size`` bytes can be kept (beside the pinned states)."""
+        return size <= self.budget - sum(len(self._states[h][1]) for h in self._pinned)
+
     def put(self, tokens: list[int], data: bytes, pinned: bool = False) -> bool:
         """Keep ``data``, the state of ``tokens`` (False: it does not fit the budget
         beside the pinned states). A pinned state is never pushed out."""
-        pinned_bytes = sum(len(self._states[h][1]) for h in self._pinned)
-        if not tokens or pinned_bytes + len(data) > self.budget:
+        if not tokens or not self.fits(len(data)):
             return False
         if self._insert(tokens, data, pinned):
             self.stats.saved += 1

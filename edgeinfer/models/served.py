@@ -36,7 +36,8 @@ from edgeinfer.prompt.template import ChatTemplate
 from edgeinfer.prompt.toolformat import ToolFormat, choose
 from edgeinfer.prompt.tools import ToolSpec, prepare_messages
 
-PIN_PARAMS = SamplingParams(temperature=0, max_tokens=1)
+# a pin computes its prompt in the shared context (a deterministic model's lane has no pins)
+PIN_PARAMS = SamplingParams(temperature=0, max_tokens=1, deterministic=False)
 T = TypeVar("T")
 # Blocking native work of requests (tokenizing, detokenizing, grammar checks) runs here: at
 # most all cores but one at a time, so a storm of large requests queues instead of taking

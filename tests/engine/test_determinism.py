@@ -64,6 +64,17 @@ class Loop:
             return answer
         return self.loop.run_until_complete(run())
 
+    def detailed(self, rid: str, prompt: list[int], params: SamplingParams, use_cache: bool
+                 ) -> tuple[list[int], list[object], int]:
+        """(tokens, log-probabilities, cached prompt tokens) of one request."""
+        async def run() -> tuple[list[int], list[object], int]:
+            gen: AsyncIterator[Delta] = self.served.engine.generate(rid, prompt, params,
+                                                                    use_cache=use_cache)
+            deltas = [d async for d in gen]
+            return ([t for d in deltas for t in d.tokens],
+                    [d.logprob for d in deltas if d.logprob], deltas[-1].cached_tokens)
+        return self.loop.run_until_complete(run())
+
     def close(self) -> None:
         self.served.engine.stop()
         self.loop.close()
@@ -132,23 +143,15 @@ def test_a_conversation_going_on_reuses_its_answer_exactly(lp: Loop) -> None:
     first = lp.tokens("Tell the story of the lighthouse keeper and the lost ship, "
                       "in many short chapters. " * 8)
 
-    async def run(rid: str, prompt: list[int], use_cache: bool
-                  ) -> tuple[list[int], list[object], int]:
-        gen: AsyncIterator[Delta] = lp.served.engine.generate(rid, prompt, params,
-                                                              use_cache=use_cache)
-        deltas = [d async for d in gen]
-        return ([t for d in deltas for t in d.tokens], [d.logprob for d in deltas if d.logprob],
-                deltas[-1].cached_tokens)
-
-    answer, _, _ = lp.loop.run_until_complete(run("c-1", first, True))
+    answer, _, _ = lp.detailed("c-1", first, params, True)
     assert len(first) + len(answer) > 256 + 16
     turn = lp.served.runtime.tokenize("<|im_end|>\n<|im_start|>user\nGo on.<|im_end|>\n"
                                       "<|im_start|>assistant\n", add_special=False,
                                       parse_special=True)
     second = first + answer + turn
-    kept, kept_lp, cached = lp.loop.run_until_complete(run("c-2", second, True))
+    kept, kept_lp, cached = lp.detailed("c-2", second, params, True)
     assert cached == len(first) + len(answer) - 1  # all but the last answer token
-    fresh, fresh_lp, cached = lp.loop.run_until_complete(run("c-3", second, False))
+    fresh, fresh_lp, cached = lp.detailed("c-3", second, params, False)
     assert cached == 0
     assert kept == fresh and kept_lp == fresh_lp
 
@@ -168,5 +171,50 @@ def test_the_lane_is_made_on_first_use_and_its_memory_counted() -> None:
         assert lp.served.engine._lane is not None
         # a second KV cache of the context's size (memory_bytes: weights + KV cache)
         assert rt.memory_bytes() - before == before - rt.info.size_bytes
+    finally:
+        lp.close()
+
+
+def test_a_sliding_window_lane_keeps_no_prefix_its_window_has_pruned() -> None:
+    """Gemma 3 without the full-size window cache: its cache has dropped what lies a
+    window before a sequence's end, so the lane keeps a prefix only when the next prompt
+    extends all it holds; otherwise it starts afresh (the same answer as without cache)."""
+    gemma = next(m for m in load_config().models if m.id == "gemma-3-270m")
+    cfg = override_model(gemma, context=2048, slots=2, threads=2, swa_full=False)
+    lp = Loop(load_model(cfg))
+    try:
+        rt = lp.served.runtime
+        assert rt.sliding_window and rt.memory_kind == "checkpoint"
+        first = rt.tokenize(STORY * 30, add_special=True, parse_special=False)[:800]
+        params = replace(GREEDY, max_tokens=8, deterministic=True)
+        lp.detailed("w-1", first, params, True)
+        second = first[:700] + rt.tokenize(" What happened next?", add_special=False,
+                                           parse_special=False)
+        kept, kept_lp, cached = lp.detailed("w-2", second, params, True)
+        fresh, fresh_lp, _ = lp.detailed("w-3", second, params, False)
+        assert cached == 0
+        assert kept == fresh and kept_lp == fresh_lp
+        # a prompt that extends all the lane holds keeps it
+        third = second + fresh + rt.tokenize(" Go on.", add_special=False,
+                                             parse_special=False)
+        _, _, cached = lp.detailed("w-4", third, params, True)
+        assert cached == len(second) + len(fresh) - 1
+    finally:
+        lp.close()
+
+
+def test_a_deterministic_model_still_pins_prefixes() -> None:
+    """A pin computes its prompt in the shared context even where every request is
+    deterministic (the lane has no pins)."""
+    cfg = override_model(load_config().models[0], context=2048, slots=2, threads=2,
+                         deterministic=True, cache_disk_mb=0)  # computed, not from disk
+    lp = Loop(load_model(cfg))
+    try:
+        assert lp.served.prefix_store is None
+        tokens = lp.tokens("You are a careful assistant who answers briefly. " * 4)
+        lp.loop.run_until_complete(lp.served.pin(tokens))
+        cache = lp.served.engine.cache
+        assert [cache.index.tokens_of(e.seq_id) for e in cache.entries.values()
+                if e.pinned] == [tokens]
     finally:
         lp.close()

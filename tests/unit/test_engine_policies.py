@@ -128,6 +128,9 @@ class StateMemory(FakeMemory):
     def seq_pos_max(self, seq: int) -> int:
         return max(self.cells.get(seq, {}), default=-1)
 
+    def seq_state_size(self, seq: int) -> int:
+        return len(self.seq_state(seq))
+
 
 def test_idle_entries_wait_in_ram_while_requests_run_and_come_back_on_a_hit() -> None:
     mem = StateMemory()
@@ -157,6 +160,19 @@ def test_idle_entries_wait_in_ram_while_requests_run_and_come_back_on_a_hit() ->
     assert cache.attach(0, [*b[:20], 99], limit=21) == 20 and cache.ram.has(b)
     assert mem.holds(0) == 20 and sum(mem.holds(e) for e in cache.entries) == 20 + 30
     assert cache.stats.evictions == 3
+
+
+def test_an_entry_too_large_for_the_ram_tier_stays_in_the_kv_cache() -> None:
+    mem = StateMemory()
+    cache = PrefixCache(cast(LlamaRuntime, mem), 2, 4, True, ram_bytes=40)
+    small, large = list(range(30)), list(range(100, 150))
+    for tokens in (small, large):
+        fill(cache, mem, 0, tokens)
+        cache.release(0, keep=True)
+    fill(cache, mem, 1, [7, 8])  # a request runs
+    assert cache.trim_idle([]) == 1  # the small one moved; the large one would be lost
+    assert [cache.index.tokens_of(e) for e in cache.entries] == [large]
+    assert cache.ram.has(small)
 
 
 def test_without_the_ram_tier_idle_entries_stay() -> None:
