@@ -1,11 +1,15 @@
 """Batches for llama_decode: runs of tokens in, the batch indexes of their outputs and
-llama_decode's code out (see ``LlamaRuntime.decode``)."""
+llama_decode's code out (see ``LlamaRuntime.decode``), and an output's logits."""
 
 from __future__ import annotations
 
 from typing import NamedTuple
 
 import llama_cpp
+import numpy as np
+import numpy.typing as npt
+
+from edgeinfer.engine.handles import ContextPtr
 
 
 class Run(NamedTuple):
@@ -53,3 +57,11 @@ def fill_batch(batch: llama_cpp.llama_batch, runs: list[Run],
             out.append(i - 1 - run.drafts)
     batch.n_tokens = i
     return out
+
+
+def logits_row(ctx: ContextPtr, n_vocab: int, batch_index: int) -> npt.NDArray[np.float32]:
+    """The logits of one output of ``ctx``'s last decode (a view, valid until the next)."""
+    ptr = llama_cpp.llama_get_logits_ith(ctx, batch_index)
+    if not ptr:
+        raise RuntimeError(f"no logits for batch index {batch_index}")
+    return np.ctypeslib.as_array(ptr, shape=(n_vocab,))

@@ -27,7 +27,7 @@ import llama_cpp
 import numpy as np
 import numpy.typing as npt
 
-from edgeinfer.engine.batch import Decoded, Run, fill_batch
+from edgeinfer.engine.batch import Decoded, Run, fill_batch, logits_row
 from edgeinfer.engine.handles import Batch, Context, ContextPtr, MemoryPtr
 from edgeinfer.engine.invariance import MAX_ROWS, pad
 from edgeinfer.engine.native import LlamaRuntime
@@ -111,10 +111,7 @@ class Lane:
 
     def logits_row(self, batch_index: int) -> npt.NDArray[np.float32]:
         """The logits of one output of the last decode (a view, valid until the next)."""
-        ptr = llama_cpp.llama_get_logits_ith(self._ctx.ptr, batch_index)
-        if not ptr:
-            raise RuntimeError(f"no logits for batch index {batch_index}")
-        return np.ctypeslib.as_array(ptr, shape=(self.n_vocab,))
+        return logits_row(self._ctx.ptr, self.n_vocab, batch_index)
 
     def close(self) -> None:
         self._handles.close()

@@ -23,7 +23,7 @@ import numpy as np
 import numpy.typing as npt
 
 from edgeinfer.config import ModelConfig
-from edgeinfer.engine.batch import Decoded, Run, fill_batch
+from edgeinfer.engine.batch import Decoded, Run, fill_batch, logits_row
 from edgeinfer.engine.handles import (
     Batch,
     Context,
@@ -334,10 +334,7 @@ class LlamaRuntime:
 
     def logits_row(self, batch_index: int) -> npt.NDArray[np.float32]:
         """The logits of one output of the last decode (a view, valid until the next)."""
-        ptr = llama_cpp.llama_get_logits_ith(self._ctx.ptr, batch_index)
-        if not ptr:
-            raise RuntimeError(f"no logits for batch index {batch_index}")
-        return np.ctypeslib.as_array(ptr, shape=(self.info.n_vocab,))
+        return logits_row(self._ctx.ptr, self.info.n_vocab, batch_index)
 
     def seq_rm(self, seq_id: int, p0: int = -1, p1: int = -1) -> bool:
         return bool(llama_cpp.llama_memory_seq_rm(self._mem, seq_id, p0, p1))

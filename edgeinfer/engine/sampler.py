@@ -10,6 +10,7 @@ import llama_cpp
 import numpy as np
 import numpy.typing as npt
 
+from edgeinfer.engine.batch import logits_row
 from edgeinfer.engine.grammar_check import grammar_sampler
 from edgeinfer.engine.handles import ContextPtr, Sampler, SamplerPtr, VocabPtr
 from edgeinfer.engine.sequence import SamplingParams
@@ -165,8 +166,7 @@ class SamplerChain:
         """
         grammar, chain = self._grammar, self._chain
         assert grammar is not None
-        ptr = llama_cpp.llama_get_logits_ith(ctx, batch_index)
-        logits = np.ctypeslib.as_array(ptr, shape=(self._n_vocab,))
+        logits = logits_row(ctx, self._n_vocab, batch_index)
         cur = self._cur
         cur["id"], cur["logit"], cur["p"] = self._ids, logits, 0.0
         token = int(cur["id"][self._apply(chain, cur)])
