@@ -150,7 +150,7 @@ def test_stream_events_come_in_anthropic_order(server: ServerProcess) -> None:
 def test_streamed_tool_use_is_built_from_input_json_deltas(ac: anthropic.Anthropic) -> None:
     partial: list[str] = []
     kinds: list[str] = []
-    with ac.messages.stream(model="default", max_tokens=100, tools=[WEATHER],
+    with ac.messages.stream(model="default", max_tokens=100, tools=[WEATHER], extra_body=GREEDY,
                             tool_choice={"type": "tool", "name": "get_weather"},
                             messages=[{"role": "user", "content": "Weather in Paris?"}]
                             ) as stream:
@@ -171,7 +171,8 @@ def test_streamed_tool_use_is_built_from_input_json_deltas(ac: anthropic.Anthrop
 def test_tool_round_trip(ac: anthropic.Anthropic) -> None:
     ask: list[Any] = [{"role": "user", "content": "What is the weather in Paris?"}]
     first = ac.messages.create(model="default", max_tokens=100, messages=ask, tools=[WEATHER],
-                               tool_choice={"type": "any", "disable_parallel_tool_use": True})
+                               tool_choice={"type": "any", "disable_parallel_tool_use": True},
+                               extra_body=GREEDY)
     assert first.stop_reason == "tool_use"
     calls = [b for b in first.content if b.type == "tool_use"]
     assert len(calls) == 1 and calls[0].name == "get_weather"
@@ -181,7 +182,7 @@ def test_tool_round_trip(ac: anthropic.Anthropic) -> None:
          "content": [{"type": "text", "text": "Sunny, 21 C"}]},
         {"type": "text", "text": "Answer in one sentence."}]}]
     answer = ac.messages.create(model="default", max_tokens=24, messages=turns,
-                                tools=[WEATHER], tool_choice={"type": "none"})
+                                tools=[WEATHER], tool_choice={"type": "none"}, extra_body=GREEDY)
     assert [b.type for b in answer.content] == ["text"] and text_of(answer)
     assert answer.stop_reason in ("end_turn", "max_tokens")
     # the call and its result are in the prompt: it is longer than the question alone
@@ -190,7 +191,8 @@ def test_tool_round_trip(ac: anthropic.Anthropic) -> None:
     counted = ac.messages.count_tokens(model="default", messages=turns, tools=[WEATHER],
                                        tool_choice={"type": "none"})
     assert counted.input_tokens == total_input(answer)
-    auto = ac.messages.create(model="default", max_tokens=40, messages=turns, tools=[WEATHER])
+    auto = ac.messages.create(model="default", max_tokens=40, messages=turns, tools=[WEATHER],
+                              extra_body=GREEDY)
     assert auto.content and {b.type for b in auto.content} <= {"text", "tool_use"}
     assert auto.stop_reason in ("end_turn", "max_tokens", "tool_use")
 

@@ -64,7 +64,8 @@ def _wait_idle(server: ServerProcess, timeout: float = 10.0) -> dict[str, object
 
 
 def test_chat_whole(oc: ollama.Client) -> None:
-    r = oc.chat(model="default", messages=HELLO, stream=False, options={"num_predict": 24})
+    r = oc.chat(model="default", messages=HELLO, stream=False,
+                options={"num_predict": 24, "temperature": 0})
     assert r.model == "default" and r.done is True and r.done_reason in ("stop", "length")
     assert r.message.role == "assistant" and r.message.content
     assert not r.message.tool_calls

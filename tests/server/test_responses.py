@@ -2,7 +2,8 @@
 parse, function calls, previous_response_id, stored responses) and the OpenAI Agents SDK.
 
 The model is tiny: these tests check structure and contracts, not answers. A tool call is
-forced with ``tool_choice``; a stream that must complete ends at a stop string."""
+forced with ``tool_choice``; a stream that must complete ends at a stop string. A test that
+asserts how a generation ends samples greedily: a sampled answer may run past its limit."""
 
 from __future__ import annotations
 
@@ -137,7 +138,7 @@ MESSAGE_END = ["response.output_text.done", "response.content_part.done",
 
 def test_stream_events_and_final_response(client: openai.OpenAI) -> None:
     with client.responses.stream(model="default", input="Name a color.", max_output_tokens=120,
-                                 extra_body={"stop": ["."]}) as stream:
+                                 temperature=0, extra_body={"stop": ["."]}) as stream:
         events = list(stream)
         final = stream.get_final_response()
     types = [e.type for e in events]
@@ -168,7 +169,8 @@ def test_raw_stream_events_validate(server: ServerProcess) -> None:
 
 def test_stream_function_call(client: openai.OpenAI) -> None:
     with client.responses.stream(model="default", input="Weather in Oslo?", tools=[WEATHER],
-                                 tool_choice="required", max_output_tokens=60) as stream:
+                                 tool_choice="required", max_output_tokens=60,
+                                 temperature=0) as stream:
         events = list(stream)
         final = stream.get_final_response()
     types = [e.type for e in events]
@@ -224,7 +226,7 @@ def test_parse_text_format(client: openai.OpenAI) -> None:
 def test_function_call_round_trip(client: openai.OpenAI) -> None:
     first = client.responses.create(model="default", input="What is the weather in Paris?",
                                     tools=[WEATHER], tool_choice="required",
-                                    max_output_tokens=60)
+                                    max_output_tokens=60, temperature=0)
     [call] = first.output
     assert call.type == "function_call" and call.status == "completed"
     assert isinstance(json.loads(call.arguments)["city"], str)
@@ -250,7 +252,7 @@ def test_named_tool_choice(client: openai.OpenAI) -> None:
     other = {**WEATHER, "name": "get_time", "description": "The time in a city"}
     r = client.responses.create(model="default", input="Time in Rome?", tools=[WEATHER, other],
                                 tool_choice={"type": "function", "name": "get_time"},
-                                max_output_tokens=60)
+                                max_output_tokens=60, temperature=0)
     assert [o.name for o in r.output if o.type == "function_call"] == ["get_time"]
 
 
