@@ -64,7 +64,8 @@ def test_every_dialect_health_and_metrics(cluster: RayCluster) -> None:
     from anthropic import Anthropic
 
     msg = Anthropic(base_url=cluster.url, api_key="unused", max_retries=0).messages.create(
-        model="default", max_tokens=8, messages=[{"role": "user", "content": "Hi"}])
+        model="default", max_tokens=8, messages=[{"role": "user", "content": "Hi"}],
+        extra_body={"temperature": 0})
     assert msg.content[0].type == "text"
     with httpx.Client(base_url=cluster.url, timeout=120) as http:
         r = http.post("/v1/responses", json={"model": "default", "input": "Hi",
@@ -115,8 +116,9 @@ def test_prefix_routing_beats_default_routing(cluster: RayCluster) -> None:
               f"(ideal ~{ideal:.0f}), cache hit rate {f.hit_rate:.0%}, {f.seconds:.1f} s")
     # close to each prefix once (a hot prefix may spill to the other replica when its own
     # is busier by more than the router's imbalance bound: 1.02-1.27x measured here)
-    assert aware.computed <= 1.4 * ideal
-    assert aware.computed < 0.75 * default.computed
+    # (bounds with room: pow2 breaks ties at random, 0.63x of it in the README's benchmark)
+    assert aware.computed <= 1.5 * ideal
+    assert aware.computed < 0.85 * default.computed
 
 
 def _engine_pids() -> list[int]:

@@ -85,7 +85,8 @@ def text_of(m: Message) -> str:
 
 
 def test_create_with_a_system_string_and_system_blocks(ac: anthropic.Anthropic) -> None:
-    plain = ac.messages.create(model="default", max_tokens=8, system="Be brief.", messages=HI)
+    plain = ac.messages.create(model="default", max_tokens=8, system="Be brief.", messages=HI,
+                               extra_body=GREEDY)
     assert plain.type == "message" and plain.role == "assistant" and plain.id.startswith("msg_")
     assert plain.model == "smollm2-135m-instruct"
     assert [b.type for b in plain.content] == ["text"] and text_of(plain)
@@ -112,7 +113,8 @@ def test_usage_splits_cached_input_from_new_input(ac: anthropic.Anthropic) -> No
 
 
 def test_stream_helper_text_equals_final_message(ac: anthropic.Anthropic) -> None:
-    with ac.messages.stream(model="default", max_tokens=24, messages=STORY) as stream:
+    with ac.messages.stream(model="default", max_tokens=24, messages=STORY,
+                            extra_body=GREEDY) as stream:
         streamed = "".join(stream.text_stream)
         final = stream.get_final_message()
     assert streamed and streamed == text_of(final)
@@ -121,7 +123,8 @@ def test_stream_helper_text_equals_final_message(ac: anthropic.Anthropic) -> Non
 
 
 def test_stream_events_come_in_anthropic_order(server: ServerProcess) -> None:
-    r = post(server, {"model": "default", "max_tokens": 12, "stream": True, "messages": STORY},
+    r = post(server, {"model": "default", "max_tokens": 12, "stream": True, "messages": STORY,
+                      **GREEDY},
              headers={"anthropic-version": "2023-06-01", "anthropic-beta": "whatever"})
     assert r.status_code == 200 and r.headers["content-type"].startswith("text/event-stream")
     pairs = sse_pairs(r.text)
@@ -207,7 +210,7 @@ def test_tool_result_errors_and_strings_are_accepted(ac: anthropic.Anthropic) ->
         {"role": "user", "content": [{"type": "tool_result", "tool_use_id": "toolu_1",
                                       "content": "service down", "is_error": True}]}]
     m = ac.messages.create(model="default", max_tokens=4, messages=turns, tools=[WEATHER],
-                           tool_choice={"type": "none"})
+                           tool_choice={"type": "none"}, extra_body=GREEDY)
     assert m.content[0].type == "text"
 
 
@@ -218,7 +221,8 @@ def test_max_tokens_stop_reason(ac: anthropic.Anthropic, server: ServerProcess) 
     m = ac.messages.create(model="default", max_tokens=3, messages=STORY, extra_body=GREEDY)
     assert m.stop_reason == "max_tokens" and m.stop_sequence is None
     assert m.usage.output_tokens == 3
-    r = post(server, {"model": "default", "max_tokens": 3, "stream": True, "messages": STORY})
+    r = post(server, {"model": "default", "max_tokens": 3, "stream": True, "messages": STORY,
+                      **GREEDY})
     delta = [d for k, d in sse_pairs(r.text) if k == "message_delta"]
     assert delta[0]["delta"] == {"stop_reason": "max_tokens", "stop_sequence": None}
 

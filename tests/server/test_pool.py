@@ -23,7 +23,8 @@ def test_three_models_answer_and_auto_routes_by_the_rules(server: ServerProcess,
     asked = {"smollm2-135m-instruct": "default", "smollm2-135m-instruct-q8": "smollm2-q8",
              "gemma-3-270m": "gemma3"}
     for model_id, name in asked.items():  # the Q8 file is written, Gemma assembled, on demand
-        r = client.completions.create(model=name, prompt="The sky is", max_tokens=4)
+        r = client.completions.create(model=name, prompt="The sky is", max_tokens=4,
+                                      temperature=0)
         assert r.model == model_id and r.choices[0].text
     states = {m.id: m.state for m in client.models.list().data}  # type: ignore[attr-defined]
     assert set(states.values()) == {"loaded"}
@@ -123,24 +124,41 @@ def test_priority_reorders_the_waiting_queue(pool_server: ServerProcess) -> None
     base = pool_server.base_url
     done: list[str] = []
 
-    async def ask(c: httpx.AsyncClient, name: str, delay: float, **extra: object) -> None:
-        await asyncio.sleep(delay)
+    async def ask(c: httpx.AsyncClient, name: str, **extra: object) -> None:
         r = await c.post(f"{base}/v1/chat/completions", headers=extra.pop("headers", {}),  # type: ignore[arg-type]
                          json={"model": "one-slot", "max_tokens": 40, "ignore_eos": True,
                                "messages": [{"role": "user", "content": name}], **extra})
         assert r.status_code == 200, r.text
         done.append(name)
 
+    async def until(c: httpx.AsyncClient, busy: int, queued: int) -> None:
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            stats = (await c.get(f"{base}/health")).json()["models"].get("one-slot", {})
+            if (stats.get("slots_busy"), stats.get("queued")) == (busy, queued):
+                return
+            await asyncio.sleep(0.02)
+        raise AssertionError(f"never {busy} running and {queued} waiting")
+
     async def main() -> None:
         async with httpx.AsyncClient(timeout=120) as c:
-            await asyncio.gather(
-                ask(c, "first", 0.0, max_tokens=150),  # holds the only slot
-                ask(c, "low", 0.5, priority=-5),
-                ask(c, "normal", 0.7),
-                ask(c, "high", 0.9, headers={"x-priority": "5"}))
+            # "first" holds the only slot (it streams until closed) while the others queue up,
+            # low first, then normal, then high
+            async with c.stream("POST", f"{base}/v1/chat/completions", json={
+                    "model": "one-slot", "max_tokens": 1500, "ignore_eos": True, "stream": True,
+                    "messages": [{"role": "user", "content": "first"}]}) as first:
+                reader = asyncio.ensure_future(first.aread())  # read on: closing would cancel
+                await until(c, 1, 0)
+                waiting = []
+                for n, (name, extra) in enumerate([("low", {"priority": -5}), ("normal", {}),
+                                                   ("high", {"headers": {"x-priority": "5"}})]):
+                    waiting.append(asyncio.ensure_future(ask(c, name, **extra)))
+                    await until(c, 1, n + 1)
+                reader.cancel()
+            await asyncio.gather(*waiting)  # closing "first" freed the slot
 
     asyncio.run(main())
-    assert done == ["first", "high", "normal", "low"]
+    assert done == ["high", "normal", "low"]
 
 
 def test_idle_model_unloads_after_its_ttl_and_reloads(pool_server: ServerProcess) -> None:

@@ -127,7 +127,8 @@ def test_anthropic_thinking_with_a_budget_gives_thinking_then_text(r1: ServerPro
 
     c = anthropic.Anthropic(base_url=r1.base_url, api_key="x", max_retries=0)
     m = c.messages.create(model="default", max_tokens=20, messages=ASK,  # type: ignore[arg-type]
-                          thinking={"type": "enabled", "budget_tokens": 3})
+                          thinking={"type": "enabled", "budget_tokens": 3},
+                          extra_body={"temperature": 0})
     kinds = [b.type for b in m.content]
     assert kinds[0] == "thinking" and m.content[0].thinking  # type: ignore[union-attr]
     assert "text" in kinds  # the budget closed the block and the answer followed

@@ -84,7 +84,7 @@ def sse(server: ServerProcess, body: dict[str, Any]) -> list[dict[str, Any]]:
 
 def test_create_string_input(server: ServerProcess, client: openai.OpenAI) -> None:
     raw = post(server, {"model": "default", "input": "Say hello.", "max_output_tokens": 24,
-                        "metadata": {"run": "1"}})
+                        "temperature": 0, "metadata": {"run": "1"}})
     assert raw.status_code == 200, raw.text
     body = raw.json()
     r = Response.model_validate(body)  # the SDK's model, validated, not just constructed
@@ -101,7 +101,8 @@ def test_create_string_input(server: ServerProcess, client: openai.OpenAI) -> No
     assert u.total_tokens == u.input_tokens + u.output_tokens
     assert u.output_tokens_details.reasoning_tokens == 0
     assert body["store"] is True and body["tools"] == [] and body["instructions"] is None
-    sdk = client.responses.create(model="default", input="Say hello.", max_output_tokens=8)
+    sdk = client.responses.create(model="default", input="Say hello.", max_output_tokens=8,
+                                 temperature=0)
     assert sdk.id != r.id and sdk.output_text
 
 
@@ -154,7 +155,7 @@ def test_stream_events_and_final_response(client: openai.OpenAI) -> None:
 
 def test_raw_stream_events_validate(server: ServerProcess) -> None:
     events = sse(server, {"model": "default", "input": "Write a long story.",
-                          "max_output_tokens": 4})
+                          "max_output_tokens": 4, "temperature": 0})
     for e in events:
         EVENTS.validate_python(e)
     assert events[-1]["type"] == "response.incomplete"
@@ -216,7 +217,7 @@ def test_generation_error_mid_stream() -> None:
 
 def test_parse_text_format(client: openai.OpenAI) -> None:
     r = client.responses.parse(model="default", input="Describe Paris as a city record.",
-                               text_format=City, max_output_tokens=200)
+                               text_format=City, max_output_tokens=200, temperature=0)
     assert r.status == "completed"
     assert isinstance(r.output_parsed, City)
     assert r.text is not None and r.text.format is not None

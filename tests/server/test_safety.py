@@ -248,7 +248,7 @@ def test_fuzz_the_api_from_its_openapi_description(small_server: ServerProcess) 
     for op_result in schema.get_all_operations():
         op = op_result.ok()
 
-        @settings(max_examples=15, deadline=None, database=None,
+        @settings(max_examples=15, deadline=None, database=None, derandomize=True,
                   suppress_health_check=list(HealthCheck))
         @given(case=op.as_strategy())
         def run(case: Any) -> None:

@@ -16,7 +16,8 @@ HELLO = [{"role": "user", "content": "Say hello in one short sentence."}]
 
 
 def test_chat_non_streaming(client: openai.OpenAI) -> None:
-    r = client.chat.completions.create(model="default", messages=HELLO, max_tokens=40)
+    r = client.chat.completions.create(model="default", messages=HELLO, max_tokens=40,
+                                       temperature=0)
     assert r.id.startswith("chatcmpl-") and r.object == "chat.completion"
     assert r.model == "smollm2-135m-instruct"
     choice = r.choices[0]
@@ -29,7 +30,7 @@ def test_chat_non_streaming(client: openai.OpenAI) -> None:
 
 def test_chat_streaming_shape(client: openai.OpenAI) -> None:
     stream = client.chat.completions.create(
-        model="default", messages=HELLO, max_tokens=12, stream=True,
+        model="default", messages=HELLO, max_tokens=12, stream=True, temperature=0,
         stream_options={"include_usage": True})
     chunks = list(stream)
     assert len({c.id for c in chunks}) == 1 and len({c.created for c in chunks}) == 1

@@ -187,13 +187,13 @@ def test_round_trip_call_result_answer(client: openai.OpenAI) -> None:
     messages: list[dict[str, object]] = [
         {"role": "user", "content": "What's the weather in Madrid?"}]
     r = client.chat.completions.create(model="default", messages=messages, tools=TOOLS,
-                                       tool_choice="required")
+                                       tool_choice="required", temperature=0)
     call = r.choices[0].message.tool_calls[0]  # type: ignore[index]
     messages.append(r.choices[0].message.model_dump(exclude_none=True))
     messages.append({"role": "tool", "tool_call_id": call.id,
                      "content": json.dumps({"temperature": 24, "sky": "sunny"})})
     final = client.chat.completions.create(model="default", messages=messages, tools=TOOLS,
-                                           tool_choice="none", max_tokens=60)
+                                           tool_choice="none", max_tokens=60, temperature=0)
     assert final.choices[0].message.content and not final.choices[0].message.tool_calls
 
 
