@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
-from collections.abc import Iterator
+from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 
 import httpx
@@ -103,20 +104,48 @@ def _chat(base: str, model: str, max_tokens: int, **extra: object) -> httpx.Resp
         "messages": [{"role": "user", "content": "Tell a story."}], **extra})
 
 
+async def _until(c: httpx.AsyncClient, base: str, model: str, busy: int, queued: int = 0
+                 ) -> None:
+    """Wait until ``model`` runs ``busy`` requests with ``queued`` waiting (its /health)."""
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        stats = (await c.get(f"{base}/health")).json()["models"].get(model, {})
+        if (stats.get("slots_busy"), stats.get("queued")) == (busy, queued):
+            return
+        await asyncio.sleep(0.02)
+    raise AssertionError(f"{model} never ran {busy} with {queued} waiting")
+
+
+@contextlib.asynccontextmanager
+async def _holding(c: httpx.AsyncClient, base: str, model: str, max_tokens: int
+                   ) -> AsyncIterator[httpx.Response]:
+    """A streamed request that holds one of ``model``'s slots until the block ends (closing
+    the stream cancels it), however fast the machine generates."""
+    async with c.stream("POST", f"{base}/v1/chat/completions", json={
+            "model": model, "max_tokens": max_tokens, "ignore_eos": True, "stream": True,
+            "messages": [{"role": "user", "content": "Tell a story."}]}) as r:
+        reader = asyncio.ensure_future(r.aread())  # read on: closing early would cancel
+        try:
+            await _until(c, base, model, 1)
+            yield r
+        finally:
+            reader.cancel()
+
+
 def test_fallback_when_the_first_choice_is_saturated(pool_server: ServerProcess) -> None:
     base = pool_server.base_url
 
-    async def main() -> tuple[httpx.Response, httpx.Response]:
+    async def main() -> tuple[int, httpx.Response]:
         async with httpx.AsyncClient(timeout=120) as c:
-            body = {"model": "busy", "max_tokens": 300, "ignore_eos": True,
-                    "messages": [{"role": "user", "content": "Tell a story."}]}
-            long_run = asyncio.ensure_future(c.post(f"{base}/v1/chat/completions", json=body))
-            await asyncio.sleep(1.0)  # "busy" has 1 slot and no queue: it is saturated
-            second = await c.post(f"{base}/v1/chat/completions", json={**body, "max_tokens": 4})
-            return await long_run, second
+            # "busy" has 1 slot and no queue: while this runs, it is saturated
+            async with _holding(c, base, "busy", 1500) as first:
+                second = await c.post(f"{base}/v1/chat/completions", json={
+                    "model": "busy", "max_tokens": 4,
+                    "messages": [{"role": "user", "content": "Tell a story."}]})
+            return first.status_code, second
 
     first, second = asyncio.run(main())
-    assert first.json()["model"] == "busy"
+    assert first == 200
     assert second.status_code == 200 and second.json()["model"] == "spare"
 
 
@@ -131,34 +160,19 @@ def test_priority_reorders_the_waiting_queue(pool_server: ServerProcess) -> None
         assert r.status_code == 200, r.text
         done.append(name)
 
-    async def until(c: httpx.AsyncClient, busy: int, queued: int) -> None:
-        deadline = time.monotonic() + 60
-        while time.monotonic() < deadline:
-            stats = (await c.get(f"{base}/health")).json()["models"].get("one-slot", {})
-            if (stats.get("slots_busy"), stats.get("queued")) == (busy, queued):
-                return
-            await asyncio.sleep(0.02)
-        raise AssertionError(f"never {busy} running and {queued} waiting")
-
     async def main() -> None:
         async with httpx.AsyncClient(timeout=120) as c:
-            # "first" holds the only slot (it streams until closed) while the others queue up,
-            # low first, then normal, then high
-            async with c.stream("POST", f"{base}/v1/chat/completions", json={
-                    "model": "one-slot", "max_tokens": 1500, "ignore_eos": True, "stream": True,
-                    "messages": [{"role": "user", "content": "first"}]}) as first:
-                reader = asyncio.ensure_future(first.aread())  # read on: closing would cancel
-                await until(c, 1, 0)
+            # "first" holds the only slot while the others queue up: low, normal, high
+            async with _holding(c, base, "one-slot", 1500):
                 waiting = []
                 for n, (name, extra) in enumerate([("low", {"priority": -5}), ("normal", {}),
                                                    ("high", {"headers": {"x-priority": "5"}})]):
                     waiting.append(asyncio.ensure_future(ask(c, name, **extra)))
-                    await until(c, 1, n + 1)
-                reader.cancel()
+                    await _until(c, base, "one-slot", 1, n + 1)
             await asyncio.gather(*waiting)  # closing "first" freed the slot
 
     asyncio.run(main())
-    assert done == ["high", "normal", "low"]
+    assert done == ["high", "normal", "low"]  # "first" was closed, not finished
 
 
 def test_idle_model_unloads_after_its_ttl_and_reloads(pool_server: ServerProcess) -> None:
@@ -224,14 +238,11 @@ def test_memory_budget_unloads_idle_models_never_busy_ones(tmp_path: Path) -> No
         assert states() == {"a": "unloaded", "b": "loaded"}  # a was idle: unloaded for b
 
         async def busy_then_other() -> tuple[int, int]:
-            async with httpx.AsyncClient(timeout=120) as c:
-                body = {"model": "b", "max_tokens": 300, "ignore_eos": True,
-                        "messages": [{"role": "user", "content": "Tell a story."}]}
-                long_run = asyncio.ensure_future(c.post(f"{base}/v1/chat/completions", json=body))
-                await asyncio.sleep(1.0)
-                other = await c.post(f"{base}/v1/chat/completions",
-                                     json={**body, "model": "a", "max_tokens": 2})
-                return (await long_run).status_code, other.status_code
+            async with httpx.AsyncClient(timeout=120) as c, _holding(c, base, "b", 900) as busy:
+                other = await c.post(f"{base}/v1/chat/completions", json={
+                    "model": "a", "max_tokens": 2,
+                    "messages": [{"role": "user", "content": "Tell a story."}]})
+                return busy.status_code, other.status_code
 
         busy, other = asyncio.run(busy_then_other())
         assert busy == 200 and other == 503  # b was busy: not unloaded, a waits for room
