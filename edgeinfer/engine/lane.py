@@ -78,8 +78,7 @@ class Lane:
         cache), remove the rest; returns how many tokens are kept (it computes from
         there)."""
         limit = seq.num_prompt - 1 if seq.use_cache and self._reuse else 0
-        keep = common_prefix(self.held, seq.prompt[:limit])
-        self.rollback(keep if self._partial or keep == len(self.held) else 0)
+        self.rollback(common_prefix(self.held, seq.prompt[:limit]))
         seq.num_computed = seq.num_cached = len(self.held)
         return len(self.held)
 
@@ -101,12 +100,13 @@ class Lane:
     def decode(self, runs: list[Run]) -> Decoded:
         """One call of the lane's sequence (its runs name ``SEQ``); a lone row past the
         first 256 positions gets a pad row (``invariance.pad``), removed right after."""
-        pad(runs, SCRATCH)
+        padded = pad(runs, SCRATCH)
         batch = self._batch.batch
         out = fill_batch(batch, runs)
         assert 0 < batch.n_tokens <= MAX_ROWS + 1
         rc = llama_cpp.llama_decode(self._ctx.ptr, batch)
-        llama_cpp.llama_memory_seq_rm(self._mem, SCRATCH, -1, -1)
+        if padded:
+            llama_cpp.llama_memory_seq_rm(self._mem, SCRATCH, -1, -1)
         return Decoded(rc, out)
 
     def logits_row(self, batch_index: int) -> npt.NDArray[np.float32]:
