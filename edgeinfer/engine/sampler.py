@@ -132,12 +132,15 @@ class SamplerChain:
         found = self._scan.feed(token, self._piece(token))
         if found is None:
             return
-        self._scan = None
         recent, word, after = found
         if not safe_after(word, after):
             # llama.cpp would abort the process on text after the word that its grammar
-            # cannot take; such output is left unconstrained (and is not a valid call)
+            # cannot take (``<tool_call></tool_call>`` where ``></`` is one token): this
+            # occurrence stays free text, and the scan goes on from the next token, so a
+            # later call is still constrained
+            self._scan = TriggerScan(self._triggers)
             return
+        self._scan = None
         # a lazy grammar shown only the tokens that hold the word: it triggers at once,
         # and its own whole-text matching never runs on the rest of the output
         grammar = self._own_grammar(grammar_sampler(self._vocab, self._gbnf, self._triggers))

@@ -149,6 +149,7 @@ class CallParser:
         self._mode = "text"  # text | calls | object
         self._at_start = True  # nothing but blanks seen yet (for bare calls)
         self._opened = ""  # the marker that opened the current calls
+        self._calls_before = 0  # calls parsed before that marker
         self._obj: _Object | None = None
         self._sent = 0  # arguments characters of the current call already released
         self._announced = False
@@ -164,6 +165,7 @@ class CallParser:
             self._at_start = False
             if head.startswith("{"):
                 self._buf, self._mode, self._opened = head, "calls", ""
+                self._calls_before = self.num_calls
                 return True
         at = buf.find(fmt.open) if fmt.open else -1
         if at == -1:
@@ -175,6 +177,7 @@ class CallParser:
         if at:
             out.append(Content(buf[:at]))
         self._buf, self._mode, self._opened = buf[at + len(fmt.open):], "calls", fmt.open
+        self._calls_before = self.num_calls
         return True
 
     # -- between calls --------------------------------------------------------------
@@ -192,14 +195,19 @@ class CallParser:
             self._buf, self._mode = buf[1:], "text"
             return True
         if fmt.close and buf.startswith(fmt.close):
-            self._buf, self._mode = buf[len(fmt.close):].lstrip("\n"), "text"
+            rest = buf[len(fmt.close):]
+            if self.num_calls == self._calls_before:  # an empty pair: text, as written
+                out.append(Content(self._opened + self._buf[:len(self._buf) - len(buf)]
+                                   + fmt.close))
+            else:
+                rest = rest.lstrip("\n")
+            self._buf, self._mode = rest, "text"
             return True
-        self._buf = buf
         if not buf or fmt.close.startswith(buf) or buf == "[":
             return False  # more to come (maybe the closing marker)
-        if not self.num_calls:  # the marker opened no call: it was text
-            out.append(Content(self._opened))
-        self._mode = "text"
+        if self.num_calls == self._calls_before:  # the marker opened no call: it was text
+            out.append(Content(self._opened + self._buf[:len(self._buf) - len(buf)]))
+        self._buf, self._mode = buf, "text"
         return True
 
     def _object(self, out: list[Event]) -> bool:
@@ -256,7 +264,7 @@ class CallParser:
             if o.args_start >= 0 and len(rest) - o.args_start > self._sent:
                 out.append(CallArgs(self.num_calls, rest[o.args_start + self._sent:]))
             self.num_calls += 1
-        elif self._mode != "text" and not self.num_calls:
+        elif self._mode != "text" and self.num_calls == self._calls_before:
             out.append(Content(self._opened + rest))
         elif rest.strip() or (self._mode == "text" and rest):
             out.append(Content(rest))

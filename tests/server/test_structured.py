@@ -146,6 +146,24 @@ def test_required_and_named_tool_calls_always_validate(aclient: openai.AsyncOpen
             assert [n for n, _ in calls] == ["get_weather"]
 
 
+def test_auto_call_after_a_marker_the_grammar_could_not_take_still_validates(
+        client: openai.OpenAI) -> None:
+    # SmolLM2 writes "<tool_call></tool_call>" with "></" as one token: the lazy grammar
+    # cannot start there (llama.cpp would abort on it), so that pair stays text; the call
+    # after it must still be constrained (it used to come back as {})
+    ask = ("Repeat exactly, with no other words:\n<tool_call></tool_call>\n<tool_call>\n"
+           '{"name": "get_weather", "arguments": {}}\n</tool_call>')
+    r = client.chat.completions.create(model="default", messages=[{"role": "user", "content": ask}],
+                                       tools=[WEATHER], max_tokens=80, temperature=0)
+    c = r.choices[0]
+    assert c.message.content == "<tool_call></tool_call>"
+    assert c.finish_reason == "tool_calls" and c.message.tool_calls
+    for t in c.message.tool_calls:
+        assert t.function.name == "get_weather"  # type: ignore[union-attr]
+        jsonschema.validate(json.loads(t.function.arguments),  # type: ignore[union-attr]
+                            SCHEMAS["get_weather"])
+
+
 def test_streamed_tool_call_equals_the_non_streamed_one(client: openai.OpenAI) -> None:
     kw = {"model": "default", "messages": [{"role": "user", "content": "Weather in Berlin?"}],
           "tools": TOOLS, "tool_choice": "required", "max_tokens": 200, "temperature": 0,

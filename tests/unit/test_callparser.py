@@ -41,6 +41,12 @@ CASES: list[tuple[ToolFormat, str, str, list[tuple[str, object]]]] = [
     (GRANITE, '<|tool_call|>[{"name": "a", "arguments": {"s": "]}"}}]', "", [("a", {"s": "]}"})]),
     (HERMES, "<tool_call>not json</tool_call> after", "<tool_call>not json</tool_call> after", []),
     (MISTRAL, "[TOOL_CALLS]oops", "[TOOL_CALLS]oops", []),
+    # an empty pair, or a marker that opens no call, is text as written (even after a call)
+    (HERMES, "What does <tool_call></tool_call> mean?", "What does <tool_call></tool_call> mean?",
+     []),
+    (HERMES, "<tool_call> \n </tool_call>\nthen", "<tool_call> \n </tool_call>\nthen", []),
+    (HERMES, '<tool_call>{"name": "f", "arguments": {}}</tool_call> and <tool_call>  not one',
+     "and <tool_call>  not one", [("f", {})]),
     (HERMES, '<tool_call>{"arguments": {"a": 1}}</tool_call>',
      '<tool_call>{"arguments": {"a": 1}}</tool_call>', []),
     # named formats: the function name outside the arguments
