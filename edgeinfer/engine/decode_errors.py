@@ -1,9 +1,11 @@
 """What a failed llama_decode does to the requests of its batch.
 
 Whatever part of the batch reached the KV cache is undone. Out of KV cells, the
-engine first evicts cached prefixes and retries; failing that, with other requests
-running, it stops only the newest request of the batch (the others go on); any other
-failure ends every request of the batch with an error.
+engine first evicts cached prefixes and retries, then retries without draft tokens;
+failing that, it stops only the newest request of the batch (the others go on): as if
+it reached its length when it has generated tokens (alone, it reached the end of the
+cache), else with an error when others run. Any other failure ends every request of
+the batch with an error.
 """
 
 from __future__ import annotations
@@ -50,6 +52,8 @@ def after_decode_error(rc: int, chunks: list[Chunk], cache: PrefixCache,
     in the ``lane`` (one deterministic sequence) is undone there, and ends its request."""
     if lane is not None:
         lane.rollback(chunks[0].start)
+        if rc == DECODE_NO_KV_SLOT and chunks[0].seq.num_generated:
+            return [Ending(chunks[0].seq, SequenceStatus.FINISHED_LENGTH, None)]
         return [Ending(chunks[0].seq, SequenceStatus.FINISHED_ERROR,
                        Failure(FailureCode.DECODE, f"llama_decode failed ({rc})"))]
     for chunk in chunks:
@@ -58,10 +62,16 @@ def after_decode_error(rc: int, chunks: list[Chunk], cache: PrefixCache,
     if rc == DECODE_NO_KV_SLOT and cache.evict_one():
         log.info("KV cache full: evicted cached prefixes, retrying")
         return []
-    if rc == DECODE_NO_KV_SLOT and num_running > 1:
-        victim = max((c.seq for c in chunks), key=lambda s: s.arrival)
+    drafted = [c.seq for c in chunks if c.drafts and c.seq.drafter is not None]
+    if rc == DECODE_NO_KV_SLOT and drafted:
+        for seq in drafted:  # near the end of the cache: their tokens one at a time
+            seq.drafter = None
+        log.info("KV cache full: retrying without draft tokens")
+        return []
+    victim = max((c.seq for c in chunks), key=lambda s: s.arrival)
+    if rc == DECODE_NO_KV_SLOT and (num_running > 1 or victim.num_generated):
         log.warning("KV cache full: stopping request %s", victim.request_id)
-        if victim.num_generated:
+        if victim.num_generated:  # as if it reached its length (alone: the context's end)
             return [Ending(victim, SequenceStatus.FINISHED_LENGTH, None)]
         return [Ending(victim, SequenceStatus.FINISHED_ERROR, Failure(
             FailureCode.KV_FULL, "the KV cache is full; retry when fewer requests are running"))]

@@ -11,6 +11,7 @@ from edgeinfer.engine.decode_errors import (
     after_decode_error,
 )
 from edgeinfer.engine.delta import FailureCode
+from edgeinfer.engine.drafts import NgramDrafter
 from edgeinfer.engine.finishing import DeltaSink, Output, overdue
 from edgeinfer.engine.native import LlamaRuntime
 from edgeinfer.engine.prefix_cache import PrefixCache
@@ -313,9 +314,26 @@ def test_out_of_kv_cells_alone_and_any_other_failure_end_the_whole_batch() -> No
     sched, chunks = running_pair(cache, mem)
     ends = after_decode_error(DECODE_NO_KV_SLOT, chunks[:1], cache, 1)
     assert [e.seq.request_id for e in ends] == ["a"]
+    assert ends[0].failure is not None
+    # alone, after generating: the end of the cache is its length, not an error
+    chunks[0].seq.tokens.append(11)
+    (end,) = after_decode_error(DECODE_NO_KV_SLOT, chunks[:1], cache, 1)
+    assert end.status is SequenceStatus.FINISHED_LENGTH and end.failure is None
     ends = after_decode_error(DECODE_INVALID_BATCH, chunks + chunks[:1], cache, 2)
     assert sorted(e.seq.request_id for e in ends) == ["a", "b"]  # each request once
     assert all(e.failure is not None and e.failure.code is FailureCode.DECODE for e in ends)
+
+
+def test_out_of_kv_cells_with_drafts_retries_without_them() -> None:
+    cache, mem = make_cache(slots=2)
+    sched, chunks = running_pair(cache, mem)
+    a = chunks[0].seq
+    a.drafter = NgramDrafter(8)
+    chunks[0].drafts = 2
+    assert after_decode_error(DECODE_NO_KV_SLOT, chunks, cache, len(sched.running)) == []
+    assert a.drafter is None  # its next steps feed one token at a time
+    (end,) = after_decode_error(DECODE_NO_KV_SLOT, chunks, cache, len(sched.running))
+    assert end.seq.request_id == "b"  # then as without drafts
 
 
 # -- the time limit -----------------------------------------------------------------
