@@ -23,7 +23,7 @@ Accepted and ignored: ``metadata``, ``service_tier``, ``cache_control`` (everywh
 ``inference_geo``, ``speed``, ``diagnostics``, ``output_config.effort``,
 ``user_profile_id``, ``workspace_id``; the ``anthropic-version`` and ``anthropic-beta``
 headers. ``x-api-key`` is an API key (the front door's). A last assistant message is a
-finished turn, not a prefill the answer continues. See ``api.anthropic_render`` for the
+prefill the answer continues (as Anthropic's API does). See ``api.anthropic_render`` for the
 answer, its stop reasons and usage.
 """
 

@@ -286,7 +286,7 @@ def parse_generate(body: Any, headers: dict[str, str]) -> Parsed:
         raise InvalidRequest("'system' has no effect with 'raw'", param="system")
     msgs = ({"role": "system", "content": system},) if system else ()
     shaped = TextPrompts((prompt,)) if raw else ChatPrompt(
-        (*msgs, {"role": "user", "content": prompt}))
+        (*msgs, {"role": "user", "content": prompt}), plain_without_template=True)
     return _parsed(b, shaped if prompt else None, headers)
 
 
@@ -357,8 +357,14 @@ async def show(request: Request) -> Response:
     return JSONResponse(await asyncio.to_thread(ollama_models.show_body, entry, _configs(p)))
 
 
+# The Ollama release whose documented API this dialect follows. Clients gate features on
+# it (VS Code's Copilot Chat refuses servers older than 0.6.4), so /api/version gives it,
+# and edgeinfer's own version beside it.
+OLLAMA_API_VERSION = "0.12.6"
+
+
 async def version(request: Request) -> Response:
-    return JSONResponse({"version": __version__})
+    return JSONResponse({"version": OLLAMA_API_VERSION, "edgeinfer": __version__})
 
 
 class NotHere(APIError):

@@ -22,6 +22,8 @@ CHATML = (
     "{% endfor %}"
     "{% if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}{% endif %}"
 )
+# What ends an answer in that ChatML: text, not end-of-generation tokens, to a base model.
+CHATML_ENDS = ("<|im_end|>", "<|im_start|>")
 
 _PREFILL_MARK = "\x00edgeinfer-prefill\x00"
 RENDER_SECONDS = 2.0  # time budget of one rendering
@@ -97,6 +99,7 @@ class ChatTemplate:
     """
 
     def __init__(self, source: str | None, bos_token: str = "", eos_token: str = "") -> None:
+        self.own = bool(source)  # False: the model has none, ChatML stands in
         self.source = source or CHATML
         self.bos_token = bos_token
         self.eos_token = eos_token

@@ -23,6 +23,7 @@ from edgeinfer.models.lease import Lease
 from edgeinfer.models.pool import ModelPool
 from edgeinfer.models.served import ServedModel
 from edgeinfer.prompt.reasoning import harmony_reasoning, markers_for, starts_in_thought
+from edgeinfer.prompt.template import CHATML_ENDS
 from edgeinfer.prompt.tools import parameter_types
 from edgeinfer.service.constraint import grammar_for
 from edgeinfer.service.events import (
@@ -32,7 +33,7 @@ from edgeinfer.service.events import (
     UsageReport,
 )
 from edgeinfer.service.reader import ChoiceReader, Reading
-from edgeinfer.service.request import ChatPrompt, GenerateRequest
+from edgeinfer.service.request import ChatPrompt, GenerateRequest, TextPrompts
 from edgeinfer.service.selection import features, model_for
 
 
@@ -68,6 +69,7 @@ async def generate(pool: ModelPool, req: GenerateRequest, leases: list[Lease],
     params = req.params
     if params.max_tokens is None and served.cfg.max_tokens is not None:
         params = replace(params, max_tokens=served.cfg.max_tokens)  # the model's default
+    req, params, implicit = _without_template(served, req, params)
     read = await _prompts(served, req)
     prompts = read.tokens
     for p in prompts:
@@ -96,9 +98,24 @@ async def generate(pool: ModelPool, req: GenerateRequest, leases: list[Lease],
                                group=request_id)
                for k, (_, prompt, p) in enumerate(jobs)]
     events = to_events(merge(streams), [pi for pi, _, _ in jobs], [len(p) for p in prompts],
-                       reading)
+                       reading, implicit)
     return Generation(served.cfg.id, len(jobs), served.runtime.piece, events,
                       sum(len(p) for p in prompts))
+
+
+def _without_template(served: ServedModel, req: GenerateRequest, params: SamplingParams
+                      ) -> tuple[GenerateRequest, SamplingParams, tuple[str, ...]]:
+    """A chat request to a model without a chat template of its own (a base model): the
+    prompt alone when the dialect asks for it (Ollama's generate), else ChatML with its
+    markers as stop strings (to the model they are text, not end-of-generation tokens).
+    Returns the request, its parameters and the stop strings added."""
+    if not isinstance(req.prompt, ChatPrompt) or served.template.own:
+        return req, params, ()
+    if req.prompt.plain_without_template:
+        text = str(req.prompt.messages[-1]["content"])
+        return replace(req, prompt=TextPrompts((text,))), params, ()
+    implicit = tuple(w for w in CHATML_ENDS if w not in params.stop)
+    return req, replace(params, stop=(*params.stop, *implicit)), implicit
 
 
 def _check_vocab(req: GenerateRequest, n_vocab: int) -> None:
@@ -190,10 +207,12 @@ async def merge(gens: list[AsyncIterator[Delta]]) -> AsyncIterator[tuple[int, De
 
 
 async def to_events(merged: AsyncIterator[tuple[int, Delta]], prompt_of: list[int],
-                    prompt_lengths: list[int], reading: Reading | None = None
-                    ) -> AsyncIterator[Event]:
+                    prompt_lengths: list[int], reading: Reading | None = None,
+                    implicit: tuple[str, ...] = ()) -> AsyncIterator[Event]:
     """Engine deltas -> events; ends with UsageReport, or with one ErrorEvent.
-    ``reading``: how the text is read (tool calls, reasoning; ``reader.Reading``)."""
+    ``reading``: how the text is read (tool calls, reasoning; ``reader.Reading``);
+    ``implicit``: stop strings the server added (an end of generation, not the request's
+    stop string, when one of them ends a choice)."""
     readers = [ChoiceReader(i, reading) for i in range(len(prompt_of))]
     completion = 0
     cached: dict[int, int] = {}  # prompt index -> fewest cached tokens among its choices
@@ -211,7 +230,8 @@ async def to_events(merged: AsyncIterator[tuple[int, Delta]], prompt_of: list[in
                 reason = d.finish_reason
                 if readers[i].num_calls and reason == "stop":
                     reason = "tool_calls"
-                yield Finish(i, reason, d.completion_tokens, d.timings, d.stop_word)
+                word = None if d.stop_word in implicit else d.stop_word
+                yield Finish(i, reason, d.completion_tokens, d.timings, word)
         yield UsageReport(sum(prompt_lengths), completion, sum(cached.values()))
     finally:
         await merged.aclose()  # type: ignore[attr-defined]

@@ -20,6 +20,9 @@ class ChatPrompt:
     """Messages (OpenAI-shaped dicts, validated) rendered with the model's chat template."""
 
     messages: tuple[dict[str, Any], ...]
+    # for a model without a chat template of its own: the last message's text alone, as
+    # a raw prompt (Ollama's /api/generate, whose default template is the prompt itself)
+    plain_without_template: bool = False
 
 
 @dataclass(frozen=True, slots=True)

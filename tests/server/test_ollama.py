@@ -22,6 +22,7 @@ from pydantic import BaseModel
 from serverproc import ServerProcess
 
 from edgeinfer import __version__
+from edgeinfer.api.ollama_api import OLLAMA_API_VERSION
 from edgeinfer.api.ollama_render import Meta, NdjsonStream, stream_lines
 from edgeinfer.errors import Timeout
 from edgeinfer.service import events as ev
@@ -227,7 +228,10 @@ def test_embed_and_embeddings(oc: ollama.Client, server: ServerProcess) -> None:
 
 
 def test_version_and_model_store(oc: ollama.Client, server: ServerProcess) -> None:
-    assert httpx.get(f"{server.base_url}/api/version").json() == {"version": __version__}
+    # the Ollama API version followed (clients gate features on it), and edgeinfer's own
+    assert httpx.get(f"{server.base_url}/api/version").json() == {
+        "version": OLLAMA_API_VERSION, "edgeinfer": __version__}
+    assert tuple(map(int, OLLAMA_API_VERSION.split("."))) >= (0, 6, 4)  # VS Code's minimum
     for call in (lambda: oc.pull("llama3"), lambda: oc.push("x"), lambda: oc.delete("x"),
                  lambda: oc.copy("default", "y"), lambda: oc.create("z", from_="default")):
         with pytest.raises(ollama.ResponseError) as err:

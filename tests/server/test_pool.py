@@ -49,6 +49,28 @@ def test_three_models_answer_and_auto_routes_by_the_rules(server: ServerProcess,
     assert auto(messages=[{"role": "user", "content": long_text}]) == "gemma-3-270m"
 
 
+def test_a_base_model_without_a_chat_template(server: ServerProcess,
+                                              client: openai.OpenAI) -> None:
+    # Ollama's generate renders a model without a template as the prompt alone (its
+    # default template is {{ .Prompt }}): the same text as raw
+    def generate(**kw: object) -> str:
+        r = httpx.post(f"{server.base_url}/api/generate", timeout=120, json={
+            "model": "gemma3", "stream": False, "prompt": "The capital of France is",
+            "options": {"num_predict": 12, "temperature": 0}, **kw})
+        return str(r.json()["response"])
+    assert generate() == generate(raw=True) and "<|im_" not in generate()
+    # chat: ChatML stands in, and its markers (text to this model) end the answer
+    for ask in ("Hello, who are you?", "Hello"):
+        r = client.chat.completions.create(model="gemma3", max_tokens=60, temperature=0,
+                                           messages=[{"role": "user", "content": ask}])
+        c = r.choices[0]
+        assert c.finish_reason == "stop" and "<|im_" not in (c.message.content or "")
+    m = httpx.post(f"{server.base_url}/v1/messages", timeout=120, json={
+        "model": "gemma3", "max_tokens": 60, "temperature": 0,
+        "messages": [{"role": "user", "content": "Hello"}]}).json()
+    assert (m["stop_reason"], m["stop_sequence"]) == ("end_turn", None)  # not a stop string
+
+
 def test_router_rules_as_a_unit() -> None:
     def model(mid: str, ctx: int, tags: tuple[str, ...]) -> ModelConfig:
         return ModelConfig(id=mid, source=PackageSource("p", "f"), context=ctx, tags=tags)
