@@ -251,7 +251,7 @@ def _parsed(b: Body, prompt: ChatPrompt | TextPrompts | None, headers: dict[str,
         priority=fields.priority(None, headers.get("x-priority")),
         constraint=Constraint(json_schema=json_schema, json_object=json_object, tools=tools[0],
                               tool_choice=tools[1], parallel_tool_calls=tools[2]),
-        template_kwargs=_think(b))
+        template_kwargs=_think(b), max_tokens_is_cap=True)
     return Parsed(model, req if prompt is not None else None, b.boolean("stream", True),
                   keep_alive(b.body.get("keep_alive")))
 

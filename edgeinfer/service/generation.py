@@ -72,6 +72,9 @@ async def generate(pool: ModelPool, req: GenerateRequest, leases: list[Lease],
     req, params, implicit = _without_template(served, req, params)
     read = await _prompts(served, req)
     prompts = read.tokens
+    room = served.n_ctx - max((len(p) for p in prompts), default=0)
+    if req.max_tokens_is_cap and params.max_tokens is not None and room >= 1:
+        params = replace(params, max_tokens=min(params.max_tokens, room))
     for p in prompts:
         served.check_fits(len(p), params.max_tokens)
     # a prompt that leaves a reasoning block open: the constraint applies after the block

@@ -67,6 +67,9 @@ class GenerateRequest:
     reasoning_budget: int | None = None
     # extra chat template variables (chat_template_kwargs, such as enable_thinking)
     template_kwargs: dict[str, Any] = field(default_factory=dict)
+    # max_tokens only caps the answer: lowered to what the context leaves after the prompt
+    # instead of a 400 (Ollama's num_predict; the answer then ends as "length")
+    max_tokens_is_cap: bool = False
 
     @property
     def num_choices(self) -> int:

@@ -93,6 +93,10 @@ def test_chat_streamed(oc: ollama.Client, server: ServerProcess) -> None:
     whole = oc.chat(model="default", messages=HELLO, options={"num_predict": 12,
                                                               "temperature": 0})
     assert whole.message.content == text  # greedy: the same answer either way
+    # num_predict only caps the answer (Ollama's): more than the context leaves is no 400
+    capped = oc.chat(model="default", messages=HELLO, options={
+        "num_predict": 1 << 20, "temperature": 0, "stop": ["!", "."]})
+    assert capped.done_reason == "stop" and capped.message.content
     body = {"model": "default", "messages": HELLO, "options": {"num_predict": 3}}
     with httpx.stream("POST", f"{server.base_url}/api/chat", json=body, timeout=60) as raw:
         assert raw.headers["content-type"].startswith("application/x-ndjson")
