@@ -92,9 +92,9 @@ def _text(block: Any, where: str) -> str:
     return text
 
 
-def _blocks(content: Any, where: str) -> list[dict[str, Any]]:
-    """A content list: non-empty, of objects with a string ``type``."""
-    if not isinstance(content, list) or not content:
+def _blocks(content: Any, where: str, empty: bool = False) -> list[dict[str, Any]]:
+    """A content list: non-empty (unless ``empty``), of objects with a string ``type``."""
+    if not isinstance(content, list) or not (content or empty):
         raise _bad(f"'{where}' must be a string or a non-empty list of content blocks", where)
     for j, block in enumerate(content):
         if not isinstance(block, dict) or not isinstance(block.get("type"), str):
@@ -113,7 +113,7 @@ def _tool_result(block: dict[str, Any], where: str) -> dict[str, Any]:
     if not isinstance(call_id, str) or not call_id:
         raise _bad(f"'{where}.tool_use_id' must be a non-empty string", f"{where}.tool_use_id")
     if not isinstance(content, str):
-        parts = _blocks(content, f"{where}.content")
+        parts = _blocks(content, f"{where}.content", empty=True)  # a tool that printed nothing
         for j, part in enumerate(parts):
             if part["type"] != "text":
                 raise _refuse(part["type"], f"{where}.content[{j}]", "text")

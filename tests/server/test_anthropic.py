@@ -212,6 +212,12 @@ def test_tool_result_errors_and_strings_are_accepted(ac: anthropic.Anthropic) ->
     m = ac.messages.create(model="default", max_tokens=4, messages=turns, tools=[WEATHER],
                            tool_choice={"type": "none"}, extra_body=GREEDY)
     assert m.content[0].type == "text"
+    for empty in ([], ""):  # a tool that printed nothing
+        turns[-1]["content"][0] = {"type": "tool_result", "tool_use_id": "toolu_1",
+                                   "content": empty}
+        m = ac.messages.create(model="default", max_tokens=4, messages=turns, tools=[WEATHER],
+                               tool_choice={"type": "none"}, extra_body=GREEDY)
+        assert m.content[0].type == "text"
 
 
 # -- stop reasons ---------------------------------------------------------------------------
