@@ -264,8 +264,12 @@ class CallParser:
             if o.args_start >= 0 and len(rest) - o.args_start > self._sent:
                 out.append(CallArgs(self.num_calls, rest[o.args_start + self._sent:]))
             self.num_calls += 1
+        elif self._mode == "object" and self._opened:
+            pass  # a call cut off before its name: not text (the output ran out in it)
         elif self._mode != "text" and self.num_calls == self._calls_before:
             out.append(Content(self._opened + rest))
+        elif self._mode == "calls" and self.fmt.close.startswith(rest.strip()):
+            pass  # after calls, the start of the closing marker (the output ran out in it)
         elif rest.strip() or (self._mode == "text" and rest):
             out.append(Content(rest))
         return out

@@ -141,6 +141,18 @@ def test_no_marker_leaks_into_content_while_streaming() -> None:
     assert "<" not in seen and seen.strip() == "Checking."
 
 
+@pytest.mark.parametrize(("text", "calls"), [
+    ('<tool_call>{"name": "f", "arguments": {}}</tool_', [("f", {})]),
+    ('<tool_call>{"name": "f", "arguments": {}}\n</', [("f", {})]),
+    ('<tool_call>{"name": "get_', []),
+    ("<tool_call>\n{", []),
+])
+def test_output_that_ends_inside_call_markup_leaks_none_of_it(
+        text: str, calls: list[tuple[str, object]]) -> None:
+    for cut in range(1, len(text) + 1):  # as a stream ends (max_tokens), in any pieces
+        assert parse(HERMES, [text[:cut], text[cut:]])[:2] == ("", calls)
+
+
 def test_a_call_cut_off_keeps_its_partial_arguments() -> None:
     p = CallParser(HERMES)
     events = p.feed('<tool_call>{"name": "f", "arguments": {"a": "unfinis') + p.finish()
