@@ -150,6 +150,8 @@ def _bound(node: Any, ints: dict[str, str]) -> Any:
         return {"const": key}
     out: dict[str, Any] = {}
     for k, v in node.items():  # recurse into sub-schemas only, never into data (enum, const)
+        if v is None and k not in ("const", "default", "examples"):
+            continue  # a null keyword says nothing (serializers that keep None send them)
         if k in _SCHEMA_MAPS and isinstance(v, dict):
             out[k] = {name: _bound(sub, ints) for name, sub in v.items()}
         elif k in _SCHEMA_LISTS and isinstance(v, list):

@@ -31,3 +31,12 @@ def test_bad_schemas_are_400(schema: object) -> None:
     with pytest.raises(InvalidRequest) as info:
         schema_to_gbnf(schema, "response_format")
     assert info.value.param == "response_format"
+
+
+def test_null_keywords_say_nothing() -> None:
+    # serializers that keep None send them ("required": null); "const": null is data
+    plain = {"type": "object", "properties": {"city": {"type": "string"}}}
+    nulls = {"type": "object", "required": None, "description": None,
+             "properties": {"city": {"type": "string", "description": None, "format": None}}}
+    assert schema_to_gbnf(nulls, "s") == schema_to_gbnf(plain, "s")
+    assert schema_to_gbnf({"const": None}, "s") != schema_to_gbnf({}, "s")
