@@ -50,19 +50,28 @@ def error_body(exc: APIError, path: str = "") -> bytes:
     return json.dumps(shape(exc, path)).encode()
 
 
+def _dialect_path(request: Request) -> str:
+    """The path whose dialect shapes an error: the model routes, shared by the dialects,
+    answer Anthropic's SDK (which sends ``anthropic-version``) in Anthropic's shape."""
+    path = request.url.path
+    if path.startswith("/v1/models") and "anthropic-version" in request.headers:
+        return ANTHROPIC_PREFIX
+    return path
+
+
 async def on_api_error(request: Request, exc: Exception) -> Response:
     assert isinstance(exc, APIError)
-    return error_response(exc, request.url.path)
+    return error_response(exc, _dialect_path(request))
 
 
 async def on_http_error(request: Request, exc: Exception) -> Response:
     """Starlette's own 404 / 405 (no route, wrong method) in the same shape."""
     assert isinstance(exc, HTTPException)
-    path = request.url.path
+    path = _dialect_path(request)
     if exc.status_code == 405:
         return error_response(MethodNotAllowed(str(exc.detail), code="method_not_allowed"), path)
     if exc.status_code == 404:
-        return error_response(NotFound(f"no route for {request.method} {path}",
+        return error_response(NotFound(f"no route for {request.method} {request.url.path}",
                                        code="not_found"), path)
     err = ServerError(str(exc.detail))
     return JSONResponse(shape(err, path), status_code=exc.status_code)

@@ -7,6 +7,7 @@ from typing import Any
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
+from edgeinfer.api import anthropic_models
 from edgeinfer.api.respond import pool
 from edgeinfer.errors import Conflict
 from edgeinfer.models.pool import PoolEntry
@@ -36,13 +37,18 @@ def model_card(entry: PoolEntry) -> dict[str, Any]:
 
 
 async def list_models(request: Request) -> Response:
-    return JSONResponse({"object": "list",
-                         "data": [model_card(e) for e in pool(request).entries.values()]})
+    entries = list(pool(request).entries.values())
+    if anthropic_models.wanted(request):
+        return JSONResponse(anthropic_models.models_page(entries, request.query_params))
+    return JSONResponse({"object": "list", "data": [model_card(e) for e in entries]})
 
 
 async def get_model(request: Request) -> Response:
     p = pool(request)
-    return JSONResponse(model_card(p.entries[p.resolve(request.path_params["model_id"])]))
+    entry = p.entries[p.resolve(request.path_params["model_id"])]
+    if anthropic_models.wanted(request):
+        return JSONResponse(anthropic_models.model_object(entry))
+    return JSONResponse(model_card(entry))
 
 
 async def load_model(request: Request) -> Response:

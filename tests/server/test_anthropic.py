@@ -284,6 +284,34 @@ def test_count_tokens(ac: anthropic.Anthropic, server: ServerProcess) -> None:
     assert r.status_code == 200 and r.json() == {"input_tokens": short.input_tokens}
 
 
+# -- models ---------------------------------------------------------------------------------
+
+
+def test_models_list_and_retrieve_in_anthropic_shape(ac: anthropic.Anthropic,
+                                                     server: ServerProcess) -> None:
+    models = list(ac.models.list())  # the SDK pages through them
+    ids = [m.id for m in models]
+    assert "smollm2-135m-instruct" in ids and len(ids) == len(set(ids)) >= 3
+    assert all(m.type == "model" and m.display_name and m.created_at for m in models)
+    page = ac.models.list(limit=1)
+    assert [m.id for m in page.data] == ids[:1] and page.has_more
+    assert (page.first_id, page.last_id) == (ids[0], ids[0])
+    after = ac.models.list(limit=5, after_id=ids[0])
+    assert [m.id for m in after.data] == ids[1:6] and after.has_more == (len(ids) > 6)
+    before = ac.models.list(before_id=ids[-1])
+    assert [m.id for m in before.data] == ids[:-1] and not before.has_more
+    one = ac.models.retrieve("default")  # an alias names its model
+    assert (one.type, one.id) == ("model", "smollm2-135m-instruct")
+    with pytest.raises(anthropic.NotFoundError) as err:
+        ac.models.retrieve("no-such-model")
+    assert err.value.body["error"]["type"] == "not_found_error"  # type: ignore[index]
+    with pytest.raises(anthropic.BadRequestError):
+        ac.models.list(limit=0)
+    # the OpenAI shape for everyone else
+    listed = httpx.get(f"{server.base_url}/v1/models").json()
+    assert listed["object"] == "list" and listed["data"][0]["object"] == "model"
+
+
 # -- errors ---------------------------------------------------------------------------------
 
 IMAGE = {"type": "image", "source": {"type": "base64", "media_type": "image/png",
