@@ -318,9 +318,6 @@ def parse(body: Any, headers: dict[str, str], allowed: set[str] = FIELDS
     tools = _tools(b.body.get("tools"))
     choice, parallel = _tool_choice(b.body.get("tool_choice"), tools)
     schema = _output_schema(b.body.get("output_config"))
-    if schema is not None and choice not in ("auto", "none"):
-        raise _bad("use only one of 'output_config.format' and a forced 'tool_choice'",
-                   "output_config.format")
     req = GenerateRequest(
         model, ChatPrompt(msgs), _sampling(b, max_tokens),
         priority=fields.priority(None, headers.get("x-priority")),

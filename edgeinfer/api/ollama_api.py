@@ -243,9 +243,6 @@ def _parsed(b: Body, prompt: ChatPrompt | TextPrompts | None, headers: dict[str,
     for ignored in ("truncate", "shift"):
         b.boolean(ignored)
     json_schema, json_object = _format(b)
-    if (json_schema is not None or json_object) and tools[1] not in ("none", "auto"):
-        raise InvalidRequest("use only one of 'format' and a forced 'tool_choice'",
-                             param="format")
     req = GenerateRequest(
         model, prompt or ChatPrompt(()), sampling(b),
         priority=fields.priority(None, headers.get("x-priority")),

@@ -140,9 +140,9 @@ def parse(body: Any, headers: dict[str, str]) -> tuple[GenerateRequest, bool, bo
     json_schema, json_object = _response_format(b)
     grammar = b.string("grammar")
     forced = tool_choice not in ("none", "auto")
-    if sum((grammar is not None, json_schema is not None or json_object, forced)) > 1:
-        raise InvalidRequest("use only one of 'grammar', a JSON 'response_format' and a forced "
-                             "'tool_choice'", param="grammar" if grammar else "response_format")
+    if grammar is not None and (json_schema is not None or json_object or forced):
+        raise InvalidRequest("use 'grammar' without a JSON 'response_format' or a forced "
+                             "'tool_choice'", param="grammar")
     max_tokens = b.integer("max_completion_tokens", 1, MAX_TOKENS_LIMIT, None)
     if max_tokens is None:
         max_tokens = b.integer("max_tokens", 1, MAX_TOKENS_LIMIT, None)

@@ -211,8 +211,6 @@ def parse(body: Any, headers: dict[str, str], allowed: set[str]) -> Draft:
     tools, tools_echo = _tools(b)
     choice, choice_echo = _tool_choice(b, tools)
     schema, json_object, text_echo = _text_format(b)
-    if (schema is not None or json_object) and choice not in ("none", "auto"):
-        raise _bad("text.format", "cannot be JSON when 'tool_choice' forces a call")
     max_tokens = b.integer("max_output_tokens", 1, MAX_TOKENS_LIMIT, None)
     params = fields.sampling_params(b, max_tokens)
     parallel = b.boolean("parallel_tool_calls", True)

@@ -226,6 +226,12 @@ def _rename_rules(gbnf: str, prefix: str) -> str:
     return pattern.sub(lambda m: f"{prefix}{m.group(1)}" if m.group(1) else m.group(0), gbnf)
 
 
+def either(first: str, second: str) -> str:
+    """What ``first`` or ``second`` describes (tool calls, or an answer in a schema)."""
+    return ("root ::= f-root | s-root\n" + _rename_rules(first, "f-") + "\n"
+            + _rename_rules(second, "s-"))
+
+
 def after_marker(gbnf: str, marker: str) -> str:
     """``marker``, blanks, then what ``gbnf`` describes. Used lazily, with ``marker`` as
     the trigger word, the output is free until the marker and constrained after it: the

@@ -9,6 +9,7 @@ from edgeinfer.prompt.grammar import (
     after_marker,
     check_gbnf,
     check_generated,
+    either,
     json_object_gbnf,
     schema_to_gbnf,
 )
@@ -23,23 +24,28 @@ def _grammar(vocab: Any, c: Constraint, fmt: ToolFormat) -> tuple[str | None, tu
     if c.grammar is not None:
         check_gbnf(vocab, c.grammar)
         return c.grammar, ()
+    answer = None
     if c.json_schema is not None:
-        gbnf = schema_to_gbnf(c.json_schema, "response_format.json_schema.schema")
-        check_generated(vocab, gbnf, "response_format")
-        return gbnf, ()
-    if c.json_object:
-        gbnf = json_object_gbnf()
-        check_generated(vocab, gbnf, "response_format")
-        return gbnf, ()
+        answer = schema_to_gbnf(c.json_schema, "response_format.json_schema.schema")
+    elif c.json_object:
+        answer = json_object_gbnf()
+    if answer is not None:
+        check_generated(vocab, answer, "response_format")
     if not c.offers_tools:
-        return None, ()
+        return answer, ()
     named = [t for t in c.tools if t.name == c.tool_choice]
     chosen = named or list(c.tools)
     # parallel: at most one call per tool (a small model repeats a lone call endlessly)
     calls = min(MAX_PARALLEL_CALLS, len(chosen)) if c.parallel_tool_calls and not named else 1
     gbnf = tool_calls_gbnf([(t.name, t.parameters) for t in chosen], calls, fmt=fmt)
     check_generated(vocab, gbnf, "tools")
-    return gbnf, ((fmt.trigger,) if c.tool_choice == "auto" else ())
+    if c.tool_choice != "auto":  # a forced call: the answer's format is for a later turn
+        return gbnf, ()
+    if answer is not None:  # calls, or the answer in its format, from the first token
+        both = either(gbnf, answer)
+        check_generated(vocab, both, "tools")
+        return both, ()
+    return gbnf, (fmt.trigger,)
 
 
 def grammar_for(vocab: Any, c: Constraint, after: str | None = None,

@@ -34,8 +34,10 @@ class TextPrompts:
 
 @dataclass(frozen=True, slots=True)
 class Constraint:
-    """What the output must follow; at most one of grammar / json_schema / json_object, or
-    tools (with ``tool_choice`` "auto", "required" or a function name)."""
+    """What the output must follow: a grammar, or tools (``tool_choice`` "auto",
+    "required" or a function name) and / or a JSON format (json_schema or json_object).
+    With both, "auto" lets the output be calls or the answer in its format; a forced
+    call leaves the format to a later turn's answer."""
 
     grammar: str | None = None  # raw GBNF
     json_schema: dict[str, Any] | None = None

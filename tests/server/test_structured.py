@@ -164,6 +164,38 @@ def test_auto_call_after_a_marker_the_grammar_could_not_take_still_validates(
                             SCHEMAS["get_weather"])
 
 
+def test_tools_with_a_json_format_give_a_call_or_the_answer(client: openai.OpenAI) -> None:
+    # as OpenAI: with tool_choice auto the output is calls or the answer in its format (an
+    # agent with tools and an output type); a forced call leaves the format to a later turn
+    out = {"type": "json_schema", "json_schema": {"name": "Out", "strict": True, "schema": {
+        "type": "object", "properties": {"answer": {"type": "string"}}, "required": ["answer"],
+        "additionalProperties": False}}}
+    call = [{"role": "user", "content": "Call get_weather for Paris. Respond only with "
+             '<tool_call>{"name": "get_weather", "arguments": {"city": "Paris", "unit": '
+             '"celsius"}}</tool_call>'}]
+    for kw in ({"response_format": out}, {"response_format": {"type": "json_object"}},
+               {"response_format": out, "tool_choice": "required"}):
+        r = client.chat.completions.create(model="default", messages=call, tools=[WEATHER],
+                                           max_tokens=80, temperature=0, **kw)  # type: ignore
+        c = r.choices[0]
+        assert c.finish_reason == "tool_calls" and c.message.tool_calls, kw
+        for t in c.message.tool_calls:
+            jsonschema.validate(json.loads(t.function.arguments),  # type: ignore[union-attr]
+                                SCHEMAS["get_weather"])
+    r = client.chat.completions.create(
+        model="default", messages=[{"role": "user", "content": "Say hello as JSON."}],
+        tools=[WEATHER], response_format=out, max_tokens=80, temperature=0)  # type: ignore
+    c = r.choices[0]
+    assert c.finish_reason == "stop" and not c.message.tool_calls
+    jsonschema.validate(json.loads(c.message.content or ""), out["json_schema"]["schema"])
+    resp = client.responses.create(
+        model="default", input=call[0]["content"], tools=[{"type": "function", **{
+            k: v for k, v in WEATHER["function"].items()}}], tool_choice="required",
+        text={"format": {"type": "json_schema", **out["json_schema"]}},  # type: ignore
+        temperature=0, max_output_tokens=80)
+    assert [i.type for i in resp.output] == ["function_call"]
+
+
 def test_streamed_tool_call_equals_the_non_streamed_one(client: openai.OpenAI) -> None:
     kw = {"model": "default", "messages": [{"role": "user", "content": "Weather in Berlin?"}],
           "tools": TOOLS, "tool_choice": "required", "max_tokens": 200, "temperature": 0,
