@@ -119,6 +119,10 @@ class ServedModel:
         room = self.cfg.slots + self.cfg.max_queue - self.inflight - self.reserved
         if n <= room:
             return
+        if n > self.cfg.slots + self.cfg.max_queue:  # never, however long one waits
+            raise InvalidRequest(
+                f"{n} choices are more than model {self.cfg.id!r} takes at once "
+                f"({self.cfg.slots} slots + {self.cfg.max_queue} queued)", param="n")
         done = self._finished_at
         now = time.monotonic()
         rate = (len(done) - 1) / (now - done[0]) if len(done) > 1 and now > done[0] else 0.0

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import logging
 
-from edgeinfer.errors import APIError, Overloaded, Unavailable
+from edgeinfer.errors import APIError, NotFound, Overloaded, Unavailable
 from edgeinfer.models.lease import Lease
 from edgeinfer.models.pool import ModelPool
 from edgeinfer.models.routing import Features, route
@@ -30,6 +30,18 @@ def hold(leases: list[Lease], served: ServedModel) -> ServedModel:
     return served
 
 
+def _served(pool: ModelPool, names: tuple[str, ...] | list[str]) -> list[str]:
+    """The ids of those names this server serves (``serve --model`` keeps one model, and
+    its fallbacks in models.toml name others)."""
+    out = []
+    for name in names:
+        try:
+            out.append(pool.resolve(name))
+        except NotFound:
+            continue
+    return out
+
+
 async def model_for(pool: ModelPool, name: str, leases: list[Lease], *, choices: int = 1,
                     routing: Features | None = None, wait: bool = True) -> ServedModel:
     """The model that answers: the one named (or routed by ``routing``, for "auto"), or the
@@ -39,7 +51,7 @@ async def model_for(pool: ModelPool, name: str, leases: list[Lease], *, choices:
         name = route(pool.config.routing, list(pool.config.models),
                      routing or Features(False, "", 0))
     first = pool.resolve(name)
-    chain = [first, *pool.entries[first].cfg.fallback]
+    chain = [first, *_served(pool, pool.entries[first].cfg.fallback)]
     last_error: APIError | None = None
     for model_id in chain:
         try:

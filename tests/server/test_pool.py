@@ -171,6 +171,35 @@ def test_fallback_when_the_first_choice_is_saturated(pool_server: ServerProcess)
     assert second.status_code == 200 and second.json()["model"] == "spare"
 
 
+def test_a_fallback_this_server_does_not_serve_is_skipped(pool_server: ServerProcess,
+                                                         tmp_path: Path) -> None:
+    # `serve --model busy` serves busy alone; its fallback "spare" (models.toml) is not
+    # here: saturated, busy answers 429 (retry later), not 404 for a model never named
+    cfg = pool_server.log.parent / "models.toml"
+    srv = start_server(tmp_path, "--config", str(cfg), "--model", "busy")
+    base = srv.base_url
+
+    async def main() -> tuple[httpx.Response, httpx.Response]:
+        async with httpx.AsyncClient(timeout=120) as c:
+            async with _holding(c, base, "busy", 1500):
+                second = await c.post(f"{base}/v1/chat/completions", json={
+                    "model": "busy", "max_tokens": 4,
+                    "messages": [{"role": "user", "content": "Tell a story."}]})
+            many = await c.post(f"{base}/v1/chat/completions", json={
+                "model": "busy", "max_tokens": 4, "n": 2,
+                "messages": [{"role": "user", "content": "Tell a story."}]})
+            return second, many
+
+    try:
+        second, many = asyncio.run(main())
+    finally:
+        stop_server(srv)
+    assert second.status_code == 429 and int(second.headers["retry-after"]) >= 1
+    assert second.json()["error"]["type"] == "rate_limit_error"
+    # more choices than the model ever takes at once (1 slot, no queue): 400, not 429
+    assert many.status_code == 400 and many.json()["error"]["param"] == "n"
+
+
 def test_priority_reorders_the_waiting_queue(pool_server: ServerProcess) -> None:
     base = pool_server.base_url
     done: list[str] = []
