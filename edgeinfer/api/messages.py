@@ -11,7 +11,8 @@ MAX_MESSAGES = 4096
 ROLES = {"system", "developer", "user", "assistant", "tool"}
 # what the SDK may send back from an earlier response; everything else is refused
 MESSAGE_KEYS = {"role", "content", "name", "tool_calls", "tool_call_id", "refusal",
-                "function_call", "audio", "annotations", "reasoning_content"}
+                "function_call", "audio", "annotations", "reasoning_content",
+                "parsed"}  # the SDK's parse() / stream() results keep their parsed answer
 
 
 def _content(msg: dict[str, Any], i: int) -> str:

@@ -31,6 +31,10 @@ FIELDS = {
     "priority", "messages", "max_completion_tokens", "response_format", "logprobs",
     "top_logprobs", "tools", "tool_choice", "parallel_tool_calls", "grammar",
     "reasoning_format", "chat_template_kwargs", "reasoning_effort", "reasoning_budget",
+    # OpenAI's, accepted and ignored (as /v1/responses does): they steer OpenAI's caching,
+    # abuse tracking and answer length; "modalities" must ask for text
+    "prompt_cache_key", "prompt_cache_retention", "safety_identifier", "verbosity",
+    "modalities",
 }
 REASONING_FORMATS = ("auto", "deepseek", "none")
 REASONING_EFFORTS = ("minimal", "low", "medium", "high")
@@ -136,6 +140,9 @@ def parse(body: Any, headers: dict[str, str]) -> tuple[GenerateRequest, bool, bo
     elif b.present("top_logprobs"):
         raise InvalidRequest("'top_logprobs' requires 'logprobs' to be true",
                              param="top_logprobs")
+    if b.body.get("modalities", ["text"]) != ["text"]:
+        raise InvalidRequest("'modalities' must be [\"text\"]: this server writes text only",
+                             param="modalities")
     tools, tool_choice, parallel = parse_tools(b)
     json_schema, json_object = _response_format(b)
     grammar = b.string("grammar")

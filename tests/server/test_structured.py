@@ -196,6 +196,22 @@ def test_tools_with_a_json_format_give_a_call_or_the_answer(client: openai.OpenA
     assert [i.type for i in resp.output] == ["function_call"]
 
 
+def test_sdk_results_go_back_as_history_and_openai_only_fields_are_accepted(
+        client: openai.OpenAI) -> None:
+    ask = [{"role": "user", "content": "Describe Paris as a city record."}]
+    parsed = client.chat.completions.parse(model="default", messages=ask,  # type: ignore
+                                           response_format=City, max_tokens=80, temperature=0)
+    again = client.chat.completions.create(
+        model="default", max_tokens=4, temperature=0, prompt_cache_key="k",
+        safety_identifier="u1", verbosity="low", modalities=["text"],  # type: ignore
+        messages=[*ask, parsed.choices[0].message,  # type: ignore[list-item]
+                  {"role": "user", "content": "And Rome?"}])
+    assert again.choices[0].message.content is not None
+    with pytest.raises(openai.BadRequestError):
+        client.chat.completions.create(model="default", max_tokens=4, messages=ask,
+                                       modalities=["text", "audio"])  # type: ignore
+
+
 def test_streamed_tool_call_equals_the_non_streamed_one(client: openai.OpenAI) -> None:
     kw = {"model": "default", "messages": [{"role": "user", "content": "Weather in Berlin?"}],
           "tools": TOOLS, "tool_choice": "required", "max_tokens": 200, "temperature": 0,
