@@ -118,18 +118,35 @@ async def sse_chunks(meta: CompletionMeta, events: AsyncIterator[Event], num_cho
         for i in range(num_choices):
             yield event(_choice(meta, i, {"role": "assistant", "content": ""}, None))
     offsets = [0] * num_choices
+    # blank text is held until what follows shows whether it is content: before a tool
+    # call, or after calls at the end, it is not (as the whole answer strips it)
+    blanks: list[list[TextDelta]] = [[] for _ in range(num_choices)]
+    called = [False] * num_choices
+
+    def text(e: TextDelta) -> dict[str, str]:
+        lps = logprobs_body(meta, [e.logprob] if e.logprob else [], offsets[e.choice])
+        offsets[e.choice] += len(e.text)
+        return event(_choice(meta, e.choice, _delta(e), None, lps))
+
     try:
         async for e in events:
             if isinstance(e, ErrorEvent):
                 yield {"data": json.dumps(e.error.to_dict())}
                 break
-            if isinstance(e, TextDelta):
-                lps = logprobs_body(meta, [e.logprob] if e.logprob else [], offsets[e.choice])
-                yield event(_choice(meta, e.choice, _delta(e), None, lps))
-                offsets[e.choice] += len(e.text)
+            if isinstance(e, TextDelta) and meta.kind == "chat" and not e.text.strip():
+                blanks[e.choice].append(e)
+            elif isinstance(e, TextDelta):
+                for held in blanks[e.choice]:
+                    yield text(held)
+                blanks[e.choice] = []
+                yield text(e)
             elif isinstance(e, ToolCallDelta | ReasoningDelta):
+                if isinstance(e, ToolCallDelta):
+                    called[e.choice], blanks[e.choice] = True, []
                 yield event(_choice(meta, e.choice, _delta(e), None))
             elif isinstance(e, Finish):
+                for held in [] if called[e.choice] else blanks[e.choice]:
+                    yield text(held)
                 extra = {"timings": e.timings} if e.timings else {}
                 yield event(_choice(meta, e.choice, {}, e.reason), **extra)
             elif include_usage:

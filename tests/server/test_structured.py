@@ -227,6 +227,21 @@ def test_streamed_tool_call_equals_the_non_streamed_one(client: openai.OpenAI) -
         assert (x.function.name, x.function.arguments) == (  # type: ignore[union-attr]
             y.function.name, y.function.arguments)  # type: ignore[union-attr]
     assert streamed.choices[0].finish_reason == "tool_calls"
+    # two calls: the blank line between them is not content, streamed or whole
+    city = {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}
+    two = [{"type": "function", "function": {"name": n, "parameters": city}}
+           for n in ("get_weather", "get_time")]
+    kw = {"model": "default", "tools": two, "tool_choice": "required", "max_tokens": 100,
+          "temperature": 0, "messages": [
+              {"role": "user", "content": "What's the weather and time in Paris?"}]}
+    w = client.chat.completions.create(**kw).choices[0].message  # type: ignore[call-overload]
+    content, calls = "", set()
+    for chunk in client.chat.completions.create(stream=True, **kw):  # type: ignore
+        for c in chunk.choices:
+            content += c.delta.content or ""
+            calls |= {t.index for t in c.delta.tool_calls or []}
+    assert w.tool_calls and len(w.tool_calls) == len(calls) == 2
+    assert w.content is None and content == ""
 
 
 def test_streamed_tool_call_deltas_have_the_openai_shape(server: ServerProcess) -> None:
