@@ -290,15 +290,17 @@ class ServedModel:
             log.info("model %s: %d hot prefixes restored from disk", self.cfg.id, n)
         return n
 
-    def check_fits(self, n_prompt: int, max_tokens: int | None) -> None:
-        """400 context_length_exceeded unless the prompt (plus max_tokens) fits."""
+    def check_fits(self, n_prompt: int, max_tokens: int | None, param: str = "messages"
+                   ) -> None:
+        """400 context_length_exceeded (on ``param``) unless the prompt (plus max_tokens)
+        fits."""
         wanted = n_prompt + (max_tokens or 1)
         if n_prompt >= self.n_ctx or wanted > self.n_ctx:
             raise InvalidRequest(
                 f"This model's maximum context length is {self.n_ctx} tokens. However, you "
                 f"requested {wanted} tokens ({n_prompt} in the prompt, "
                 f"{max_tokens or 1} for the completion). Please reduce the prompt or max_tokens.",
-                param="messages", code="context_length_exceeded",
+                param=param, code="context_length_exceeded",
             )
 
 

@@ -75,8 +75,9 @@ async def generate(pool: ModelPool, req: GenerateRequest, leases: list[Lease],
     room = served.n_ctx - max((len(p) for p in prompts), default=0)
     if req.max_tokens_is_cap and params.max_tokens is not None and room >= 1:
         params = replace(params, max_tokens=min(params.max_tokens, room))
+    where = "messages" if isinstance(req.prompt, ChatPrompt) else "prompt"
     for p in prompts:
-        served.check_fits(len(p), params.max_tokens)
+        served.check_fits(len(p), params.max_tokens, where)
     # a prompt that leaves a reasoning block open: the constraint applies after the block
     reading = read.reading
     close_marker = reading.markers.close if reading.markers and reading.in_thought else None
