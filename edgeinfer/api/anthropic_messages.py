@@ -281,7 +281,8 @@ def _check_ignored(b: Body) -> None:
         if v is not None and not isinstance(v, kind):
             raise _bad(f"'{name}' must be a {'string' if kind is str else 'object'}", name)
     thinking = b.body.get("thinking")
-    if thinking is not None and thinking.get("type") not in THINKING_TYPES:
+    if thinking is not None and (not isinstance(thinking.get("type"), str)
+                                 or thinking["type"] not in THINKING_TYPES):
         raise _bad(f"'thinking.type' must be one of {sorted(THINKING_TYPES)}", "thinking.type")
     if b.present("container"):
         raise _bad("'container' is not supported by this server (no server tools)",

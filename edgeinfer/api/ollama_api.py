@@ -102,6 +102,9 @@ def model_name(p: ModelPool, name: str) -> str:
     raise NotFound(f"model '{name}' not found", param="model", code="model_not_found")
 
 
+MAX_KEEP_ALIVE = 1000 * 365 * 86400.0
+
+
 def keep_alive(value: Any) -> float | None:
     """Seconds from a number or a Go duration ("5m", "1h30m", "0"); negative: inf."""
     seconds: float | None = None
@@ -119,7 +122,8 @@ def keep_alive(value: Any) -> float | None:
     if seconds is None:
         raise InvalidRequest("'keep_alive' must be a number of seconds or a duration such as "
                              "\"5m\"", param="keep_alive")
-    return float("inf") if seconds < 0 else seconds
+    # negative, or past any date a clock can write (a year of seconds x 1000): for good
+    return float("inf") if seconds < 0 or seconds > MAX_KEEP_ALIVE else seconds
 
 
 def _options(b: Body) -> tuple[dict[str, Any], int | None]:

@@ -47,7 +47,7 @@ _native_work = ThreadPoolExecutor(max_workers=max(1, (os.cpu_count() or 2) - 1),
 
 log = logging.getLogger("edgeinfer.models.served")
 # template variables a request's chat_template_kwargs may not replace
-RESERVED_VARS = frozenset({"messages", "tools", "add_generation_prompt", "bos_token",
+RESERVED_VARS = frozenset({"self", "messages", "tools", "add_generation_prompt", "bos_token",
                            "eos_token", "raise_exception", "strftime_now"})
 
 

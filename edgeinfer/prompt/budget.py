@@ -138,6 +138,7 @@ def check_pattern(pattern: str, param: str) -> None:
         raise InvalidRequest(f"'pattern' expands to {cost} elements; this server allows at most "
                              f"{MAX_PATTERN_COST} (grammar budget)", param=param,
                              code="grammar_too_large")
+    check_nullable_pattern(pattern, param)
 
 
 def check_gbnf_budget(gbnf: str, param: str, *, generated: bool) -> None:
@@ -174,3 +175,81 @@ def check_gbnf_budget(gbnf: str, param: str, *, generated: bool) -> None:
         raise InvalidRequest(f"the grammar expands to about {rules} rules; this server allows "
                              f"at most {MAX_GBNF_RULES} (grammar budget)", param=param,
                              code="grammar_too_large")
+    check_nullable_repeats(gbnf, param)
+
+
+MAX_NULLABLE_REPEAT = 50  # a counted repetition of what may match nothing (see below)
+_TOKEN = re.compile(r'""|~|[a-zA-Z0-9_-]+|\{[^}]*\}|[()|?*+]')
+_REGEX_TOKEN = re.compile(r"\\.|\[(?:[^\]\\]|\\.)*\]|\(\?[:=!]?|\{[^}]*\}|[()|?*+]|[^\\]")
+_RULE = re.compile(r"^\s*([a-zA-Z0-9_-]+)\s*::=", re.MULTILINE)
+
+_Item = tuple[object, str]  # (atom: a rule name, '""' or a group of alternatives, quantifier)
+
+
+def _parse(tokens: list[str], i: int) -> tuple[list[list[_Item]], int]:
+    """Alternatives of items from ``tokens[i]`` to the closing parenthesis (or the end)."""
+    alts: list[list[_Item]] = [[]]
+    while i < len(tokens) and tokens[i] != ")":
+        tok = tokens[i]
+        if tok == "|":
+            alts.append([])
+            i += 1
+            continue
+        atom: object = tok
+        if tok == "(":
+            atom, i = _parse(tokens, i + 1)
+        i += 1
+        quant = ""
+        if i < len(tokens) and (tokens[i] in "?*+" or tokens[i].startswith("{")):
+            quant, i = tokens[i], i + 1
+        alts[-1].append((atom, quant))
+    return alts, i
+
+
+def _nullable(atom: object, quant: str, names: set[str]) -> bool:
+    if quant in ("?", "*") or re.fullmatch(r"\{\s*0\s*(,.*)?\}", quant):
+        return True
+    if isinstance(atom, list):
+        return any(all(_nullable(a, q, names) for a, q in alt) for alt in atom)
+    return atom == "~" or atom in names
+
+
+def _too_many(alts: list[list[_Item]], names: set[str], param: str) -> None:
+    todo = list(alts)
+    while todo:
+        for atom, quant in todo.pop():
+            if isinstance(atom, list):
+                todo.extend(atom)
+            counts = [int(n) for n in re.findall(r"\d+", quant)] if quant[:1] == "{" else []
+            if counts and max(counts) > MAX_NULLABLE_REPEAT and _nullable(atom, "", names):
+                raise InvalidRequest(
+                    f"the grammar repeats an element that may match nothing {max(counts)} "
+                    f"times; this server allows at most {MAX_NULLABLE_REPEAT} (grammar budget)",
+                    param=param, code="grammar_too_large")
+
+
+def check_nullable_pattern(pattern: str, param: str) -> None:
+    """``check_nullable_repeats`` for a schema's regular expression (the converter expands
+    its counts into nested optional groups, just as costly): ``(a?){0,1000}``."""
+    tokens = ["(" if t.startswith("(") else t if t in "()|?*+" or t[:1] == "{" else '""'
+              for t in _REGEX_TOKEN.findall(pattern)]
+    _too_many(_parse(tokens, 0)[0], set(), param)
+
+
+def check_nullable_repeats(gbnf: str, param: str) -> None:
+    """llama.cpp's grammar engine takes time cubic in the count to accept each token of a
+    counted repetition of something that may match nothing: ``("a"?){0,1000}`` took
+    minutes per token (0.2 s at 100, 19 s at 400), stalling every request of the model.
+    Such counts are kept to MAX_NULLABLE_REPEAT."""
+    plain = _LITERALS.sub(lambda m: "~" if m.group(0) == '""' else '""', gbnf)
+    starts = list(_RULE.finditer(plain))
+    rules = {m.group(1): _parse(_TOKEN.findall(plain[m.end():nxt]), 0)[0]
+             for m, nxt in zip(starts, [s.start() for s in starts[1:]] + [len(plain)],
+                               strict=False)}
+    names: set[str] = set()
+    while True:  # the rules that may match nothing, to a fixpoint
+        more = {n for n, alts in rules.items() if n not in names and _nullable(alts, "", names)}
+        if not more:
+            break
+        names |= more
+    _too_many([alt for alts in rules.values() for alt in alts], names, param)

@@ -249,6 +249,8 @@ def parameter_types(tools: Any) -> dict[str, dict[str, str]]:
     out: dict[str, dict[str, str]] = {}
     for t in tools:
         props = (t.parameters or {}).get("properties") or {}
+        if not isinstance(props, dict):
+            continue  # not a schema: the grammar made from it refuses it (400)
         out[t.name] = {k: v["type"] for k, v in props.items()
                        if isinstance(v, dict) and isinstance(v.get("type"), str)}
     return out

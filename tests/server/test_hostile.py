@@ -56,6 +56,11 @@ CRASHERS = [
      "grammar"),
     ("GBNF repetition 30000", {"model": "default", "messages": HI, "max_tokens": 4,
                                "grammar": 'root ::= "a"{0,30000}'}, "1000"),
+    # what may match nothing, repeated: llama.cpp took minutes per token (stalling the model)
+    ("GBNF nullable repetition", {"model": "default", "messages": HI, "max_tokens": 4,
+                                  "grammar": 'root ::= ("a"?){0,300}'}, "may match nothing"),
+    ("pattern nullable repetition", schema_body({"type": "string", "pattern": "^(a?){0,1000}$"}),
+     "may match nothing"),
     ("GBNF 1000 repetitions of 1000", {"model": "default", "messages": HI, "max_tokens": 4,
                                        "grammar": "root ::= " + " ".join(
                                            f'"x{i}"{{0,1000}}' for i in range(1000))}, "rules"),
@@ -319,3 +324,30 @@ def test_malformed_host_values_are_refused(server: ServerProcess, host: str) -> 
     r = httpx.post(f"{server.base_url}{CHAT}", headers={"host": host},
                    json={"model": "default", "messages": HI, "max_tokens": 1})
     assert r.status_code == 403 and r.json()["error"]["code"] == "invalid_host"
+
+
+def test_malformed_nested_fields_are_400_not_500(server: ServerProcess) -> None:
+    base = server.base_url
+    bad_tools = [{"type": "function", "function": {"name": "f", "parameters": {
+        "type": "object", "properties": "x"}}}]
+    for path, body in [
+            (CHAT, {"model": "default", "messages": HI, "tools": bad_tools, "max_tokens": 2}),
+            ("/v1/messages", {"model": "default", "max_tokens": 2, "messages": HI,
+                              "thinking": {"type": []}}),
+            ("/v1/messages", {"model": "default", "max_tokens": 2, "messages": HI, "tools": [
+                {"name": "f", "input_schema": {"type": "object", "properties": [1]}}]})]:
+        r = httpx.post(f"{base}{path}", json=body, timeout=60)
+        assert r.status_code == 400, (path, r.text)
+    # a template variable named like render()'s own argument is not the template's
+    r = httpx.post(f"{base}{CHAT}", timeout=60, json={
+        "model": "default", "messages": HI, "max_tokens": 2,
+        "chat_template_kwargs": {"self": "x"}})
+    assert r.status_code == 200, r.text
+    # a keep_alive past any date a clock writes is "for good", and /api/ps still answers
+    r = httpx.post(f"{base}/api/generate", json={"model": "default", "prompt": "",
+                                                 "keep_alive": 1e300}, timeout=60)
+    assert r.status_code == 200, r.text
+    assert httpx.get(f"{base}/api/ps", timeout=10).status_code == 200
+    httpx.post(f"{base}/api/generate", json={"model": "default", "prompt": "",
+                                             "keep_alive": "5m"}, timeout=60)
+    alive(server)

@@ -40,3 +40,25 @@ def test_null_keywords_say_nothing() -> None:
              "properties": {"city": {"type": "string", "description": None, "format": None}}}
     assert schema_to_gbnf(nulls, "s") == schema_to_gbnf(plain, "s")
     assert schema_to_gbnf({"const": None}, "s") != schema_to_gbnf({}, "s")
+
+
+@pytest.mark.parametrize(("grammar", "refused"), [
+    ('root ::= ("a"?){0,300}', True), ('root ::= ("a"?){0,50}', False),
+    ('root ::= x{0,300}\nx ::= "a" | ""', True), ('root ::= x{2,300}\ny ::= "b"*\nx ::= y', True),
+    ('root ::= ("a" | "b"){0,300}', False), ('root ::= ("a" "b"?){0,300}', False),
+    ('root ::= [a-z]{0,999}', False),
+])
+def test_counted_repetitions_of_what_may_match_nothing(grammar: str, refused: bool) -> None:
+    from edgeinfer.prompt.budget import check_gbnf_budget
+    if refused:
+        with pytest.raises(InvalidRequest, match="may match nothing"):
+            check_gbnf_budget(grammar, "grammar", generated=False)
+    else:
+        check_gbnf_budget(grammar, "grammar", generated=False)
+    for pattern, bad in (("^(a?){0,1000}$", True), ("^(a|){0,100}$", True),
+                         ("^(ab?){0,900}$", False), ("^[a-z]{0,999}$", False)):
+        if bad:
+            with pytest.raises(InvalidRequest, match="may match nothing"):
+                schema_to_gbnf({"type": "string", "pattern": pattern}, "s")
+        else:
+            schema_to_gbnf({"type": "string", "pattern": pattern}, "s")
