@@ -82,6 +82,14 @@ class UnsupportedMediaType(APIError):
     type = "invalid_request_error"
 
 
+class ClientClosed(APIError):
+    """The client closed the connection before its request body arrived (nothing can be
+    answered; 499 as nginx counts it, in the logs and metrics, not an internal error)."""
+
+    status = 499
+    type = "invalid_request_error"
+
+
 class Overloaded(APIError):
     """Too many requests waiting; the client should retry after ``retry_after`` seconds."""
 

@@ -15,9 +15,9 @@ import math
 import re
 from typing import Any
 
-from starlette.requests import Request
+from starlette.requests import ClientDisconnect, Request
 
-from edgeinfer.errors import InvalidRequest, PayloadTooLarge, UnsupportedMediaType
+from edgeinfer.errors import ClientClosed, InvalidRequest, PayloadTooLarge, UnsupportedMediaType
 
 _SURROGATE = re.compile("[\ud800-\udfff]")
 _SURROGATE_ESCAPE = re.compile(rb"\\u[dD][89a-fA-F]")
@@ -84,11 +84,15 @@ async def read_bytes(request: Request) -> bytes:
         raise PayloadTooLarge(f"request body exceeds {MAX_BODY_BYTES} bytes",
                               code="request_too_large")
     body = bytearray()
-    async for part in request.stream():
-        body += part
-        if len(body) > MAX_BODY_BYTES:
-            raise PayloadTooLarge(f"request body exceeds {MAX_BODY_BYTES} bytes",
-                                  code="request_too_large")
+    try:
+        async for part in request.stream():
+            body += part
+            if len(body) > MAX_BODY_BYTES:
+                raise PayloadTooLarge(f"request body exceeds {MAX_BODY_BYTES} bytes",
+                                      code="request_too_large")
+    except ClientDisconnect:
+        raise ClientClosed("the client closed the connection before sending its request "
+                           "body", code="client_closed") from None
     return bytes(body)
 
 

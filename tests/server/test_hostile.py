@@ -351,3 +351,19 @@ def test_malformed_nested_fields_are_400_not_500(server: ServerProcess) -> None:
     httpx.post(f"{base}/api/generate", json={"model": "default", "prompt": "",
                                              "keep_alive": "5m"}, timeout=60)
     alive(server)
+
+
+def test_a_client_gone_before_its_body_is_counted_not_logged_as_an_error(
+        server: ServerProcess) -> None:
+    before = server.log.read_text().count("Traceback")
+    for _ in range(3):
+        with socket.create_connection(("127.0.0.1", server.port)) as s:
+            s.sendall(b"POST /v1/chat/completions HTTP/1.1\r\nHost: 127.0.0.1\r\n"
+                      b"Content-Type: application/json\r\nContent-Length: 100\r\n\r\n{")
+            time.sleep(0.1)
+    deadline = time.monotonic() + 10
+    while 'status="499"' not in httpx.get(f"{server.base_url}/metrics").text:
+        assert time.monotonic() < deadline, "the closed requests were never counted"
+        time.sleep(0.1)
+    assert server.log.read_text().count("Traceback") == before
+    alive(server)
