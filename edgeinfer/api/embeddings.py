@@ -12,7 +12,7 @@ from starlette.responses import JSONResponse, Response
 from edgeinfer.api import fields
 from edgeinfer.api.body import read_json
 from edgeinfer.api.fields import Body
-from edgeinfer.api.respond import leases, pool
+from edgeinfer.api.respond import CLIENT_GONE, leases, pool, unless_disconnected
 from edgeinfer.errors import InvalidRequest
 from edgeinfer.service.embedding import embed
 from edgeinfer.service.request import EmbedRequest
@@ -38,7 +38,9 @@ def parse(body: Any) -> tuple[EmbedRequest, bool]:
 
 async def embeddings(request: Request) -> Response:
     req, as_base64 = parse(await read_json(request))
-    result = await embed(pool(request), req, leases(request))
+    result = await unless_disconnected(request, embed(pool(request), req, leases(request)))
+    if result is None:  # the client left: its work was stopped
+        return Response(status_code=CLIENT_GONE)
     data = []
     for i, v in enumerate(result.vectors):
         emb: object = v

@@ -251,7 +251,11 @@ async def embeddings_answer(request: Request, asked: str, name: str, texts: list
         served = await model_for(p, name, held)
         items = tuple([(await served.run(served.tokenize_text, t))[:served.embedder.n_ctx]
                        for t in texts])
-    result = await embed(p, EmbedRequest(name, items), held) if items else None
+    result = None
+    if items:
+        result = await unless_disconnected(request, embed(p, EmbedRequest(name, items), held))
+        if result is None:  # the client left: its work was stopped
+            return Response(status_code=CLIENT_GONE)
     vectors = result.vectors if result else []
     if dimensions is not None and vectors and dimensions != len(vectors[0]):
         raise InvalidRequest(f"'dimensions' must be this model's size, {len(vectors[0])}",

@@ -144,6 +144,7 @@ class EdgeServer(uvicorn.Server):
         pool = getattr(self.app.state, "pool", None)
         for served in list(pool.models.values()) if pool else []:
             served.engine.fail_all("the server is shutting down")
+            served.embedder.cancel_all()
         backstop = threading.Timer(3.0, setattr, (AppStatus, "should_exit", True))
         backstop.daemon = True  # streams still open after their error event: close them
         backstop.start()

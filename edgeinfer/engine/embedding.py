@@ -14,6 +14,7 @@ import contextlib
 import ctypes
 import logging
 import math
+import threading
 from concurrent.futures import ThreadPoolExecutor
 
 import llama_cpp
@@ -40,6 +41,7 @@ class Embedder:
         self._ctx: Context | None = None
         self._batch: Batch | None = None
         self._handles = contextlib.ExitStack()  # the context, then the batch; freed newest first
+        self._running: set[threading.Event] = set()  # the stop flags of requests in work
         self.n_embd = llama_cpp.llama_model_n_embd(runtime.model)
 
     async def embed(self, inputs: list[list[int]]) -> list[list[float]]:
@@ -51,7 +53,20 @@ class Embedder:
                     f"input {i} has {len(toks)} tokens; the embedding context holds {self.n_ctx}",
                     param="input", code="context_length_exceeded")
         loop = asyncio.get_running_loop()
-        return await loop.run_in_executor(self._pool, self._embed_all, inputs)
+        stop = threading.Event()
+        self._running.add(stop)
+        try:
+            return await loop.run_in_executor(self._pool, self._embed_all, inputs, stop)
+        except asyncio.CancelledError:  # the client left (or timed out): stop its work
+            stop.set()
+            raise
+        finally:
+            self._running.discard(stop)
+
+    def cancel_all(self) -> None:
+        """Stop the requests in work (at shutdown) after their current group."""
+        for stop in list(self._running):
+            stop.set()
 
     # -- worker thread -------------------------------------------------------
     def _open(self) -> tuple[Context, Batch]:
@@ -74,13 +89,15 @@ class Embedder:
                  llama_cpp.llama_pooling_type(ctx.ptr), self.n_embd)
         return ctx, batch
 
-    def _embed_all(self, inputs: list[list[int]]) -> list[list[float]]:
+    def _embed_all(self, inputs: list[list[int]], stop: threading.Event) -> list[list[float]]:
         if self._ctx is None or self._batch is None:
             self._ctx, self._batch = self._open()
         ctx, batch = self._ctx, self._batch
         out: list[list[float]] = []
         group: list[list[int]] = []
         for toks in inputs:
+            if stop.is_set():  # nobody waits for the rest (checked between groups)
+                raise EngineError("the embedding request was cancelled")
             if group and (len(group) == self.max_seqs
                           or sum(map(len, group)) + len(toks) > self.n_ctx):
                 out.extend(self._embed_group(ctx, batch, group))
@@ -115,6 +132,7 @@ class Embedder:
         self._ctx = self._batch = None
 
     def close(self) -> None:
-        """Free the context on its own thread, then stop the thread."""
+        """Stop what is in work, free the context on its own thread, stop the thread."""
+        self.cancel_all()
         self._pool.submit(self._close).result()
         self._pool.shutdown(wait=True)

@@ -367,3 +367,17 @@ def test_a_client_gone_before_its_body_is_counted_not_logged_as_an_error(
         time.sleep(0.1)
     assert server.log.read_text().count("Traceback") == before
     alive(server)
+
+
+def test_an_embedding_whose_client_left_stops_and_lets_others_in(
+        server: ServerProcess) -> None:
+    # 64 inputs of 2,000 tokens: minutes of work, abandoned by its client after 1 s; it
+    # stops after the group in hand, so the next embedding does not wait for the rest
+    with pytest.raises(httpx.TimeoutException):
+        httpx.post(f"{server.base_url}/v1/embeddings", timeout=1,
+                   json={"model": "default", "input": [[1] * 2000] * 64})
+    t0 = time.monotonic()
+    r = httpx.post(f"{server.base_url}/v1/embeddings", timeout=120,
+                   json={"model": "default", "input": "hello"})
+    assert r.status_code == 200 and time.monotonic() - t0 < 45
+    alive(server)
