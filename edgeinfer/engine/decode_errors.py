@@ -4,8 +4,8 @@ Whatever part of the batch reached the KV cache is undone. Out of KV cells, the
 engine first evicts cached prefixes and retries, then retries without draft tokens;
 failing that, it stops only the newest request of the batch (the others go on): as if
 it reached its length when it has generated tokens (alone, it reached the end of the
-cache), else with an error when others run. Any other failure ends every request of
-the batch with an error.
+cache), else with a "KV cache full" error (503 and Retry-After to the client). Any other
+failure ends every request of the batch with an error.
 """
 
 from __future__ import annotations
@@ -69,12 +69,14 @@ def after_decode_error(rc: int, chunks: list[Chunk], cache: PrefixCache,
         log.info("KV cache full: retrying without draft tokens")
         return []
     victim = max((c.seq for c in chunks), key=lambda s: s.arrival)
-    if rc == DECODE_NO_KV_SLOT and (num_running > 1 or victim.num_generated):
-        log.warning("KV cache full: stopping request %s", victim.request_id)
+    if rc == DECODE_NO_KV_SLOT:
+        log.warning("KV cache full: stopping request %s (%d running)", victim.request_id,
+                    num_running)
         if victim.num_generated:  # as if it reached its length (alone: the context's end)
             return [Ending(victim, SequenceStatus.FINISHED_LENGTH, None)]
         return [Ending(victim, SequenceStatus.FINISHED_ERROR, Failure(
-            FailureCode.KV_FULL, "the KV cache is full; retry when fewer requests are running"))]
+            FailureCode.KV_FULL, "the KV cache is full; retry when fewer requests are running "
+            "(or fewer prefixes are pinned)"))]
     msg = describe_decode_error(rc)
     log.error("llama_decode failed (rc=%d): %s", rc, msg)
     return [Ending(seq, SequenceStatus.FINISHED_ERROR, Failure(FailureCode.DECODE, msg))

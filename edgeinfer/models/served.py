@@ -19,12 +19,12 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 from edgeinfer.config import ModelConfig
-from edgeinfer.engine.delta import Delta
+from edgeinfer.engine.delta import Delta, FailureCode
 from edgeinfer.engine.embedding import Embedder
 from edgeinfer.engine.loop import Engine
 from edgeinfer.engine.native import LlamaRuntime, gpu_offload_supported
 from edgeinfer.engine.sequence import SamplingParams
-from edgeinfer.errors import EngineError, InvalidRequest, ModelLoadError, Overloaded
+from edgeinfer.errors import Conflict, EngineError, InvalidRequest, ModelLoadError, Overloaded
 from edgeinfer.models.lease import Lease, Places, Users
 from edgeinfer.models.modelinfo import gguf_facts
 from edgeinfer.models.offload import gpu_free_bytes, plan_gpu_layers, warn_cpu_only_once
@@ -232,7 +232,12 @@ class ServedModel:
                                                 PIN_PARAMS, pin=True):
             last = delta
         if last is None or last.finish_reason == "error":
-            why = last.failure.message if last and last.failure else "no result"
+            failure = last.failure if last else None
+            if failure is not None and failure.code is FailureCode.KV_FULL:
+                raise Conflict("could not pin the prefix: the KV cache has no room for it "
+                               "(unpin others, DELETE /v1/cache/pins, or give the model a "
+                               "larger context)", code="kv_cache_full")
+            why = failure.message if failure else "no result"
             raise EngineError(f"could not pin the prefix: {why}")
 
     async def _restore(self, tokens: list[int]) -> bool:

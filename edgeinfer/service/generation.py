@@ -55,6 +55,8 @@ def failure_error(failure: Failure | None) -> APIError:
         return Timeout(f.message, code="timeout")
     if f.code is FailureCode.SHUTDOWN:
         return Unavailable(f.message, code="server_shutting_down")
+    if f.code is FailureCode.KV_FULL:  # capacity, for now: others hold the cells
+        return Unavailable(f.message, code=f.code.value, retry_after=5)
     return EngineError(f.message, code=f.code.value)
 
 

@@ -11,6 +11,7 @@ import sys
 import threading
 import time
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import httpx
@@ -381,3 +382,35 @@ def test_an_embedding_whose_client_left_stops_and_lets_others_in(
                    json={"model": "default", "input": "hello"})
     assert r.status_code == 200 and time.monotonic() - t0 < 45
     alive(server)
+
+
+def test_pins_that_fill_the_cache_give_409_and_then_503_with_retry_after(
+        tmp_path: Path) -> None:
+    # pinned prefixes hold their cells: past the context, a pin is refused (409) and a
+    # prompt with no room left is told to retry later (503), neither an internal error
+    srv = start_server(tmp_path, "--model", "default", "--context", "2048", "--slots", "2",
+                       env={"EDGEINFER_CACHE": str(tmp_path / "cache")})
+    base = srv.base_url
+
+    def text(k: int) -> str:
+        return " ".join(f"Clause {k}-{i}: the tenant keeps the garden tidy." for i in range(60))
+
+    def chat() -> httpx.Response:
+        return httpx.post(f"{base}{CHAT}", timeout=120, json={
+            "model": "default", "max_tokens": 4,
+            "messages": [{"role": "user", "content": text(9)}]})
+    try:
+        codes = [httpx.post(f"{base}/v1/cache/pin", timeout=120, json={
+            "model": "default", "prompt": text(k)}).status_code for k in range(2)]
+        assert codes == [200, 200]
+        r = httpx.post(f"{base}/v1/cache/pin", timeout=120,
+                       json={"model": "default", "prompt": text(2)})
+        assert r.status_code == 409 and r.json()["error"]["code"] == "kv_cache_full"
+        r = chat()
+        assert r.status_code == 503 and int(r.headers["retry-after"]) >= 1, r.text
+        assert r.json()["error"]["code"] == "kv_cache_full"
+        assert httpx.delete(f"{base}/v1/cache/pins", params={"model": "default"},
+                            timeout=60).status_code == 200
+        assert chat().status_code == 200
+    finally:
+        stop_server(srv)

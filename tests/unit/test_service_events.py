@@ -7,7 +7,7 @@ import asyncio
 from collections.abc import AsyncIterator
 
 from edgeinfer.engine.delta import Delta, Failure, FailureCode
-from edgeinfer.errors import EngineError, Timeout
+from edgeinfer.errors import Timeout
 from edgeinfer.prompt.reasoning import THINK
 from edgeinfer.prompt.toolformat import GENERIC
 from edgeinfer.service.events import (
@@ -109,8 +109,9 @@ def test_a_failure_ends_the_stream_with_one_typed_error_and_aborts_the_rest() ->
 def test_failure_codes_map_to_api_errors() -> None:
     assert failure_error(Failure(FailureCode.TIMEOUT, "t")).status == 504
     assert failure_error(Failure(FailureCode.SHUTDOWN, "s")).status == 503
-    err = failure_error(Failure(FailureCode.KV_FULL, "k"))
-    assert isinstance(err, EngineError) and err.code == "kv_cache_full"
+    err = failure_error(Failure(FailureCode.KV_FULL, "k"))  # capacity: retry later
+    assert err.status == 503 and err.code == "kv_cache_full"
+    assert int(err.headers["Retry-After"]) >= 1
     assert failure_error(None).status == 500
 
 
