@@ -9,8 +9,9 @@ with ``previous_response_id``, and its owner: the SHA-256 of the API key that cr
 ("" without one). A read or delete with another owner finds nothing, as if the row did
 not exist.
 
-Bounds: at most ``MAX_RESPONSES`` (10 000) rows, none older than ``MAX_AGE_DAYS`` (30 days);
-every write removes what is past either bound, oldest first. A row whose JSON is over
+Bounds: at most ``MAX_RESPONSES`` (10 000) rows and ``MAX_STORE_BYTES`` (512 MiB) of JSON,
+none older than ``MAX_AGE_DAYS`` (30 days); every write removes what is past a bound, oldest
+first (a client repeating 2 MB conversations cannot fill the disk). A row whose JSON is over
 ``MAX_RECORD_BYTES`` (4 MiB) is not stored (logged), and the response is then not found.
 
 Failure: a corrupt or unreadable database never fails a request. A database SQLite calls
@@ -46,6 +47,7 @@ FILE_NAME = "responses.sqlite3"
 MAX_RESPONSES = 10_000
 MAX_AGE_DAYS = 30
 MAX_RECORD_BYTES = 4 << 20
+MAX_STORE_BYTES = 512 << 20
 _CORRUPT = (11, 26)  # SQLITE_CORRUPT, SQLITE_NOTADB
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS responses (
@@ -66,12 +68,15 @@ class StoredResponse:
 
 class ResponseStore:
     """The stored responses; ``path`` None means ``cache_dir() / FILE_NAME``, found on first
-    use. ``max_responses`` and ``max_age_s`` are the bounds (tests make them small)."""
+    use. ``max_responses``, ``max_age_s`` and ``max_bytes`` are the bounds (tests make
+    them small)."""
 
     def __init__(self, path: Path | None = None, *, max_responses: int = MAX_RESPONSES,
-                 max_age_s: float = MAX_AGE_DAYS * 86_400.0) -> None:
+                 max_age_s: float = MAX_AGE_DAYS * 86_400.0,
+                 max_bytes: int = MAX_STORE_BYTES) -> None:
         self._path = path
         self.max_responses = max_responses
+        self.max_bytes = max_bytes
         self.max_age_s = max_age_s
         self._lock = threading.Lock()
 
@@ -152,6 +157,10 @@ class ResponseStore:
         db.execute("DELETE FROM responses WHERE created < ?", (now - self.max_age_s,))
         db.execute("DELETE FROM responses WHERE rowid IN (SELECT rowid FROM responses "
                    "ORDER BY created DESC, rowid DESC LIMIT -1 OFFSET ?)", (self.max_responses,))
+        db.execute("DELETE FROM responses WHERE rowid IN (SELECT rowid FROM (SELECT rowid, "
+                   "SUM(length(response) + length(input_items) + length(conversation)) OVER "
+                   "(ORDER BY created DESC, rowid DESC) AS total FROM responses) "
+                   "WHERE total > ?)", (self.max_bytes,))
         return True
 
     def _get(self, db: sqlite3.Connection, owner: str, response_id: str

@@ -538,6 +538,12 @@ def test_store_bounds(tmp_path: Path) -> None:
         assert await aged.get("o", "r4") is None
         await aged.put("o", StoredResponse("x", {}, [], []))
         assert await store.get("o", "r4") is None and await store.get("o", "x") is None
+        # a byte budget too: large conversations push out the oldest, the newest stays
+        small = ResponseStore(tmp_path / "b.sqlite3", max_bytes=25_000)
+        for i in range(4):
+            assert await small.put("o", StoredResponse(f"b{i}", {}, [], ["x" * 10_000]))
+        kept = [await small.get("o", f"b{i}") is not None for i in range(4)]
+        assert kept == [False, False, True, True]
 
     asyncio.run(run())
 
