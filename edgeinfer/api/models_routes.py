@@ -55,7 +55,7 @@ async def load_model(request: Request) -> Response:
     """POST /v1/models/{id}/load: load now (waits until loaded or failed)."""
     p = pool(request)
     model_id = p.resolve(request.path_params["model_id"])
-    await p.acquire(model_id)
+    await p.retry(model_id)  # a model that failed is tried again
     return JSONResponse(model_card(p.entries[model_id]))
 
 

@@ -143,6 +143,14 @@ class ModelPool:
             self._start_loading(entry)
         return self.get(name)
 
+    async def retry(self, name: str) -> ServedModel:
+        """An operator's explicit load (``POST /v1/models/{id}/load``): a model that failed
+        to load is tried again (its file may be in place now), then as ``acquire``."""
+        entry = self.entries[self.resolve(name)]
+        if entry.state is ModelState.FAILED:
+            entry.state, entry.error = ModelState.UNLOADED, None
+        return await self.acquire(name)
+
     def _start_loading(self, entry: PoolEntry) -> asyncio.Task[None]:
         if entry.task is None or entry.task.done():
             entry.task = asyncio.ensure_future(self._load(entry))

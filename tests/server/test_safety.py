@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import shutil
 import signal
 import subprocess
 import time
@@ -17,6 +18,9 @@ import openai
 import psutil
 import pytest
 from serverproc import ServerProcess, start_server, stop_server
+
+from edgeinfer.config import load_config
+from edgeinfer.models.source import resolve_model_path
 
 CHAT = "/v1/chat/completions"
 HI = [{"role": "user", "content": "hi"}]
@@ -139,6 +143,19 @@ def test_corrupt_gguf_files_fail_clearly_and_the_rest_serves(hostile_server: Ser
               httpx.get(f"{hostile_server.base_url}/v1/models").json()["data"]}
     assert states[name] == "failed" and states["good"] == "loaded"
     ok_afterwards(hostile_server)
+
+
+def test_a_failed_model_loads_once_its_file_is_fixed(hostile_server: ServerProcess) -> None:
+    base = hostile_server.base_url
+    httpx.post(f"{base}{CHAT}", json={"model": "empty", "messages": HI, "max_tokens": 2})
+    assert httpx.post(f"{base}/v1/models/empty/load", timeout=60).status_code == 503
+    # the model's file put in place: an explicit load tries again (no restart needed)
+    shutil.copyfile(resolve_model_path(load_config().models[0]),
+                    hostile_server.log.parent / "empty.gguf")
+    r = httpx.post(f"{base}/v1/models/empty/load", timeout=120)
+    assert r.status_code == 200 and r.json()["state"] == "loaded"
+    r = httpx.post(f"{base}{CHAT}", json={"model": "empty", "messages": HI, "max_tokens": 2})
+    assert r.status_code == 200
 
 
 @pytest.mark.parametrize("name", ["escape", "loop", "huge"])
