@@ -99,11 +99,10 @@ def logit_bias(b: Body) -> tuple[tuple[int, float], ...]:
                              "token ids to numbers", param="logit_bias")
     out = []
     for key, bias in v.items():
-        try:
-            tok = int(key)
-        except (TypeError, ValueError):
-            raise InvalidRequest(f"'logit_bias' key {key!r} is not a token id",
-                                 param="logit_bias") from None
+        if not isinstance(key, str) or not key.isascii() or not key.isdigit():
+            raise InvalidRequest(f"'logit_bias' key {key!r} is not a token id (ASCII digits)",
+                                 param="logit_bias")
+        tok = int(key)
         if not 0 <= tok < MAX_VOCAB:
             raise InvalidRequest(f"'logit_bias' token id {tok} is outside the vocabulary",
                                  param="logit_bias")
