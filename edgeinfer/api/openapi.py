@@ -96,7 +96,10 @@ def openapi_spec() -> dict[str, Any]:
             "reasoning_format": {"enum": ["auto", "deepseek", "none"]},
             "chat_template_kwargs": {"type": "object"},
             "reasoning_budget": {"type": "integer", "minimum": 0},
-            "reasoning_effort": {"enum": ["minimal", "low", "medium", "high"]}}
+            "reasoning_effort": {"enum": ["minimal", "low", "medium", "high"]},
+            # OpenAI's, accepted and ignored
+            "prompt_cache_key": _STR, "prompt_cache_retention": _STR, "safety_identifier": _STR,
+            "verbosity": _STR, "modalities": {"type": "array", "items": {"const": "text"}}}
     completion = {**_SAMPLING, "prompt": {"oneOf": [
         _STR, _TOKENS, {"type": "array", "items": {"oneOf": [_STR, _TOKENS]}, "minItems": 1}]},
         "logprobs": {"type": "integer", "minimum": 0, "maximum": 20}, "echo": _BOOL,

@@ -362,8 +362,6 @@ BAD: list[tuple[dict[str, Any], str | None]] = [
     ({"tool_choice": "required"}, "tool_choice"),
     ({"tools": [WEATHER], "tool_choice": {"type": "function", "name": "nope"}}, "tool_choice"),
     ({"tools": [WEATHER], "tool_choice": "sometimes"}, "tool_choice"),
-    ({"tools": [WEATHER], "tool_choice": "required", "text": {"format": {
-        "type": "json_object"}}}, "text.format"),
     ({"metadata": {"k": 1}}, "metadata"),
     ({"store": "yes"}, "store"),
     ({"stream": 1}, "stream"),
