@@ -87,8 +87,9 @@ def _get(summary: str) -> dict[str, Any]:
     return {"get": {"summary": summary, "responses": _responses(summary)}}
 
 
-def openapi_spec() -> dict[str, Any]:
-    chat = {**_SAMPLING, "messages": {"type": "array", "items": _MESSAGE, "minItems": 1},
+def _chat_fields() -> dict[str, Any]:
+    """The body fields of /v1/chat/completions."""
+    return {**_SAMPLING, "messages": {"type": "array", "items": _MESSAGE, "minItems": 1},
             "max_completion_tokens": {"type": "integer", "minimum": 1},
             "logprobs": _BOOL, "top_logprobs": {"type": "integer", "minimum": 0, "maximum": 20},
             "response_format": {"type": "object"}, "tools": {"type": "array"},
@@ -100,6 +101,10 @@ def openapi_spec() -> dict[str, Any]:
             # OpenAI's, accepted and ignored
             "prompt_cache_key": _STR, "prompt_cache_retention": _STR, "safety_identifier": _STR,
             "verbosity": _STR, "modalities": {"type": "array", "items": {"const": "text"}}}
+
+
+def openapi_spec() -> dict[str, Any]:
+    chat = _chat_fields()
     completion = {**_SAMPLING, "prompt": {"oneOf": [
         _STR, _TOKENS, {"type": "array", "items": {"oneOf": [_STR, _TOKENS]}, "minItems": 1}]},
         "logprobs": {"type": "integer", "minimum": 0, "maximum": 20}, "echo": _BOOL,
