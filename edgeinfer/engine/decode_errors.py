@@ -47,7 +47,7 @@ class Ending(NamedTuple):
 
 
 def after_decode_error(rc: int, chunks: list[Chunk], cache: PrefixCache,
-                       num_running: int, lane: Lane | None = None) -> list[Ending]:
+                       lane: Lane | None = None) -> list[Ending]:
     """Undo the batch in the cache; the requests to end (none: retry the step). A call
     in the ``lane`` (one deterministic sequence) is undone there, and ends its request."""
     if lane is not None:
@@ -59,25 +59,30 @@ def after_decode_error(rc: int, chunks: list[Chunk], cache: PrefixCache,
     for chunk in chunks:
         if chunk.seq.slot is not None:
             cache.rollback(chunk.seq.slot, chunk.start)
-    if rc == DECODE_NO_KV_SLOT and cache.evict_one():
+    if rc == DECODE_NO_KV_SLOT:
+        return _out_of_cells(chunks, cache)
+    msg = describe_decode_error(rc)
+    log.error("llama_decode failed (rc=%d): %s", rc, msg)
+    return [Ending(seq, SequenceStatus.FINISHED_ERROR, Failure(FailureCode.DECODE, msg))
+            for seq in {id(c.seq): c.seq for c in chunks}.values()]
+
+
+def _out_of_cells(chunks: list[Chunk], cache: PrefixCache) -> list[Ending]:
+    """No KV cells for the batch: evict a cached prefix, else drop the drafts, and retry;
+    failing both, stop the newest request of the batch."""
+    if cache.evict_one():
         log.info("KV cache full: evicted cached prefixes, retrying")
         return []
     drafted = [c.seq for c in chunks if c.drafts and c.seq.drafter is not None]
-    if rc == DECODE_NO_KV_SLOT and drafted:
+    if drafted:
         for seq in drafted:  # near the end of the cache: their tokens one at a time
             seq.drafter = None
         log.info("KV cache full: retrying without draft tokens")
         return []
     victim = max((c.seq for c in chunks), key=lambda s: s.arrival)
-    if rc == DECODE_NO_KV_SLOT:
-        log.warning("KV cache full: stopping request %s (%d running)", victim.request_id,
-                    num_running)
-        if victim.num_generated:  # as if it reached its length (alone: the context's end)
-            return [Ending(victim, SequenceStatus.FINISHED_LENGTH, None)]
-        return [Ending(victim, SequenceStatus.FINISHED_ERROR, Failure(
-            FailureCode.KV_FULL, "the KV cache is full; retry when fewer requests are running "
-            "(or fewer prefixes are pinned)"))]
-    msg = describe_decode_error(rc)
-    log.error("llama_decode failed (rc=%d): %s", rc, msg)
-    return [Ending(seq, SequenceStatus.FINISHED_ERROR, Failure(FailureCode.DECODE, msg))
-            for seq in {id(c.seq): c.seq for c in chunks}.values()]
+    log.warning("KV cache full: stopping request %s", victim.request_id)
+    if victim.num_generated:  # as if it reached its length (alone: the context's end)
+        return [Ending(victim, SequenceStatus.FINISHED_LENGTH, None)]
+    return [Ending(victim, SequenceStatus.FINISHED_ERROR, Failure(
+        FailureCode.KV_FULL, "the KV cache is full; retry when fewer requests are running "
+        "(or fewer prefixes are pinned)"))]

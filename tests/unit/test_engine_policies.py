@@ -292,7 +292,7 @@ def test_out_of_kv_cells_evicts_a_cached_prefix_and_retries() -> None:
     for c in chunks:  # the failed batch had partly reached the cache
         assert c.seq.slot is not None
         fill(cache, mem, c.seq.slot, c.tokens)
-    assert after_decode_error(DECODE_NO_KV_SLOT, chunks, cache, len(sched.running)) == []
+    assert after_decode_error(DECODE_NO_KV_SLOT, chunks, cache) == []
     assert not cache.entries and cache.stats.evictions == 1
     assert mem.holds(0) == mem.holds(1) == 1  # the batch undone, the prompt heads kept
 
@@ -300,26 +300,26 @@ def test_out_of_kv_cells_evicts_a_cached_prefix_and_retries() -> None:
 def test_out_of_kv_cells_with_nothing_to_evict_stops_only_the_newest() -> None:
     cache, mem = make_cache(slots=2)
     sched, chunks = running_pair(cache, mem)
-    (end,) = after_decode_error(DECODE_NO_KV_SLOT, chunks, cache, len(sched.running))
+    (end,) = after_decode_error(DECODE_NO_KV_SLOT, chunks, cache)
     assert end.seq.request_id == "b" and end.status is SequenceStatus.FINISHED_ERROR
     assert end.failure is not None and end.failure.code is FailureCode.KV_FULL
     # a victim that already generated ends as if it reached its length
     chunks[1].seq.tokens.append(11)
-    (end,) = after_decode_error(DECODE_NO_KV_SLOT, chunks, cache, len(sched.running))
+    (end,) = after_decode_error(DECODE_NO_KV_SLOT, chunks, cache)
     assert end.status is SequenceStatus.FINISHED_LENGTH and end.failure is None
 
 
 def test_out_of_kv_cells_alone_and_any_other_failure_end_the_whole_batch() -> None:
     cache, mem = make_cache(slots=2)
     sched, chunks = running_pair(cache, mem)
-    ends = after_decode_error(DECODE_NO_KV_SLOT, chunks[:1], cache, 1)
+    ends = after_decode_error(DECODE_NO_KV_SLOT, chunks[:1], cache)
     assert [e.seq.request_id for e in ends] == ["a"]
     assert ends[0].failure is not None
     # alone, after generating: the end of the cache is its length, not an error
     chunks[0].seq.tokens.append(11)
-    (end,) = after_decode_error(DECODE_NO_KV_SLOT, chunks[:1], cache, 1)
+    (end,) = after_decode_error(DECODE_NO_KV_SLOT, chunks[:1], cache)
     assert end.status is SequenceStatus.FINISHED_LENGTH and end.failure is None
-    ends = after_decode_error(DECODE_INVALID_BATCH, chunks + chunks[:1], cache, 2)
+    ends = after_decode_error(DECODE_INVALID_BATCH, chunks + chunks[:1], cache)
     assert sorted(e.seq.request_id for e in ends) == ["a", "b"]  # each request once
     assert all(e.failure is not None and e.failure.code is FailureCode.DECODE for e in ends)
 
@@ -330,9 +330,9 @@ def test_out_of_kv_cells_with_drafts_retries_without_them() -> None:
     a = chunks[0].seq
     a.drafter = NgramDrafter(8)
     chunks[0].drafts = 2
-    assert after_decode_error(DECODE_NO_KV_SLOT, chunks, cache, len(sched.running)) == []
+    assert after_decode_error(DECODE_NO_KV_SLOT, chunks, cache) == []
     assert a.drafter is None  # its next steps feed one token at a time
-    (end,) = after_decode_error(DECODE_NO_KV_SLOT, chunks, cache, len(sched.running))
+    (end,) = after_decode_error(DECODE_NO_KV_SLOT, chunks, cache)
     assert end.seq.request_id == "b"  # then as without drafts
 
 
