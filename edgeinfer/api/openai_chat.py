@@ -31,11 +31,12 @@ FIELDS = {
     "priority", "messages", "max_completion_tokens", "response_format", "logprobs",
     "top_logprobs", "tools", "tool_choice", "parallel_tool_calls", "grammar",
     "reasoning_format", "chat_template_kwargs", "reasoning_effort", "reasoning_budget",
-    # OpenAI's, accepted and ignored (as /v1/responses does): they steer OpenAI's caching,
-    # abuse tracking and answer length; "modalities" must ask for text
-    "prompt_cache_key", "prompt_cache_retention", "safety_identifier", "verbosity",
-    "modalities",
+    "modalities",  # must ask for text
 }
+# OpenAI's, accepted and ignored (as /v1/responses does) when they are strings: they steer
+# OpenAI's caching, abuse tracking and answer length
+IGNORED = ("prompt_cache_key", "prompt_cache_retention", "safety_identifier", "verbosity")
+FIELDS |= set(IGNORED)
 REASONING_FORMATS = ("auto", "deepseek", "none")
 REASONING_EFFORTS = ("minimal", "low", "medium", "high")
 MAX_TOOLS = 128
@@ -128,6 +129,15 @@ def reasoning(b: Body) -> tuple[str | None, dict[str, Any]]:
     return fmt, dict(kwargs)
 
 
+def _ignored(b: Body) -> None:
+    """Fields taken and ignored must still have the right type."""
+    for name in IGNORED:
+        b.string(name)
+    if b.body.get("modalities", ["text"]) != ["text"]:
+        raise InvalidRequest("'modalities' must be [\"text\"]: this server writes text only",
+                             param="modalities")
+
+
 def parse(body: Any, headers: dict[str, str]) -> tuple[GenerateRequest, bool, bool]:
     """(request, stream, include_usage) from a chat completions body."""
     b = Body(body, FIELDS)
@@ -140,9 +150,7 @@ def parse(body: Any, headers: dict[str, str]) -> tuple[GenerateRequest, bool, bo
     elif b.present("top_logprobs"):
         raise InvalidRequest("'top_logprobs' requires 'logprobs' to be true",
                              param="top_logprobs")
-    if b.body.get("modalities", ["text"]) != ["text"]:
-        raise InvalidRequest("'modalities' must be [\"text\"]: this server writes text only",
-                             param="modalities")
+    _ignored(b)
     tools, tool_choice, parallel = parse_tools(b)
     json_schema, json_object = _response_format(b)
     grammar = b.string("grammar")
