@@ -40,7 +40,7 @@ _MODEL_KEYS = {
     "reasoning_format", "chat_template_file", "tool_format", "cache_disk_mb",
     "cache_ram_mb", "swa_full", "prefill_batch", "step_target_ms", "cache_mode",
     "checkpoint_every", "cache_disk_hot", "speculative", "draft_max", "cache_type_k",
-    "cache_type_v", "deterministic",
+    "cache_type_v", "deterministic", "draft_model",
 }
 TOOL_FORMATS = ("auto", "hermes", "llama3", "mistral", "granite", "mistral_args", "deepseek_v3",
                 "deepseek_r1", "qwen3_coder", "gemma4", "harmony", "generic")
@@ -111,11 +111,13 @@ class ModelConfig:
     # before its end), so that prompts sharing part of it restore the latest one (0: only
     # before the end)
     checkpoint_every: int = 256
-    # speculative decoding without a second model: "ngram" (drafts looked up in the
-    # sequence's own tokens, verified by the model; the output is what it would be
-    # without) or "off"; draft_max bounds a sequence's drafts per step
+    # speculative decoding: "ngram" (drafts looked up in the sequence's own tokens,
+    # verified by the model; the output is what it would be without), "draft" (drafts
+    # guessed by draft_model, another configured model with the same vocabulary) or
+    # "off"; draft_max bounds a sequence's drafts per step
     speculative: str = "ngram"
     draft_max: int = 8
+    draft_model: str | None = None
     # the KV cache's types: f16 (default), bf16, f32, q8_0 (about half of f16), q4_0
     cache_type_k: str = "f16"
     cache_type_v: str = "f16"
@@ -178,9 +180,12 @@ class ModelConfig:
         if not {self.cache_type_k, self.cache_type_v} <= set(KV_CACHE_TYPES):
             raise ConfigError(f"model {self.id!r}: cache_type_k and cache_type_v must be one "
                               f"of {', '.join(KV_CACHE_TYPES)}")
-        if self.speculative not in ("ngram", "off") or not 1 <= self.draft_max <= 32:
-            raise ConfigError(f"model {self.id!r}: speculative must be \"ngram\" or \"off\" "
-                              "and draft_max between 1 and 32")
+        if self.speculative not in ("ngram", "draft", "off") or not 1 <= self.draft_max <= 32:
+            raise ConfigError(f"model {self.id!r}: speculative must be \"ngram\", \"draft\" "
+                              "or \"off\" and draft_max between 1 and 32")
+        if (self.speculative == "draft") != isinstance(self.draft_model, str):
+            raise ConfigError(f"model {self.id!r}: speculative = \"draft\" needs draft_model "
+                              "(the id of another configured model), and draft_model needs it")
         if self.checkpoint_every < 0:
             raise ConfigError(f"model {self.id!r}: checkpoint_every must be >= 0")
         if self.context < 16:
@@ -211,6 +216,9 @@ class ServerConfig:
     # answer HTTP while the start-up models load (/ready says 503 until they are loaded)
     serve_while_loading: bool = False
     open_metrics: bool = False  # /metrics answers without an API key (Prometheus, an EPP)
+    # every configured model, served or not (``serve --model`` serves some): what derived
+    # sources and draft models name
+    library: tuple[ModelConfig, ...] = ()
 
 
 def _source(src: Any, model_id: str) -> PackageSource | DerivedSource:
@@ -285,6 +293,11 @@ def load_config(path: Path | None = None) -> ServerConfig:
             if name in seen:
                 raise ConfigError(f"{path}: model name {name!r} is used twice")
             seen.add(name)
+    for m in models:
+        if m.draft_model is not None and (m.draft_model not in seen
+                                          or m.draft_model in m.names):
+            raise ConfigError(f"{path}: model {m.id!r}: draft_model {m.draft_model!r} is not "
+                              "another configured model")
     unknown = set(server) - _SERVER_KEYS
     if unknown:
         raise ConfigError(f"unknown key(s) in [server]: {', '.join(sorted(unknown))}")
@@ -293,7 +306,7 @@ def load_config(path: Path | None = None) -> ServerConfig:
         keys += read_api_key_file(Path(os.path.expanduser(str(server["api_key_file"]))))
     return ServerConfig(
         host=str(server.get("host", "127.0.0.1")), port=int(server.get("port", 8080)),
-        models=models, api_keys=tuple(keys),
+        models=models, api_keys=tuple(keys), library=models,
         allowed_hosts=tuple(server.get("allowed_hosts", ())),
         cors_origins=tuple(server.get("cors_origins", ())),
         memory_budget_mb=server.get("memory_budget_mb"),

@@ -42,6 +42,9 @@ def _serve_parser(sub: Sub) -> None:
     _common(p)
     p.add_argument("--model", "-m", default=None,
                    help="serve only this model: an id or alias from the config, or a .gguf path")
+    p.add_argument("--draft-model", "-md", default=None,
+                   help="speculative decoding with a draft model: a smaller model with the same "
+                   "vocabulary (a .gguf path, or an id or alias from the config)")
     p.add_argument("--host", default=None, help="address to bind (default 127.0.0.1)")
     p.add_argument("--port", type=int, default=None,
                    help="port to listen on (default 8080; 0 picks a free one)")
@@ -163,6 +166,22 @@ def _chat_parser(sub: Sub) -> None:
     p.set_defaults(func=chat)
 
 
+def _with_draft(models: tuple[ModelConfig, ...], library: tuple[ModelConfig, ...],
+                name: str) -> tuple[tuple[ModelConfig, ...], tuple[ModelConfig, ...]]:
+    """``--draft-model``: the served models drafted by ``name`` (a .gguf file, or a
+    configured model), and the configured models with that file among them."""
+    path = Path(name).expanduser()
+    draft = next((m for m in library if name in m.names), None)
+    if draft is None and (name.endswith(".gguf") or path.is_file()):
+        draft = ModelConfig(id=f"draft:{path.stem}", path=path.resolve())
+        library = (*library, draft)
+    if draft is None:
+        raise ConfigError(f"--draft-model {name!r}: not a .gguf file nor a configured model")
+    drafted = tuple(m if m.id == draft.id else
+                    replace(m, speculative="draft", draft_model=draft.id) for m in models)
+    return drafted, library
+
+
 def _select(config: ServerConfig, args: argparse.Namespace) -> ServerConfig:
     models = config.models
     if args.model:
@@ -183,6 +202,9 @@ def _select(config: ServerConfig, args: argparse.Namespace) -> ServerConfig:
                        request_timeout=args.request_timeout)
         for m in models
     )
+    library = config.library
+    if args.draft_model:
+        models, library = _with_draft(models, library, args.draft_model)
     keys = list(config.api_keys)
     keys += [k.strip() for k in os.environ.get("EDGEINFER_API_KEYS", "").split(",") if k.strip()]
     if args.api_key_file:
@@ -195,6 +217,7 @@ def _select(config: ServerConfig, args: argparse.Namespace) -> ServerConfig:
     send_timeout = config.send_timeout if args.send_timeout is None else args.send_timeout
     return replace(config, host=host, port=config.port if args.port is None else args.port,
                    models=models, api_keys=tuple(keys), send_timeout=send_timeout,
+                   library=library,
                    serve_while_loading=config.serve_while_loading or args.serve_while_loading,
                    open_metrics=config.open_metrics or args.open_metrics)
 

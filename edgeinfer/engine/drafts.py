@@ -1,4 +1,5 @@
-"""Draft tokens for speculative decoding, without a second model: prompt lookup.
+"""Draft tokens for speculative decoding: prompt lookup (``NgramDrafter``), or a draft
+model's guesses (``SourceDrafter`` over ``engine.draft_model``).
 
 A sequence's next tokens are guessed from its own tokens (the prompt and the output so
 far): when its last ``n`` tokens appeared before, the tokens that followed them then are
@@ -18,52 +19,37 @@ costs about a third of a decode step: drafts that miss are a loss). Pure Python.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import Protocol
 
 COOLDOWN = 8  # tokens without drafts after a draft of which none was accepted
 
 
-class NgramDrafter:
-    """Prompt-lookup drafts over one sequence's tokens (fed with ``extend``)."""
+class DraftSource(Protocol):
+    """Drafts for several sequences at once (a draft model: ``engine.draft_model``)."""
 
-    def __init__(self, max_len: int, n_max: int = 8, n_min: int = 4) -> None:
+    def draft(self, requests: list[tuple[int, Sequence[int], int]]) -> list[list[int]]:
+        """For each ``(slot, tokens, k)``: up to ``k`` tokens that may follow ``tokens``
+        (the slot's sequence; fewer or none when there is no guess this step)."""
+        ...
+
+
+class DraftLength:
+    """A sequence's draft length, adapted to how many of its drafts were accepted, and its
+    counts (shared by both kinds of drafter)."""
+
+    def __init__(self, max_len: int) -> None:
         self.max_len = max_len
-        self.n_max = n_max
-        self.n_min = n_min
         self.length = max_len  # the current draft length (adapts, see ``accepted``)
-        self._seen: dict[tuple[int, ...], int] = {}  # n-gram -> position after it, latest
-        self._indexed = 0  # n-grams ending before this position are in ``_seen``
         self._pause = 0  # proposals left to skip (see COOLDOWN)
         self.proposed = 0
         self.taken = 0
 
-    def _index(self, tokens: Sequence[int]) -> None:
-        """Index the n-grams that end before the last token (the last one is what is
-        looked up, so its own occurrence must not be found)."""
-        end = len(tokens) - 1
-        for pos in range(max(self._indexed, self.n_min), end + 1):
-            for n in range(self.n_min, self.n_max + 1):
-                if pos - n < 0:
-                    break
-                self._seen[tuple(tokens[pos - n:pos])] = pos
-        self._indexed = max(self._indexed, end + 1)
-
-    def propose(self, tokens: Sequence[int], limit: int) -> list[int]:
-        """Up to ``min(length, limit)`` tokens that may follow ``tokens`` (empty: no
-        guess)."""
-        k = min(self.length, limit)
+    def wants(self, limit: int) -> int:
+        """How many tokens to draft now, at most ``limit`` (0 while paused)."""
         if self._pause:
             self._pause -= 1
-            return []
-        if k <= 0 or len(tokens) <= self.n_min:
-            return []
-        self._index(tokens)
-        for n in range(min(self.n_max, len(tokens) - 1), self.n_min - 1, -1):
-            pos = self._seen.get(tuple(tokens[-n:]))
-            if pos is not None:
-                draft = list(tokens[pos:pos + k])
-                self.proposed += len(draft)
-                return draft
-        return []
+            return 0
+        return max(0, min(self.length, limit))
 
     def accepted(self, proposed: int, taken: int) -> None:
         """``taken`` of ``proposed`` draft tokens were right: adapt the length."""
@@ -80,3 +66,52 @@ class NgramDrafter:
     def rate(self) -> float:
         """The share of proposed draft tokens that were accepted (0.0: none proposed)."""
         return self.taken / self.proposed if self.proposed else 0.0
+
+
+class NgramDrafter(DraftLength):
+    """Prompt-lookup drafts over one sequence's tokens."""
+
+    def __init__(self, max_len: int, n_max: int = 8, n_min: int = 4) -> None:
+        super().__init__(max_len)
+        self.n_max = n_max
+        self.n_min = n_min
+        self._seen: dict[tuple[int, ...], int] = {}  # n-gram -> position after it, latest
+        self._indexed = 0  # n-grams ending before this position are in ``_seen``
+
+    def _index(self, tokens: Sequence[int]) -> None:
+        """Index the n-grams that end before the last token (the last one is what is
+        looked up, so its own occurrence must not be found)."""
+        end = len(tokens) - 1
+        for pos in range(max(self._indexed, self.n_min), end + 1):
+            for n in range(self.n_min, self.n_max + 1):
+                if pos - n < 0:
+                    break
+                self._seen[tuple(tokens[pos - n:pos])] = pos
+        self._indexed = max(self._indexed, end + 1)
+
+    def propose(self, tokens: Sequence[int], limit: int) -> list[int]:
+        """Up to ``min(length, limit)`` tokens that may follow ``tokens`` (empty: no
+        guess)."""
+        k = self.wants(limit)
+        if k <= 0 or len(tokens) <= self.n_min:
+            return []
+        self._index(tokens)
+        for n in range(min(self.n_max, len(tokens) - 1), self.n_min - 1, -1):
+            pos = self._seen.get(tuple(tokens[-n:]))
+            if pos is not None:
+                draft = list(tokens[pos:pos + k])
+                self.proposed += len(draft)
+                return draft
+        return []
+
+
+class SourceDrafter(DraftLength):
+    """A sequence drafted by a ``DraftSource`` together with the other sequences of the
+    step (the scheduler asks ``wants``, then the source drafts them all)."""
+
+    def __init__(self, source: DraftSource, max_len: int) -> None:
+        super().__init__(max_len)
+        self.source = source
+
+
+Drafter = NgramDrafter | SourceDrafter

@@ -26,6 +26,7 @@ from edgeinfer.engine import finishing, invariance, speculation
 from edgeinfer.engine.batch import Run
 from edgeinfer.engine.decode_errors import DECODE_OK, after_decode_error
 from edgeinfer.engine.delta import Delta, Failure, FailureCode
+from edgeinfer.engine.draft_model import DraftModel
 from edgeinfer.engine.finishing import DeltaSink, LogitsSource, Output, Sampled, overdue
 from edgeinfer.engine.lane import SEQ, Lane
 from edgeinfer.engine.messages import Abort, Call, FailAll, Message, Stop, Submit, Unpin
@@ -40,15 +41,14 @@ from edgeinfer.errors import EngineError
 log = logging.getLogger("edgeinfer.engine.loop")
 
 
-
-
 class Engine:
     """Continuous-batching engine of one model; see the module docstring."""
 
-    def __init__(self, runtime: LlamaRuntime) -> None:
+    def __init__(self, runtime: LlamaRuntime, draft: DraftModel | None = None) -> None:
         self.runtime = runtime
+        self.draft = draft  # the draft model (models.toml speculative = "draft"), owned
         cfg = runtime.cfg
-        drafts = speculation.drafter_for(cfg, runtime.memory_kind, SamplingParams())
+        drafts = speculation.drafter_for(cfg, runtime.memory_kind, SamplingParams(), draft)
         self.scheduler = Scheduler(cfg.slots, cfg.batch, cfg.max_slots_per_request,
                                    cfg.prefill_batch, cfg.step_target_ms / 1000,
                                    draft_budget=2 * cfg.draft_max if drafts else 0)
@@ -73,8 +73,7 @@ class Engine:
     def stop(self, timeout: float = 10.0) -> None:
         """Stop the thread; pending requests end with an error. Frees the context."""
         if self._thread is None:
-            self.runtime.close()
-            return
+            return self._close()
         self._inbox.put(Stop())
         self._thread.join(timeout)
         self._thread = None
@@ -138,11 +137,6 @@ class Engine:
             if not done:
                 self.abort(request_id)
 
-    @staticmethod
-    def _deliver(items: list[tuple[DeltaSink, Delta]]) -> None:
-        for sink, delta in items:
-            sink.put_nowait(delta)
-
     def slots_snapshot(self) -> list[dict[str, object]]:
         """Each slot's state, for GET /slots (see ``report.slots_json``)."""
         return slots_json(self.scheduler)
@@ -170,9 +164,11 @@ class Engine:
             self._fail_all("the engine stopped")
             self._flush()
             self._refuse_calls()
-            if self._lane is not None:
-                self._lane.close()
-            self.runtime.close()
+            self._close()
+
+    def _close(self) -> None:  # the lane, the draft model, the context: newest first
+        for part in (p for p in (self._lane, self.draft, self.runtime) if p is not None):
+            part.close()
 
     def _refuse_calls(self) -> None:  # calls still in the inbox when the engine stops
         while not self._inbox.empty():
@@ -232,7 +228,7 @@ class Engine:
             return
         self._outputs[seq] = out
         seq.drafter = None if seq.deterministic else speculation.drafter_for(
-            cfg, self.runtime.memory_kind, seq.params)
+            cfg, self.runtime.memory_kind, seq.params, self.draft)
         self.scheduler.add(seq, time.monotonic())
 
     # -- engine thread: one step ---------------------------------------------
@@ -389,7 +385,7 @@ class Engine:
         if self._outbox and self._loop is not None:
             items, self._outbox = self._outbox, []
             try:
-                self._loop.call_soon_threadsafe(self._deliver, items)
+                self._loop.call_soon_threadsafe(_deliver, items)
             except RuntimeError:  # loop closed during shutdown
                 pass
 
@@ -397,3 +393,8 @@ class Engine:
 def _settle(future: asyncio.Future[object], result: object, error: Exception | None) -> None:
     if not future.done():
         future.set_result(result) if error is None else future.set_exception(error)
+
+
+def _deliver(items: list[tuple[DeltaSink, Delta]]) -> None:
+    for sink, delta in items:
+        sink.put_nowait(delta)

@@ -319,6 +319,10 @@ class LlamaRuntime:
         """Count a second KV cache of the context's size (``engine.lane``'s)."""
         self._memory_bytes += self._kv_bytes_per_token() * self.info.n_ctx
 
+    def add_memory(self, size: int) -> None:
+        """Count memory this model's engine holds besides (a draft model's)."""
+        self._memory_bytes += size
+
     # -- context (engine thread only) -----------------------------------
     @property
     def ctx(self) -> ContextPtr:

@@ -24,6 +24,7 @@ from __future__ import annotations
 from collections import Counter, deque
 from dataclasses import dataclass
 
+from edgeinfer.engine.drafts import NgramDrafter, SourceDrafter
 from edgeinfer.engine.sequence import Sequence, SequenceStatus
 
 
@@ -181,17 +182,28 @@ class Scheduler:
     @staticmethod
     def _add_drafts(chunks: list[Chunk], spare: int) -> int:
         """Append draft tokens to generating sequences' chunks, up to ``spare`` in all
-        and never past a sequence's max_tokens; returns how many were added."""
+        and never past a sequence's max_tokens; returns how many were added. Prompt-lookup
+        drafters propose one by one; sequences with a draft model are drafted together,
+        in one call of their source."""
         added = 0
+        together: list[tuple[Chunk, int]] = []
         for chunk in chunks:
             seq = chunk.seq
             room = min(spare - added, seq.max_tokens - seq.num_generated - 1)
             if seq.drafter is None or room <= 0:
                 continue
-            draft = seq.drafter.propose(seq.tokens, room)
-            chunk.tokens.extend(draft)
-            chunk.drafts = len(draft)
-            added += len(draft)
+            if isinstance(seq.drafter, NgramDrafter):
+                added += _extend(chunk, seq.drafter.propose(seq.tokens, room))
+            elif (k := seq.drafter.wants(room)) > 0:
+                together.append((chunk, k))
+                added += k  # reserved; what the source does not draft is given back
+        if together:
+            first = together[0][0].seq.drafter
+            assert isinstance(first, SourceDrafter)
+            drafts = first.source.draft([(c.seq.slot or 0, c.seq.tokens, k)
+                                         for c, k in together])
+            for (chunk, k), draft in zip(together, drafts, strict=True):
+                added += _extend(chunk, draft[:k]) - k
         return added
 
     def streaming_budget(self) -> int:
@@ -239,3 +251,12 @@ class Scheduler:
             self.waiting.remove(seq)
         seq.status = status
         return freed
+
+
+def _extend(chunk: Chunk, draft: list[int]) -> int:
+    """Put draft tokens after a generating chunk's token; returns how many."""
+    chunk.tokens.extend(draft)
+    chunk.drafts = len(draft)
+    if isinstance(chunk.seq.drafter, SourceDrafter):
+        chunk.seq.drafter.proposed += len(draft)
+    return len(draft)

@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 from enum import IntEnum
 from typing import NamedTuple
 
-from edgeinfer.engine.drafts import NgramDrafter
+from edgeinfer.engine.drafts import Drafter
 
 
 class SequenceStatus(IntEnum):
@@ -115,7 +115,7 @@ class Sequence:
     # prompt positions where the prefill pauses so that the state there is saved (the
     # prefix cache's checkpoints; empty for memories whose cells are shared instead)
     checkpoints: tuple[int, ...] = ()
-    drafter: NgramDrafter | None = None  # speculative decoding (None: off for this one)
+    drafter: Drafter | None = None  # speculative decoding (None: off for this one)
     deterministic: bool = False  # computed in calls of its own (``invariance``)
 
     def __post_init__(self) -> None:

@@ -15,20 +15,23 @@ from __future__ import annotations
 
 from edgeinfer.config import ModelConfig
 from edgeinfer.engine import finishing
-from edgeinfer.engine.drafts import NgramDrafter
+from edgeinfer.engine.drafts import Drafter, DraftSource, NgramDrafter, SourceDrafter
 from edgeinfer.engine.finishing import Output, Sampled, Verdict
 from edgeinfer.engine.native import LlamaRuntime
 from edgeinfer.engine.scheduler import Scheduler
 from edgeinfer.engine.sequence import SamplingParams, Sequence
 
 
-def drafter_for(cfg: ModelConfig, memory_kind: str,
-                params: SamplingParams) -> NgramDrafter | None:
+def drafter_for(cfg: ModelConfig, memory_kind: str, params: SamplingParams,
+                source: DraftSource | None = None) -> Drafter | None:
     """The drafter of a new request: none when the model's setting or the request says
     no, or when its memory cannot take rejected drafts back (recurrent / hybrid models,
-    sliding windows without the full-size cache)."""
-    if cfg.speculative != "ngram" or not params.speculative or memory_kind != "kv":
+    sliding windows without the full-size cache); with ``speculative = "draft"``, one
+    drafted by ``source`` (the model's draft model)."""
+    if cfg.speculative == "off" or not params.speculative or memory_kind != "kv":
         return None
+    if cfg.speculative == "draft":
+        return SourceDrafter(source, cfg.draft_max) if source is not None else None
     return NgramDrafter(cfg.draft_max)
 
 

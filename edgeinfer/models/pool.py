@@ -6,7 +6,7 @@ import asyncio
 import logging
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from enum import StrEnum
 from pathlib import Path
 
@@ -165,9 +165,11 @@ class ModelPool:
         entry.state = ModelState.LOADING
         try:
             path = await asyncio.to_thread(resolve_model_path, cfg, self._configs())
-            cfg = await asyncio.to_thread(self._fitted, cfg, path)
-            await self._make_room(cfg, await asyncio.to_thread(estimate_bytes, cfg, path))
-            served = await asyncio.to_thread(load_model, cfg, path)
+            draft = await asyncio.to_thread(self._draft_file, cfg)
+            extra = estimate_bytes(replace(draft[0], context=cfg.context), draft[1]) if draft else 0
+            cfg = await asyncio.to_thread(self._fitted, cfg, path, extra)
+            await self._make_room(cfg, await asyncio.to_thread(estimate_bytes, cfg, path) + extra)
+            served = await asyncio.to_thread(load_model, cfg, path, draft)
         except Unavailable:
             entry.state = ModelState.UNLOADED  # no room now; a later request tries again
             raise
@@ -206,18 +208,32 @@ class ModelPool:
             entry.keep_alive = seconds
 
     def _configs(self) -> dict[str, ModelConfig]:
-        return {e.cfg.id: e.cfg for e in self.entries.values()}
+        """Every configured model by id, served or not (as served where it is)."""
+        return {**{m.id: m for m in self.config.library},
+                **{e.cfg.id: e.cfg for e in self.entries.values()}}
 
-    def _fitted(self, cfg: ModelConfig, path: Path) -> ModelConfig:
+    def _draft_file(self, cfg: ModelConfig) -> tuple[ModelConfig, Path] | None:
+        """The configuration and file of ``cfg``'s draft model (None: it has none)."""
+        if cfg.speculative != "draft" or cfg.draft_model is None:
+            return None
+        configs = self._configs()
+        draft = next((m for m in configs.values() if cfg.draft_model in m.names), None)
+        if draft is None:
+            raise ModelLoadError(f"model {cfg.id!r}: draft model {cfg.draft_model!r} is not "
+                                 "configured")
+        return draft, resolve_model_path(draft, configs)
+
+    def _fitted(self, cfg: ModelConfig, path: Path, extra: int = 0) -> ModelConfig:
         """``cfg`` with the context and slots models.toml left out chosen to fit the memory
-        free now, idle models counted as free (``models.fit``; blocking)."""
+        free now (less ``extra``, a draft model's), idle models counted as free
+        (``models.fit``; blocking)."""
         if {"context", "slots"} <= set(cfg.explicit):
             return cfg
         try:
             facts = gguf_facts(path)
         except ValueError:  # a broken file fails to load, with its reason
             return cfg
-        fitted, note = fit_file(cfg, path, facts, self._room(),
+        fitted, note = fit_file(cfg, path, facts, self._room() - extra,
                                 gpu_free_bytes() if cfg.gpu_layers else None)
         log.info("%s", note)
         return fitted

@@ -20,6 +20,7 @@ from typing import Any, TypeVar
 
 from edgeinfer.config import ModelConfig
 from edgeinfer.engine.delta import Delta, FailureCode
+from edgeinfer.engine.draft_model import DraftModel
 from edgeinfer.engine.embedding import Embedder
 from edgeinfer.engine.loop import Engine
 from edgeinfer.engine.native import LlamaRuntime, gpu_offload_supported
@@ -309,8 +310,10 @@ class ServedModel:
             )
 
 
-def load_model(cfg: ModelConfig, path: Path | None = None) -> ServedModel:
-    """Load one model and create its engine (blocking; run it off the event loop)."""
+def load_model(cfg: ModelConfig, path: Path | None = None,
+               draft: tuple[ModelConfig, Path] | None = None) -> ServedModel:
+    """Load one model (and its draft model: its configuration and file) and create its
+    engine (blocking; run it off the event loop)."""
     path = path or resolve_model_path(cfg)
     check_gguf(path, cfg.id)
     if cfg.gpu_layers:
@@ -337,10 +340,24 @@ def load_model(cfg: ModelConfig, path: Path | None = None) -> ServedModel:
     log.info("model %s loaded from %s in %.2fs (%s, ctx %d, %d slots, %d threads)",
              cfg.id, path, time.perf_counter() - t0, info.description, info.n_ctx, cfg.slots,
              cfg.threads)
-    engine = Engine(runtime)
+    engine = Engine(runtime, _draft_model(runtime, draft))
     return ServedModel(cfg, runtime, engine, template, Embedder(runtime),
                        markup=Markup(runtime.control_texts()),
                        prefix_store=_prefix_store(cfg, path) if engine.cache.enabled else None)
+
+
+def _draft_model(runtime: LlamaRuntime,
+                 draft: tuple[ModelConfig, Path] | None) -> DraftModel | None:
+    """The target's draft model, counted in its memory (None: it has none)."""
+    if draft is None:
+        return None
+    try:
+        model = DraftModel(runtime, *draft)
+    except BaseException:
+        runtime.close()
+        raise
+    runtime.add_memory(model.memory_bytes())
+    return model
 
 
 def _prefix_store(cfg: ModelConfig, path: Path) -> PrefixStore | None:

@@ -56,6 +56,11 @@ gpu_layers = 99
     "[[models]]\nid='a'\npath='x'\n[routing]\nsometimes='a'\n",
     "not toml [",
     "",
+    "[[models]]\nid='a'\npath='x'\nspeculative='draft'\n",  # no draft_model
+    "[[models]]\nid='a'\npath='x'\nspeculative='draft'\ndraft_model='b'\n",  # unknown
+    "[[models]]\nid='a'\naliases=['c']\npath='x'\nspeculative='draft'\ndraft_model='c'\n",
+    # a draft model, but speculation by n-grams
+    "[[models]]\nid='a'\npath='x'\ndraft_model='b'\n[[models]]\nid='b'\npath='y'\n",
 ])
 def test_invalid_configs_are_clear(tmp_path: Path, body: str) -> None:
     with pytest.raises(ConfigError):

@@ -1,0 +1,126 @@
+"""Speculative decoding with a draft model (models.toml ``speculative = "draft"``), in-process
+on real models: the output is the one decoding without drafts gives (greedy, a fixed seed, a
+grammar), drafts of several streams are guessed together, and a draft model the target
+cannot read is refused at load."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Iterator
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+
+from edgeinfer.config import load_config, override_model
+from edgeinfer.engine.loop import Delta
+from edgeinfer.engine.sequence import SamplingParams
+from edgeinfer.errors import ModelLoadError
+from edgeinfer.models.served import load_model
+from edgeinfer.models.source import resolve_model_path
+from tests.engine import synthetic_model
+from tests.engine.test_speculation import ASK, GRAMMAR, Loop, _answer
+
+FREE = ("<|im_start|>user\nWrite a short story about a fox who learns to sail.<|im_end|>\n"
+        "<|im_start|>assistant\n")
+
+
+def _models() -> tuple[object, object]:
+    models = {m.id: m for m in load_config().models}
+    return models["smollm2-135m-instruct"], models["smollm2-135m-instruct-q8"]
+
+
+@pytest.fixture(scope="module")
+def lp() -> Iterator[Loop]:
+    """SmolLM2 Q8_0 drafted by SmolLM2 Q4_1: the same vocabulary, close guesses."""
+    base, q8 = _models()
+    configs = {m.id: m for m in load_config().models}
+    cfg = override_model(q8, context=1024, slots=4, batch=64, threads=2, draft_max=4)
+    cfg = replace(cfg, speculative="draft", draft_model=base.id)
+    draft = (base, resolve_model_path(base, configs))
+    loop = Loop(load_model(cfg, resolve_model_path(q8, configs), draft))
+    yield loop
+    loop.close()
+
+
+def _prompt(lp: Loop, text: str) -> list[int]:
+    return lp.served.runtime.tokenize(text, add_special=False, parse_special=True)
+
+
+@pytest.mark.parametrize("params", [
+    SamplingParams(temperature=0, max_tokens=64, logprobs=3),
+    SamplingParams(temperature=0.9, seed=77, max_tokens=64, logprobs=3),
+    SamplingParams(temperature=0, max_tokens=40, grammar=GRAMMAR, logprobs=3),
+], ids=["greedy", "seeded", "grammar"])
+@pytest.mark.parametrize("text", [ASK, FREE], ids=["copy", "free"])
+def test_drafts_change_nothing_in_the_output(lp: Loop, params: SamplingParams,
+                                             text: str) -> None:
+    stats = lp.served.engine.stats
+    prompt = _prompt(lp, text)
+    before = (stats.draft_tokens, stats.accepted_drafts)
+    spec = lp.run(prompt, params, "spec")
+    drafted, accepted = stats.draft_tokens - before[0], stats.accepted_drafts - before[1]
+    plain = lp.run(prompt, replace(params, speculative=False), "plain")
+    assert _answer(spec) == _answer(plain)  # text, tokens and log-probabilities
+    assert spec[-1].finish_reason == plain[-1].finish_reason
+    assert drafted > 0 and accepted > 0  # the draft model guessed, and guessed right
+    timings = spec[-1].timings or {}
+    assert timings.get("draft_n", 0) >= timings.get("draft_n_accepted", -1) > 0
+    if params.temperature == 0 and params.grammar is None:
+        assert accepted > 0.5 * drafted  # Q4_1 guesses Q8_0's greedy tokens mostly right
+
+
+def test_streams_are_drafted_together(lp: Loop) -> None:
+    """Four streams at once: one draft-model call guesses for all of them (a greedy answer
+    among others is not bit-identical to the same answer alone, drafts or not: the batch's
+    shape changes llama.cpp's rounding; see the deterministic mode)."""
+    prompts = [_prompt(lp, ASK), _prompt(lp, FREE), _prompt(lp, ASK.replace("exactly", "")),
+               _prompt(lp, FREE.replace("fox", "cat"))]
+    params = SamplingParams(temperature=0, max_tokens=48, ignore_eos=True)
+    draft = lp.served.engine.draft
+    assert draft is not None
+    accepted = lp.served.engine.stats.accepted_drafts
+    sizes: list[int] = []  # the runs of each draft-model call
+    decode = draft.runtime.decode
+
+    def counting(runs):  # type: ignore[no-untyped-def]
+        sizes.append(len(runs))
+        return decode(runs)
+    draft.runtime.decode = counting  # type: ignore[method-assign]
+
+    async def together() -> list[list[Delta]]:
+        async def one(i: int, p: list[int]) -> list[Delta]:
+            return [d async for d in lp.served.engine.generate(f"t{i}", p, params,
+                                                               use_cache=False)]
+        return list(await asyncio.gather(*(one(i, p) for i, p in enumerate(prompts))))
+    try:
+        answers = lp.loop.run_until_complete(together())
+    finally:
+        del draft.runtime.decode
+    assert [len(_answer(a)[1]) for a in answers] == [48] * 4
+    assert max(sizes) == 4 and sum(sizes) > len(sizes)  # one call guessed for all four
+    assert lp.served.engine.stats.accepted_drafts > accepted
+
+
+def test_a_draft_model_of_another_vocabulary_is_refused() -> None:
+    base, _ = _models()
+    gemma = next(m for m in load_config().models if m.id == "gemma-3-270m")
+    configs = {m.id: m for m in load_config().models}
+    cfg = replace(override_model(base, context=512, slots=2, batch=32, threads=2),
+                  speculative="draft", draft_model=gemma.id)
+    with pytest.raises(ModelLoadError, match="vocabulary"):
+        load_model(cfg, resolve_model_path(base, configs),
+                   (gemma, resolve_model_path(gemma, configs)))
+
+
+def test_a_draft_model_that_cannot_drop_drafts_is_refused(tmp_path: Path) -> None:
+    """A recurrent draft model (SmolLM2's tokenizer, so the vocabulary matches) cannot take
+    rejected drafts back."""
+    base, _ = _models()
+    configs = {m.id: m for m in load_config().models}
+    mamba = synthetic_model.write(tmp_path / "mamba.gguf", "mamba")
+    cfg = replace(override_model(base, context=512, slots=2, batch=32, threads=2),
+                  speculative="draft", draft_model="mamba")
+    draft_cfg = replace(base, id="mamba", path=mamba, source=None)
+    with pytest.raises(ModelLoadError, match="cannot drop rejected drafts"):
+        load_model(cfg, resolve_model_path(base, configs), (draft_cfg, mamba))
