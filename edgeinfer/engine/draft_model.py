@@ -5,7 +5,8 @@ The draft model has a context of its own, with one sequence per slot of the targ
 cells as the target's context, and the target's K/V types. Each slot's sequence holds the
 tokens it was last given (``held``): when the scheduler asks for drafts, what the slot
 holds is cut back to what it shares with the sequence's tokens (rejected drafts, or a new
-request in the slot: a shared system prompt stays), the rest is computed, and then the
+request in the slot: a shared system prompt stays; another slot's cells are shared where
+it holds more of them), the rest is computed, and then the
 draft model guesses greedily, one token per call for all the drafted slots together. A
 sequence whose missing tokens (its prompt, on its first draft) exceed the step's catch-up
 budget (the target's ``batch``) computes them over several steps and drafts nothing
@@ -39,6 +40,7 @@ log = logging.getLogger("edgeinfer.engine.draft_model")
 
 VOCAB_SLACK = 128  # token counts may differ this much (added tokens), as llama-server allows
 FIRST_COMPARED = 5  # tokens below this id (special ones) are not compared, as llama-server
+SHARE_MIN = 32  # another slot's cells are shared when they hold this many more tokens
 
 
 class DraftModel:
@@ -119,9 +121,18 @@ class DraftModel:
 
     def _cut(self, slot: int, tokens: Sequence[int]) -> int:
         """Keep what ``slot`` holds of ``tokens`` (all but the last, whose logits are
-        wanted), drop the rest; returns how many are kept."""
+        wanted), drop the rest; returns how many are kept. When another slot holds more
+        of them (a shared system prompt), its cells are shared instead."""
         held = self.held.setdefault(slot, [])
         keep = min(common_prefix(held, tokens), len(tokens) - 1)
+        other, most = max(((s, min(common_prefix(h, tokens), len(tokens) - 1))
+                           for s, h in self.held.items() if s != slot),
+                          key=lambda pair: pair[1], default=(slot, keep))
+        if most > keep + SHARE_MIN:
+            self.runtime.seq_rm(slot)
+            self.runtime.seq_cp(other, slot, 0, most)
+            self.held[slot] = list(tokens[:most])
+            return most
         if keep < len(held) and not self.runtime.seq_rm(slot, keep, -1):
             self.runtime.seq_rm(slot)
             keep = 0

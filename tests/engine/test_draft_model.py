@@ -124,3 +124,46 @@ def test_a_draft_model_that_cannot_drop_drafts_is_refused(tmp_path: Path) -> Non
     draft_cfg = replace(base, id="mamba", path=mamba, source=None)
     with pytest.raises(ModelLoadError, match="cannot drop rejected drafts"):
         load_model(cfg, resolve_model_path(base, configs), (draft_cfg, mamba))
+
+
+def test_a_prompt_another_slot_holds_is_shared_not_computed_again(lp: Loop) -> None:
+    """A request whose prompt another slot's draft sequence already holds (a shared system
+    prompt) computes only what differs, and guesses as if it had computed it all."""
+    draft = lp.served.engine.draft
+    assert draft is not None
+    prompt = _prompt(lp, ASK)
+    other = [*prompt[:-1], prompt[-2]]  # the same prompt, another last token
+    rows: list[int] = []
+    decode = draft.runtime.decode
+
+    def counting(runs):  # type: ignore[no-untyped-def]
+        rows.append(sum(len(r.tokens) for r in runs))
+        return decode(runs)
+
+    def clear() -> None:
+        for slot in list(draft.held):
+            draft.runtime.seq_rm(slot)
+        draft.held.clear()
+
+    def caught_up(slot: int, tokens: list[int]) -> list[list[int]]:
+        for _ in range(len(tokens) // 32):  # a prompt over the step's budget takes steps
+            if (guesses := draft.draft([(slot, tokens, 4)]))[0]:
+                return guesses
+        raise AssertionError("the draft model never caught up")
+
+    def work() -> tuple[list[list[int]], list[list[int]], list[int]]:
+        draft.runtime.decode = counting  # type: ignore[method-assign]
+        try:
+            clear()
+            caught_up(1, prompt)
+            del rows[:]
+            shared = draft.draft([(2, other, 4)])
+            counted = list(rows)
+            clear()
+            return shared, caught_up(2, other), counted
+        finally:
+            del draft.runtime.decode
+    shared, fresh, counted = lp.loop.run_until_complete(
+        lp.served.engine.call(work))  # type: ignore[misc]
+    assert shared == fresh and len(shared[0]) == 4
+    assert counted == [1, 1, 1, 1]  # the last token, then one row per guess
