@@ -66,12 +66,15 @@ class Result:
         return xs[min(len(xs) - 1, round(q * (len(xs) - 1)))]
 
 
-def model_path() -> Path:
+def model_path(name: str = "default") -> Path:
+    """The GGUF file of a configured model (an id or alias; the first model by default)."""
     sys.path.insert(0, str(ROOT))
     from edgeinfer.config import load_config
     from edgeinfer.models.source import resolve_model_path
 
-    return resolve_model_path(load_config().models[0])
+    models = load_config().models
+    chosen = next((m for m in models if name in m.names), models[0])
+    return resolve_model_path(chosen, {m.id: m for m in models})
 
 
 def ensure_peer_venv() -> Path:

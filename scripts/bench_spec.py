@@ -14,7 +14,13 @@ and, when LLAMA_SERVER_BIN points at llama.cpp's llama-server, llama-server with
 ``--spec-type ngram-simple`` (its n-gram mode) and without. Each comparison runs
 --rounds times alternately; medians are printed, with the draft acceptance rate.
 
+With ``--draft-model NAME`` (a configured model or a .gguf file), edgeinfer serves
+``--target`` (default: the default model) drafted by that model (``serve --draft-model``),
+against the same server without drafts and a second edgeinfer serving the target with
+prompt-lookup drafts ("edgeinfer ngram").
+
 Usage: .venv/bin/python scripts/bench_spec.py [--rounds 3] [--threads 2]
+       [--target smollm2-135m-instruct-q8 --draft-model smollm2]
 """
 
 from __future__ import annotations
@@ -88,15 +94,23 @@ def main() -> int:
                                  formatter_class=argparse.RawTextHelpFormatter)
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--target", default="default", help="the model edgeinfer serves")
+    ap.add_argument("--draft-model", default=None, help="draft with this model (see above)")
     args = ap.parse_args()
-    gguf = model_path()
+    gguf = model_path(args.target)
     logs = Path(tempfile.mkdtemp(prefix="edgeinfer-bench-spec-"))
     servers: list[tuple[str, Server, str, list[bool | None]]] = []
+    serve = [sys.executable, "-m", "edgeinfer", "serve", "--threads", str(args.threads),
+             "--slots", "4", "--context", "8192", "--log-level", "warning", "--model",
+             args.target]
     port = free_port()
+    drafting = ["--draft-model", args.draft_model] if args.draft_model else []
     servers.append(("edgeinfer", Server("edgeinfer", [
-        sys.executable, "-m", "edgeinfer", "serve", "--port", str(port), "--threads",
-        str(args.threads), "--slots", "4", "--context", "8192", "--log-level", "warning"],
-        port, logs), "default", [True, False]))
+        *serve, "--port", str(port), *drafting], port, logs), args.target, [True, False]))
+    if args.draft_model:
+        port = free_port()
+        servers.append(("edgeinfer ngram", Server("edgeinfer-ngram", [
+            *serve, "--port", str(port)], port, logs), args.target, [True]))
     binary = os.environ.get("LLAMA_SERVER_BIN")
     if binary:
         for name, extra in (("llama-server ngram", ["--spec-type", "ngram-simple"]),
@@ -140,6 +154,9 @@ def report(table: dict[tuple[str, str, int], list[float]], drafted: int, accepte
             base = med[("edgeinfer (no drafts)", workload, streams)]
             line = (f"{workload} x{streams}: drafts / no drafts "
                     f"{med[('edgeinfer', workload, streams)] / base:.2f}x")
+            if ("edgeinfer ngram", workload, streams) in med:
+                line += (f"; draft model / ngram "
+                         f"{med[('edgeinfer', workload, streams)] / med[('edgeinfer ngram', workload, streams)]:.2f}x")  # noqa: E501
             if ("llama-server ngram", workload, streams) in med:
                 line += (f"; edgeinfer / llama-server ngram "
                          f"{med[('edgeinfer', workload, streams)] / med[('llama-server ngram', workload, streams)]:.2f}x"  # noqa: E501

@@ -10,7 +10,8 @@ it holds more of them), the rest is computed, and then the
 draft model guesses greedily, one token per call for all the drafted slots together. A
 sequence whose missing tokens (its prompt, on its first draft) exceed the step's catch-up
 budget (the target's ``batch``) computes them over several steps and drafts nothing
-meanwhile. A failed call clears every slot (they are computed again when next drafted).
+meanwhile. Slots not drafted are cleared when the context could not hold them too, and a
+failed call clears every slot (they are computed again when next drafted).
 
 What is drafted never changes the output: the target samples every position itself and
 keeps drafts only while they equal its own tokens. The draft model only decides how many
@@ -92,6 +93,7 @@ class DraftModel:
         """For each ``(slot, tokens, k)``, up to ``k`` greedy guesses of what follows
         ``tokens`` (none for a slot still catching up, or after a failed call)."""
         drafts: list[list[int]] = [[] for _ in requests]
+        self._make_room(requests)
         runs: list[tuple[int, Run]] = []  # (request index, the tokens its slot is missing)
         left = self.budget - len(requests)  # every slot gets a row, the shortest first more
         for i in sorted(range(len(requests)), key=lambda i: len(requests[i][1])):
@@ -109,6 +111,17 @@ class DraftModel:
             runs = [(i, nxt) for i, r in runs if r.wants_logits
                     if (nxt := self._guess(r, next(rows), requests[i][2], drafts[i]))]
         return drafts
+
+    def _make_room(self, requests: list[tuple[int, Sequence[int], int]]) -> None:
+        """Clear the slots not drafted now when what the drafted ones will hold and what
+        those hold would not fit the context together."""
+        drafted = {slot for slot, _, _ in requests}
+        idle = [s for s in self.held if s not in drafted]
+        needed = sum(len(tokens) + k for _, tokens, k in requests)
+        if needed + sum(len(self.held[s]) for s in idle) > self.runtime.info.n_ctx:
+            for slot in idle:
+                self.runtime.seq_rm(slot)
+                del self.held[slot]
 
     def _guess(self, run: Run, row: int, k: int, draft: list[int]) -> Run | None:
         """Take the guess of a run's output ``row``; returns the run that feeds it back

@@ -167,3 +167,31 @@ def test_a_prompt_another_slot_holds_is_shared_not_computed_again(lp: Loop) -> N
         lp.served.engine.call(work))  # type: ignore[misc]
     assert shared == fresh and len(shared[0]) == 4
     assert counted == [1, 1, 1, 1]  # the last token, then one row per guess
+
+
+def test_idle_slots_make_room_in_the_draft_context(lp: Loop,
+                                                   caplog: pytest.LogCaptureFixture) -> None:
+    """The draft context has the target's cells; slots that finished keep their draft
+    sequences for reuse until a drafted one needs the room: then those are cleared first,
+    and no call fails."""
+    draft = lp.served.engine.draft
+    assert draft is not None
+    long = (_prompt(lp, ASK) * 10)[:600]
+    other = list(reversed(long))  # shares nothing with it
+
+    def work() -> tuple[bool, list[list[int]]]:
+        for slot in list(draft.held):
+            draft.runtime.seq_rm(slot)
+        draft.held.clear()
+        for _ in range(20):
+            if draft.draft([(1, long, 2)])[0]:
+                break
+        # slot 1 holds 601 tokens; slot 2 needs 600 of its own: 1024 cells cannot hold both
+        for _ in range(20):
+            if (guesses := draft.draft([(2, [*other, 7], 2)]))[0]:
+                return 1 in draft.held, guesses
+        raise AssertionError("the draft model never caught up")
+    with caplog.at_level("WARNING", logger="edgeinfer.engine.draft_model"):
+        kept, guesses = lp.loop.run_until_complete(lp.served.engine.call(work))  # type: ignore[misc]
+    assert not kept and len(guesses[0]) == 2
+    assert "llama_decode returned" not in caplog.text
