@@ -77,6 +77,13 @@ class PayloadTooLarge(APIError):
     type = "request_too_large"
 
 
+class RequestTimeout(APIError):
+    """The client did not send its request body in time."""
+
+    status = 408
+    type = "invalid_request_error"
+
+
 class UnsupportedMediaType(APIError):
     status = 415
     type = "invalid_request_error"

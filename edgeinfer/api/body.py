@@ -17,7 +17,13 @@ from typing import Any
 
 from starlette.requests import ClientDisconnect, Request
 
-from edgeinfer.errors import ClientClosed, InvalidRequest, PayloadTooLarge, UnsupportedMediaType
+from edgeinfer.errors import (
+    ClientClosed,
+    InvalidRequest,
+    PayloadTooLarge,
+    RequestTimeout,
+    UnsupportedMediaType,
+)
 
 _SURROGATE = re.compile("[\ud800-\udfff]")
 _SURROGATE_ESCAPE = re.compile(rb"\\u[dD][89a-fA-F]")
@@ -74,22 +80,30 @@ def loads(data: bytes | bytearray | str) -> Any:
 
 
 MAX_BODY_BYTES = 8 * 1024 * 1024
+BODY_TIMEOUT = 60.0  # seconds for a whole request body to arrive
 THREAD_PARSE_BYTES = 64 * 1024
 
 
 async def read_bytes(request: Request) -> bytes:
-    """The request's body, 413 past MAX_BODY_BYTES (declared or read)."""
+    """The request's body, 413 past MAX_BODY_BYTES (declared or read), 408 when it takes
+    more than the app's ``state.body_timeout`` seconds (default BODY_TIMEOUT) to arrive: a
+    client trickling it would hold a connection."""
     declared = request.headers.get("content-length")
     if declared is not None and declared.isdigit() and int(declared) > MAX_BODY_BYTES:
         raise PayloadTooLarge(f"request body exceeds {MAX_BODY_BYTES} bytes",
                               code="request_too_large")
     body = bytearray()
+    limit = getattr(request.app.state, "body_timeout", BODY_TIMEOUT)
     try:
-        async for part in request.stream():
-            body += part
-            if len(body) > MAX_BODY_BYTES:
-                raise PayloadTooLarge(f"request body exceeds {MAX_BODY_BYTES} bytes",
-                                      code="request_too_large")
+        async with asyncio.timeout(limit):
+            async for part in request.stream():
+                body += part
+                if len(body) > MAX_BODY_BYTES:
+                    raise PayloadTooLarge(f"request body exceeds {MAX_BODY_BYTES} bytes",
+                                          code="request_too_large")
+    except TimeoutError:
+        raise RequestTimeout(f"the request body did not arrive within {limit:g} s",
+                             code="request_timeout") from None
     except ClientDisconnect:
         raise ClientClosed("the client closed the connection before sending its request "
                            "body", code="client_closed") from None

@@ -26,7 +26,8 @@ OLLAMA_PREFIX = "/api/"
 # Anthropic's error types, by status (https://docs.anthropic.com/en/api/errors)
 _ANTHROPIC_TYPES = {400: "invalid_request_error", 401: "authentication_error",
                     403: "permission_error", 404: "not_found_error",
-                    405: "invalid_request_error", 409: "invalid_request_error",
+                    405: "invalid_request_error", 408: "timeout_error",
+                    409: "invalid_request_error",
                     413: "request_too_large", 415: "invalid_request_error",
                     429: "rate_limit_error", 503: "overloaded_error", 504: "timeout_error"}
 

@@ -62,6 +62,11 @@ def _serve_parser(sub: Sub) -> None:
     p.add_argument("--send-timeout", type=float, default=None,
                    help="seconds a streamed response may wait for a client that does not read "
                         "before it is closed (default 30)")
+    p.add_argument("--header-timeout", type=float, default=30.0,
+                   help="seconds a connection gets to send a request's headers before it is "
+                   "closed (slow or stuck clients must not hold connections; default 30)")
+    p.add_argument("--body-timeout", type=float, default=60.0,
+                   help="seconds a request's body gets to arrive before a 408 (default 60)")
     p.add_argument("--shutdown-grace", type=float, default=10.0,
                    help="on SIGTERM/SIGINT, seconds running requests get to finish before they "
                    "end with an error (a second signal exits at once)")
@@ -226,16 +231,21 @@ def serve(args: argparse.Namespace) -> int:
     import uvicorn
 
     from edgeinfer.api.app import create_app
+    from edgeinfer.cli.deadline import protocol_class
     from edgeinfer.cli.server import EdgeServer
 
     config = _select(load_config(args.config), args)
+    if args.header_timeout <= 0 or args.body_timeout <= 0:
+        raise ConfigError("--header-timeout and --body-timeout must be > 0")
     if args.ray is not None:
         return _serve_on_ray(config, args)
     app = create_app(config)
+    app.state.body_timeout = args.body_timeout
     log.info("edgeinfer %s: loading %s for http://%s:%d%s", __version__,
              ", ".join(m.id for m in config.models), config.host, config.port,
              f" ({len(config.api_keys)} API keys)" if config.api_keys else "")
     uv = uvicorn.Config(app, host=config.host, port=config.port, log_level=args.log_level,
+                        http=protocol_class(args.header_timeout),  # (``deadline``)
                         access_log=args.log_level == "debug", lifespan="on",
                         timeout_graceful_shutdown=int(args.shutdown_grace) + 5)
     server = EdgeServer(uv, app, args.shutdown_grace, args.ready_file, args.parent_pid,

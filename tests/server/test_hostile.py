@@ -286,7 +286,7 @@ def test_tokenize_and_detokenize_sizes_are_bounded(server: ServerProcess) -> Non
 @pytest.fixture(scope="module")
 def impatient_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
     srv = start_server(tmp_path_factory.mktemp("impatient"), "--slots", "2",
-                       "--send-timeout", "2")
+                       "--send-timeout", "2", "--header-timeout", "2", "--body-timeout", "2")
     yield srv
     stop_server(srv)
 
@@ -316,6 +316,55 @@ def test_a_stream_nobody_reads_is_closed_and_frees_its_slot(
         assert "was not read for 2s" in srv.log.read_text()
     finally:
         sock.close()
+    alive(srv)
+
+
+def _closed_within(sock: socket.socket, seconds: float) -> bytes:
+    """What the server sends before it closes ``sock`` (fails if still open after
+    ``seconds``)."""
+    sock.settimeout(seconds)
+    got = b""
+    while part := sock.recv(65536):  # socket.timeout fails the test
+        got += part
+    return got
+
+
+def test_connections_that_never_finish_their_headers_are_closed(
+        impatient_server: ServerProcess) -> None:
+    """A slow or stuck client (nothing sent, half a request line, or a complete request
+    then half of the next) is closed after --header-timeout, so such connections cannot
+    pile up; one that keeps to the deadline is served across it (keep-alive)."""
+    srv = impatient_server
+    silent = socket.create_connection(("127.0.0.1", srv.port))
+    half = socket.create_connection(("127.0.0.1", srv.port))
+    half.sendall(b"GET /v1/mod")
+    second = socket.create_connection(("127.0.0.1", srv.port))
+    second.sendall(b"GET /health HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n")
+    time.sleep(1.5)
+    second.sendall(b"GET /health HTTP/1.1\r\nHost: 127")
+    t0 = time.monotonic()
+    for sock in (silent, half, second):
+        with sock:
+            got = _closed_within(sock, 10)
+    assert time.monotonic() - t0 < 6
+    assert got.startswith(b"HTTP/1.1 200") and got.count(b"HTTP/1.1") == 1
+    with httpx.Client(base_url=srv.base_url) as client:  # one connection, kept alive
+        assert client.get("/health").status_code == 200
+        time.sleep(3)  # past the header deadline, inside uvicorn's 5 s keep-alive
+        assert client.get("/health").status_code == 200
+    alive(srv)
+
+
+def test_a_body_that_trickles_gets_408(impatient_server: ServerProcess) -> None:
+    srv = impatient_server
+    with socket.create_connection(("127.0.0.1", srv.port)) as sock:
+        sock.sendall(b"POST /v1/chat/completions HTTP/1.1\r\nHost: 127.0.0.1\r\n"
+                     b"Content-Type: application/json\r\nContent-Length: 100\r\n\r\n{\"m")
+        sock.settimeout(10)
+        head = sock.recv(65536)
+    assert head.startswith(b"HTTP/1.1 408"), head
+    body = json.loads(head.split(b"\r\n\r\n", 1)[1])
+    assert body["error"]["code"] == "request_timeout"
     alive(srv)
 
 

@@ -1,0 +1,82 @@
+"""A deadline for a request's headers: uvicorn's HTTP protocol, closing connections that
+do not finish their request's headers in time.
+
+uvicorn has no header timeout: a connection that sends half a request line and nothing
+more (or sends nothing at all) is held open for good, so enough of them use up the
+process's file descriptors and nobody else gets in (slowloris). With this protocol a
+connection gets ``HEADER_TIMEOUT`` seconds from when it opens, or from the first bytes of
+its next request, to complete that request's headers (``serve --header-timeout``);
+otherwise it is closed, as nginx's ``client_header_timeout`` does. The body has its own
+deadline (``api.body``, ``serve --body-timeout``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import importlib.util
+import logging
+from typing import Any
+
+log = logging.getLogger("edgeinfer.http")
+
+HEADER_TIMEOUT = 30.0  # seconds to complete a request's headers (nginx: 60), by default
+
+
+class HeaderDeadline:
+    """Mixed in before uvicorn's protocol class (httptools' or h11's): both keep the
+    request being answered in ``cycle`` and start a new one when headers complete."""
+
+    loop: asyncio.AbstractEventLoop
+    transport: asyncio.Transport
+    cycle: Any
+    header_timeout: float = HEADER_TIMEOUT
+    _deadline: asyncio.TimerHandle | None = None
+    _waited_on: Any = None  # the cycle in place when the deadline was armed
+
+    def connection_made(self, transport: asyncio.Transport) -> None:
+        super().connection_made(transport)  # type: ignore[misc]
+        self._arm()
+
+    def data_received(self, data: bytes) -> None:
+        super().data_received(data)  # type: ignore[misc]
+        between = self.cycle is None or self.cycle.response_complete
+        if (between and not self.transport.is_closing()
+                and (self._deadline is None or self._waited_on is not self.cycle)):
+            self._arm()  # the first bytes of a next request, not yet complete
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        if self._deadline is not None:
+            self._deadline.cancel()
+            self._deadline = None
+        super().connection_lost(exc)  # type: ignore[misc]
+
+    def _arm(self) -> None:
+        if self._deadline is not None:
+            self._deadline.cancel()
+        self._waited_on = self.cycle
+        self._deadline = self.loop.call_later(self.header_timeout, self._expire)
+
+    def _expire(self) -> None:
+        self._deadline = None
+        if self.cycle is not self._waited_on:  # its headers completed: a request began
+            return
+        if self.cycle is not None and not self.cycle.response_complete:
+            return
+        if not self.transport.is_closing():
+            log.info("closed a connection that sent no complete request headers in %g s",
+                     self.header_timeout)
+            self.transport.close()
+
+
+def protocol_class(header_timeout: float = HEADER_TIMEOUT) -> type:
+    """uvicorn's HTTP protocol ("auto": httptools when installed, else h11) with a header
+    deadline of ``header_timeout`` seconds."""
+    base: type
+    if importlib.util.find_spec("httptools") is not None:
+        from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
+        base = HttpToolsProtocol
+    else:
+        from uvicorn.protocols.http.h11_impl import H11Protocol
+        base = H11Protocol
+    return type(f"Deadline{base.__name__}", (HeaderDeadline, base),
+                {"header_timeout": header_timeout})
