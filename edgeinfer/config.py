@@ -40,7 +40,7 @@ _MODEL_KEYS = {
     "reasoning_format", "chat_template_file", "tool_format", "cache_disk_mb",
     "cache_ram_mb", "swa_full", "prefill_batch", "step_target_ms", "cache_mode",
     "checkpoint_every", "cache_disk_hot", "speculative", "draft_max", "cache_type_k",
-    "cache_type_v", "deterministic", "draft_model",
+    "cache_type_v", "deterministic", "draft_model", "draft_min",
 }
 TOOL_FORMATS = ("auto", "hermes", "llama3", "mistral", "granite", "mistral_args", "deepseek_v3",
                 "deepseek_r1", "qwen3_coder", "gemma4", "harmony", "generic")
@@ -117,6 +117,9 @@ class ModelConfig:
     # "off"; draft_max bounds a sequence's drafts per step
     speculative: str = "ngram"
     draft_max: int = 8
+    # prompt-lookup drafts shorter than this are not verified (on a CPU a step's second
+    # row costs about as much as its first, so a one-token draft rarely pays)
+    draft_min: int = 3
     draft_model: str | None = None
     # the KV cache's types: f16 (default), bf16, f32, q8_0 (about half of f16), q4_0
     cache_type_k: str = "f16"
@@ -183,6 +186,8 @@ class ModelConfig:
         if self.speculative not in ("ngram", "draft", "off") or not 1 <= self.draft_max <= 32:
             raise ConfigError(f"model {self.id!r}: speculative must be \"ngram\", \"draft\" "
                               "or \"off\" and draft_max between 1 and 32")
+        if not 1 <= self.draft_min <= self.draft_max:
+            raise ConfigError(f"model {self.id!r}: draft_min must be between 1 and draft_max")
         if (self.speculative == "draft") != isinstance(self.draft_model, str):
             raise ConfigError(f"model {self.id!r}: speculative = \"draft\" needs draft_model "
                               "(the id of another configured model), and draft_model needs it")

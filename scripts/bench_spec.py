@@ -96,6 +96,8 @@ def main() -> int:
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--target", default="default", help="the model edgeinfer serves")
     ap.add_argument("--draft-model", default=None, help="draft with this model (see above)")
+    ap.add_argument("--draft-min", type=int, default=None,
+                    help="also run edgeinfer with this --draft-min (\"edgeinfer min N\")")
     args = ap.parse_args()
     gguf = model_path(args.target)
     logs = Path(tempfile.mkdtemp(prefix="edgeinfer-bench-spec-"))
@@ -111,6 +113,11 @@ def main() -> int:
         port = free_port()
         servers.append(("edgeinfer ngram", Server("edgeinfer-ngram", [
             *serve, "--port", str(port)], port, logs), args.target, [True]))
+    if args.draft_min is not None:
+        port = free_port()
+        servers.append((f"edgeinfer min {args.draft_min}", Server("edgeinfer-min", [
+            *serve, "--port", str(port), "--draft-min", str(args.draft_min)], port, logs),
+            args.target, [True]))
     binary = os.environ.get("LLAMA_SERVER_BIN")
     if binary:
         for name, extra in (("llama-server ngram", ["--spec-type", "ngram-simple"]),
@@ -154,6 +161,10 @@ def report(table: dict[tuple[str, str, int], list[float]], drafted: int, accepte
             base = med[("edgeinfer (no drafts)", workload, streams)]
             line = (f"{workload} x{streams}: drafts / no drafts "
                     f"{med[('edgeinfer', workload, streams)] / base:.2f}x")
+            for label in [k[0] for k in med if k[0].startswith("edgeinfer min")
+                          and k[1:] == (workload, streams)]:
+                line += (f"; {label} / no drafts "
+                         f"{med[(label, workload, streams)] / base:.2f}x")
             if ("edgeinfer ngram", workload, streams) in med:
                 line += (f"; draft model / ngram "
                          f"{med[('edgeinfer', workload, streams)] / med[('edgeinfer ngram', workload, streams)]:.2f}x")  # noqa: E501

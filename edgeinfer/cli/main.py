@@ -35,6 +35,16 @@ def _common(p: argparse.ArgumentParser) -> None:
                    choices=["debug", "info", "warning", "error"], help="logging verbosity")
 
 
+def _speculation_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--draft-model", "-md", default=None,
+                   help="speculative decoding with a draft model: a smaller model with the same "
+                   "vocabulary (a .gguf path, or an id or alias from the config)")
+    p.add_argument("--draft-max", type=int, default=None,
+                   help="draft tokens per sequence and step at most (speculative decoding)")
+    p.add_argument("--draft-min", type=int, default=None,
+                   help="prompt-lookup drafts shorter than this are not verified")
+
+
 def _serve_parser(sub: Sub) -> None:
     p = sub.add_parser("serve", help="serve the configured models over HTTP",
                        description="Serve models from models.toml (or one GGUF file) with an "
@@ -42,9 +52,7 @@ def _serve_parser(sub: Sub) -> None:
     _common(p)
     p.add_argument("--model", "-m", default=None,
                    help="serve only this model: an id or alias from the config, or a .gguf path")
-    p.add_argument("--draft-model", "-md", default=None,
-                   help="speculative decoding with a draft model: a smaller model with the same "
-                   "vocabulary (a .gguf path, or an id or alias from the config)")
+    _speculation_args(p)
     p.add_argument("--host", default=None, help="address to bind (default 127.0.0.1)")
     p.add_argument("--port", type=int, default=None,
                    help="port to listen on (default 8080; 0 picks a free one)")
@@ -204,7 +212,8 @@ def _select(config: ServerConfig, args: argparse.Namespace) -> ServerConfig:
     models = tuple(
         override_model(m, slots=args.slots, context=args.context, threads=args.threads,
                        batch=args.batch, gpu_layers=args.gpu_layers, max_queue=args.max_queue,
-                       request_timeout=args.request_timeout)
+                       request_timeout=args.request_timeout, draft_max=args.draft_max,
+                       draft_min=args.draft_min)
         for m in models
     )
     library = config.library

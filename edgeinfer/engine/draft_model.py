@@ -7,7 +7,8 @@ tokens it was last given (``held``): when the scheduler asks for drafts, what th
 holds is cut back to what it shares with the sequence's tokens (rejected drafts, or a new
 request in the slot: a shared system prompt stays; another slot's cells are shared where
 it holds more of them), the rest is computed, and then the
-draft model guesses greedily, one token per call for all the drafted slots together. A
+draft model guesses greedily, one token per call for all the drafted slots together, until
+it is unsure (its top token below ``P_MIN``, as llama-server's ``--draft-p-min``). A
 sequence whose missing tokens (its prompt, on its first draft) exceed the step's catch-up
 budget (the target's ``batch``) computes them over several steps and drafts nothing
 meanwhile. Slots not drafted are cleared when the context could not hold them too, and a
@@ -42,6 +43,7 @@ log = logging.getLogger("edgeinfer.engine.draft_model")
 VOCAB_SLACK = 128  # token counts may differ this much (added tokens), as llama-server allows
 FIRST_COMPARED = 5  # tokens below this id (special ones) are not compared, as llama-server
 SHARE_MIN = 32  # another slot's cells are shared when they hold this many more tokens
+P_MIN = 0.75  # a guess the draft model gives less probability ends the draft (llama-server's)
 
 
 class DraftModel:
@@ -91,7 +93,21 @@ class DraftModel:
 
     def draft(self, requests: list[tuple[int, Sequence[int], int]]) -> list[list[int]]:
         """For each ``(slot, tokens, k)``, up to ``k`` greedy guesses of what follows
-        ``tokens`` (none for a slot still catching up, or after a failed call)."""
+        ``tokens`` (none for a slot still catching up, or after a failed call: drafting
+        never fails a step)."""
+        try:
+            return self._draft(requests)
+        except Exception:  # a bug here must not end the target's requests
+            log.exception("draft model: drafting failed; its slots are cleared")
+            self._clear()
+            return [[] for _ in requests]
+
+    def _clear(self) -> None:
+        for slot in self.held:
+            self.runtime.seq_rm(slot)
+        self.held.clear()
+
+    def _draft(self, requests: list[tuple[int, Sequence[int], int]]) -> list[list[int]]:
         drafts: list[list[int]] = [[] for _ in requests]
         self._make_room(requests)
         runs: list[tuple[int, Run]] = []  # (request index, the tokens its slot is missing)
@@ -124,9 +140,12 @@ class DraftModel:
                 del self.held[slot]
 
     def _guess(self, run: Run, row: int, k: int, draft: list[int]) -> Run | None:
-        """Take the guess of a run's output ``row``; returns the run that feeds it back
-        (None: the draft is done)."""
-        token = int(np.argmax(self.runtime.logits_row(row)[: self.n_vocab]))
+        """Take the guess of a run's output ``row`` unless the draft model is unsure of it
+        (below P_MIN); returns the run that feeds it back (None: the draft is done)."""
+        logits = self.runtime.logits_row(row)[: self.n_vocab]
+        token = int(np.argmax(logits))
+        if 1.0 / float(np.exp(logits - logits[token]).sum()) < P_MIN:
+            return None
         draft.append(token)
         if len(draft) >= k or self.runtime.is_eog(token):
             return None
@@ -159,9 +178,7 @@ class DraftModel:
         if decoded.rc != DECODE_OK:
             log.warning("draft model: llama_decode returned %d; its slots are cleared",
                         decoded.rc)
-            for slot in self.held:
-                self.runtime.seq_rm(slot)
-            self.held.clear()
+            self._clear()
             return None
         for run in runs:
             self.held[run.seq_id].extend(run.tokens)

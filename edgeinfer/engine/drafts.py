@@ -37,8 +37,9 @@ class DraftLength:
     """A sequence's draft length, adapted to how many of its drafts were accepted, and its
     counts (shared by both kinds of drafter)."""
 
-    def __init__(self, max_len: int) -> None:
+    def __init__(self, max_len: int, min_len: int = 1) -> None:
         self.max_len = max_len
+        self.min_len = min(min_len, max_len)  # shorter drafts are not proposed
         self.length = max_len  # the current draft length (adapts, see ``accepted``)
         self._pause = 0  # proposals left to skip (see COOLDOWN)
         self.proposed = 0
@@ -49,7 +50,8 @@ class DraftLength:
         if self._pause:
             self._pause -= 1
             return 0
-        return max(0, min(self.length, limit))
+        k = min(self.length, limit)
+        return k if k >= self.min_len else 0
 
     def accepted(self, proposed: int, taken: int) -> None:
         """``taken`` of ``proposed`` draft tokens were right: adapt the length."""
@@ -57,10 +59,10 @@ class DraftLength:
         if proposed and taken == proposed:
             self.length = min(self.max_len, max(1, self.length) * 2)
         elif proposed and not taken:
-            self.length = max(1, self.length // 2)
+            self.length = max(self.min_len, self.length // 2)
             self._pause = COOLDOWN
         elif proposed:
-            self.length = max(1, taken + 1)
+            self.length = max(self.min_len, taken + 1)
 
     @property
     def rate(self) -> float:
@@ -71,8 +73,8 @@ class DraftLength:
 class NgramDrafter(DraftLength):
     """Prompt-lookup drafts over one sequence's tokens."""
 
-    def __init__(self, max_len: int, n_max: int = 8, n_min: int = 4) -> None:
-        super().__init__(max_len)
+    def __init__(self, max_len: int, n_max: int = 8, n_min: int = 4, min_len: int = 1) -> None:
+        super().__init__(max_len, min_len)
         self.n_max = n_max
         self.n_min = n_min
         self._seen: dict[tuple[int, ...], int] = {}  # n-gram -> position after it, latest
@@ -98,7 +100,7 @@ class NgramDrafter(DraftLength):
         self._index(tokens)
         for n in range(min(self.n_max, len(tokens) - 1), self.n_min - 1, -1):
             pos = self._seen.get(tuple(tokens[-n:]))
-            if pos is not None:
+            if pos is not None and len(tokens) - pos >= self.min_len:
                 draft = list(tokens[pos:pos + k])
                 self.proposed += len(draft)
                 return draft

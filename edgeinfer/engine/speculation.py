@@ -32,7 +32,7 @@ def drafter_for(cfg: ModelConfig, memory_kind: str, params: SamplingParams,
         return None
     if cfg.speculative == "draft":
         return SourceDrafter(source, cfg.draft_max) if source is not None else None
-    return NgramDrafter(cfg.draft_max)
+    return NgramDrafter(cfg.draft_max, min_len=cfg.draft_min)
 
 
 def verify(scheduler: Scheduler, seq: Sequence, out: Output, runtime: LlamaRuntime,

@@ -57,3 +57,18 @@ def test_the_scheduler_adds_drafts_within_the_budget_and_max_tokens() -> None:
         seq.drafter = NgramDrafter(max_len=8)
     chunks = sch.schedule()
     assert sum(c.drafts for c in chunks) == 5  # the step's draft budget
+
+
+def test_drafts_shorter_than_the_minimum_are_not_proposed() -> None:
+    """A one- or two-token draft costs a CPU step nearly as much as a long one (models.toml
+    ``draft_min``): it is not proposed, and a miss shortens drafts no further."""
+    tokens = [7, 5, 6, 5, 6]  # "5 6" came before, followed by two tokens only
+    assert NgramDrafter(max_len=8, n_min=2).propose(tokens, limit=8) == [5, 6]
+    assert NgramDrafter(max_len=8, n_min=2, min_len=3).propose(tokens, limit=8) == []
+    d = NgramDrafter(max_len=8, n_min=2, min_len=3)  # (a drafter follows one sequence)
+    assert d.propose([1, 2, 3, 4, 9, 1, 2], limit=8) == [3, 4, 9, 1, 2]
+    assert d.propose([1, 2, 3, 4, 9, 1, 2], limit=2) == []  # no room for three
+    d.accepted(8, 1)
+    assert d.length == 3
+    d.accepted(3, 0)
+    assert d.length == 3
