@@ -93,7 +93,8 @@ async def read_bytes(request: Request) -> bytes:
         raise PayloadTooLarge(f"request body exceeds {MAX_BODY_BYTES} bytes",
                               code="request_too_large")
     body = bytearray()
-    limit = getattr(request.app.state, "body_timeout", BODY_TIMEOUT)
+    app = request.scope.get("app")  # (an app mounted elsewhere, as on Ray Serve, has none)
+    limit = getattr(getattr(app, "state", None), "body_timeout", BODY_TIMEOUT)
     try:
         async with asyncio.timeout(limit):
             async for part in request.stream():
