@@ -59,7 +59,7 @@ class PermissionDenied(APIError):
 
 class NotFound(APIError):
     status = 404
-    type = "not_found_error"
+    type = "invalid_request_error"  # as OpenAI's 404s (Anthropic's shape: not_found_error)
 
 
 class MethodNotAllowed(APIError):
@@ -74,7 +74,7 @@ class Conflict(APIError):
 
 class PayloadTooLarge(APIError):
     status = 413
-    type = "request_too_large"
+    type = "invalid_request_error"  # (Anthropic's shape: request_too_large)
 
 
 class RequestTimeout(APIError):

@@ -27,9 +27,8 @@ def wanted(request: Request) -> bool:
 
 
 def model_object(entry: PoolEntry) -> dict[str, Any]:
-    created = entry.served.created if entry.served is not None else 0
     return {"type": "model", "id": entry.cfg.id, "display_name": entry.cfg.id,
-            "created_at": datetime.datetime.fromtimestamp(created, datetime.UTC)
+            "created_at": datetime.datetime.fromtimestamp(entry.created, datetime.UTC)
             .strftime("%Y-%m-%dT%H:%M:%SZ")}
 
 

@@ -35,7 +35,7 @@ from edgeinfer.api.errors import on_api_error, on_http_error, on_internal_error
 from edgeinfer.api.guard import OPEN_PATHS, ApiKeyGuard, CorsGuard, HostGuard
 from edgeinfer.api.lifecycle import Lifecycle, Phase
 from edgeinfer.api.metrics import Metrics
-from edgeinfer.api.middleware import CountRequests, ReleaseLeases
+from edgeinfer.api.middleware import CountRequests, ReleaseLeases, RequestIds
 from edgeinfer.api.openai_chat import chat_completions
 from edgeinfer.api.openai_completions import completions
 from edgeinfer.config import ServerConfig
@@ -111,6 +111,7 @@ def create_app(config: ServerConfig, pool: ModelPool | None = None) -> Starlette
     handlers: dict[Any, Any] = {APIError: on_api_error, HTTPException: on_http_error,
                                 Exception: on_internal_error}
     middleware = [
+        Middleware(RequestIds),
         Middleware(CountRequests, metrics=app_metrics,
                    routes={r.path for r in ROUTES if "{" not in r.path}),
         Middleware(HostGuard, allowed_hosts=(*config.allowed_hosts, config.host)),

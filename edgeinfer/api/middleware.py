@@ -1,8 +1,10 @@
-"""ASGI middleware of the app besides the front door (``guard``): request counting for
-/metrics and the release of the model leases a request took."""
+"""ASGI middleware of the app besides the front door (``guard``): request ids, request
+counting for /metrics and the release of the model leases a request took."""
 
 from __future__ import annotations
 
+import re
+import uuid
 from typing import Any
 
 from edgeinfer.api.metrics import Metrics
@@ -52,3 +54,30 @@ class ReleaseLeases:
         finally:
             for lease in leases:
                 lease.release()
+
+
+_CLIENT_ID = re.compile(rb"[A-Za-z0-9._:-]{1,128}")
+
+
+class RequestIds:
+    """An ``x-request-id`` header on every response, as OpenAI's API sends (its SDKs show it
+    as ``_request_id``): the client's own when it sent a plain one, else ``req_`` and a
+    random hex."""
+
+    def __init__(self, app: Any) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        given = dict(scope.get("headers") or ()).get(b"x-request-id", b"")
+        rid = given if _CLIENT_ID.fullmatch(given) else f"req_{uuid.uuid4().hex}".encode()
+
+        async def wrapped(message: Any) -> None:
+            if message["type"] == "http.response.start":
+                message = {**message, "headers": [*message.get("headers", ()),
+                                                   (b"x-request-id", rid)]}
+            await send(message)
+
+        await self.app(scope, receive, wrapped)

@@ -17,7 +17,7 @@ from edgeinfer.prompt.reasoning import splits
 def model_card(entry: PoolEntry) -> dict[str, Any]:
     cfg, served = entry.cfg, entry.served
     card: dict[str, Any] = {
-        "id": cfg.id, "object": "model", "created": served.created if served else 0,
+        "id": cfg.id, "object": "model", "created": entry.created,
         "owned_by": "edgeinfer", "aliases": list(cfg.aliases), "tags": list(cfg.tags),
         "state": entry.state.value, "runs_on": "gpu" if cfg.gpu_layers else "cpu",
     }

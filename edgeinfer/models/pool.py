@@ -43,6 +43,8 @@ class PoolEntry:
     # seconds idle before unloading, set by a request (Ollama's keep_alive) for as long as
     # the model stays loaded; None: the model's ttl from models.toml
     keep_alive: float | None = None
+    # when this server took the model in (Unix seconds): /v1/models' "created", loaded or not
+    created: int = field(default_factory=lambda: int(time.time()))
 
     @property
     def ttl(self) -> float | None:

@@ -77,7 +77,6 @@ class ServedModel:
     engine: Engine
     template: ChatTemplate
     embedder: Embedder
-    created: int = field(default_factory=lambda: int(time.time()))
     inflight: int = 0  # engine requests submitted and not finished (event-loop side)
     reserved: int = 0  # admitted engine requests not submitted yet (see ``Places``)
     _finished_at: deque[float] = field(default_factory=lambda: deque(maxlen=64))

@@ -234,6 +234,27 @@ def test_models_endpoint(client: openai.OpenAI) -> None:
     assert client.models.retrieve("smollm2-135m-instruct").id == "smollm2-135m-instruct"
 
 
+def test_unloaded_models_have_a_creation_time_and_404s_have_openai_types(
+        client: openai.OpenAI) -> None:
+    models = {m.id: m for m in client.models.list().data}
+    assert models["gemma-3-270m"].state != "loaded"  # type: ignore[attr-defined]
+    assert all(abs(m.created - time.time()) < 86400 for m in models.values())
+    with pytest.raises(openai.NotFoundError) as err:
+        client.models.retrieve("no-such-model")
+    assert err.value.body["type"] == "invalid_request_error"  # type: ignore[index]
+
+
+def test_every_response_has_a_request_id(client: openai.OpenAI, server: ServerProcess) -> None:
+    r = client.chat.completions.create(model="default", messages=HELLO, max_tokens=4)
+    assert r._request_id and r._request_id.startswith("req_")  # the SDK reads x-request-id
+    other = client.chat.completions.create(model="default", messages=HELLO, max_tokens=4)
+    assert other._request_id != r._request_id
+    mine = httpx.get(f"{server.base_url}/v1/models", headers={"x-request-id": "trace-42"})
+    assert mine.headers["x-request-id"] == "trace-42"  # a plain id of the client's is kept
+    odd = httpx.get(f"{server.base_url}/nope", headers={"x-request-id": "a b\tc"})
+    assert odd.status_code == 404 and odd.headers["x-request-id"].startswith("req_")
+
+
 def test_seed_makes_sampling_reproducible(client: openai.OpenAI) -> None:
     def sample(seed: int) -> str:
         # like with like: no cache hit, which would compute the prompt in other pieces
