@@ -244,8 +244,7 @@ def _parsed(b: Body, prompt: ChatPrompt | TextPrompts | None, headers: dict[str,
     that only loads or unloads the model)."""
     model = b.string("model", required=True)
     assert model is not None
-    for ignored in ("truncate", "shift"):
-        b.boolean(ignored)
+    truncate, _ = b.boolean("truncate", True), b.boolean("shift")
     json_schema, json_object = _format(b)
     req = GenerateRequest(
         model, prompt or ChatPrompt(()), sampling(b),
@@ -254,7 +253,7 @@ def _parsed(b: Body, prompt: ChatPrompt | TextPrompts | None, headers: dict[str,
                               tool_choice=tools[1], parallel_tool_calls=tools[2]),
         template_kwargs=_think(b), max_tokens_is_cap=True)
     return Parsed(model, req if prompt is not None else None, b.boolean("stream", True),
-                  keep_alive(b.body.get("keep_alive")))
+                  keep_alive(b.body.get("keep_alive")), truncate)
 
 
 def parse_chat(body: Any, headers: dict[str, str]) -> Parsed:

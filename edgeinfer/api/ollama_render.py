@@ -33,8 +33,9 @@ from edgeinfer.errors import Conflict, InvalidRequest
 from edgeinfer.models.pool import ModelPool, ModelState
 from edgeinfer.service import events as ev
 from edgeinfer.service.embedding import embed
+from edgeinfer.service.generation import Generation
 from edgeinfer.service.outcome import CallOutcome, gather
-from edgeinfer.service.request import EmbedRequest, GenerateRequest
+from edgeinfer.service.request import ChatPrompt, EmbedRequest, GenerateRequest
 from edgeinfer.service.selection import model_for
 
 log = logging.getLogger("edgeinfer.api")
@@ -54,6 +55,7 @@ class Parsed:
     req: GenerateRequest | None
     stream: bool
     keep_alive: float | None  # seconds (inf: forever), None when not given
+    truncate: bool = True  # a chat too long for the context drops its oldest turns
 
 
 @dataclass(slots=True)
@@ -226,7 +228,7 @@ async def answer(request: Request, parsed: Parsed, name: str, chat: bool) -> Res
     if parsed.req is None:
         return await _load_or_unload(p, name, parsed, meta)
     meta.load_ns = await _load(p, name)
-    gen = await start(request, replace(parsed.req, model=name), f"ollama-{uuid.uuid4().hex}")
+    gen = await _fitting(request, replace(parsed.req, model=name), parsed.truncate)
     after = _unload_after(request, gen.model) if parsed.keep_alive == 0 else None
     if parsed.keep_alive:  # seconds after this request (inf: for good) instead of the ttl
         p.keep(gen.model, parsed.keep_alive)
@@ -237,6 +239,31 @@ async def answer(request: Request, parsed: Parsed, name: str, chat: bool) -> Res
     if body is None:
         return Response(status_code=CLIENT_GONE)
     return JSONResponse(body, background=after)
+
+
+async def _fitting(request: Request, req: GenerateRequest, truncate: bool) -> Generation:
+    """Start ``req``. A chat whose prompt does not fit the context drops its oldest turns
+    (cut before a user message: 1, 2, 4, ... turns; system messages and the last turn
+    stay), as Ollama truncates a chat's history; with ``truncate`` false, the 400."""
+    rid, chat = f"ollama-{uuid.uuid4().hex}", req.prompt
+    msgs = chat.messages if truncate and isinstance(chat, ChatPrompt) else ()
+    system = [m for m in msgs if m["role"] == "system"]
+    rest = [m for m in msgs if m["role"] != "system"]
+    turns = [i for i, m in enumerate(rest) if i > 0 and m["role"] == "user"]
+    cuts = [0, *sorted({turns[min(2 ** k - 1, len(turns) - 1)]
+                        for k in range(len(turns).bit_length() + 1)})] if turns else [0]
+    for cut in cuts:
+        try:
+            gen = await start(request, req if not cut else replace(
+                req, prompt=ChatPrompt((*system, *rest[cut:]))), rid)
+        except InvalidRequest as exc:
+            if exc.code != "context_length_exceeded" or cut == cuts[-1]:
+                raise
+            continue
+        if cut:
+            log.info("%s: dropped the oldest %d messages to fit the context", rid, cut)
+        return gen
+    raise AssertionError("unreachable")
 
 
 async def embeddings_answer(request: Request, asked: str, name: str, texts: list[str],

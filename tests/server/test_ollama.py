@@ -457,3 +457,29 @@ def test_ndjson_stream_ends_when_the_client_stops_reading_or_leaves() -> None:
     assert closed == [True] and seen == [True]  # the source closed before the background
     sent, closed, seen = _run_stream(stall_after=None, disconnect_after=5)
     assert 5 <= len(sent) < 1000 and closed == [True] and seen == [True]
+
+
+def test_a_chat_longer_than_the_context_drops_its_oldest_turns(
+        tmp_path_factory: pytest.TempPathFactory) -> None:
+    """As Ollama truncates a chat's history: the system prompt and the latest turns stay,
+    the oldest turns go; with "truncate": false, a 400 instead."""
+    from serverproc import start_server, stop_server
+    srv = start_server(tmp_path_factory.mktemp("short"), "--model", "default", "--context",
+                       "1024", "--slots", "2")
+    try:
+        oc = ollama.Client(host=srv.base_url)
+        filler = "The keeper wrote the hour, the wind and the height of the waves. " * 12
+        history: list[dict[str, str]] = [{"role": "system", "content": "Answer briefly."}]
+        for i in range(10):  # about 1,700 tokens in all: more than the context
+            history += [{"role": "user", "content": f"Note {i}: {filler}"},
+                        {"role": "assistant", "content": "Noted."}]
+        history.append({"role": "user", "content": "Say OK."})
+        r = oc.chat(model="default", messages=history, options={"num_predict": 8,
+                                                                "temperature": 0})
+        assert r.done and 100 < (r.prompt_eval_count or 0) < 1024
+        whole = httpx.post(f"{srv.base_url}/api/chat", timeout=60, json={
+            "model": "default", "messages": history, "stream": False, "truncate": False,
+            "options": {"num_predict": 8}})
+        assert whole.status_code == 400 and "context" in whole.json()["error"]
+    finally:
+        stop_server(srv)
