@@ -36,9 +36,8 @@ class CountRequests:
             self.metrics.requests.labels(route, str(status[0])).inc()
 
 
-class ReleaseLeases:
-    """Gives back the model leases a request took, once its whole response (a stream
-    included) has been sent or abandoned: a model is never freed under a request."""
+class HttpOnly:
+    """A middleware that sees HTTP requests only (``http``); the rest pass through."""
 
     def __init__(self, app: Any) -> None:
         self.app = app
@@ -47,6 +46,17 @@ class ReleaseLeases:
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
+        await self.http(scope, receive, send)
+
+    async def http(self, scope: Any, receive: Any, send: Any) -> None:
+        raise NotImplementedError
+
+
+class ReleaseLeases(HttpOnly):
+    """Gives back the model leases a request took, once its whole response (a stream
+    included) has been sent or abandoned: a model is never freed under a request."""
+
+    async def http(self, scope: Any, receive: Any, send: Any) -> None:
         leases: list[Lease] = []
         scope[LEASES] = leases
         try:
@@ -59,18 +69,12 @@ class ReleaseLeases:
 _CLIENT_ID = re.compile(rb"[A-Za-z0-9._:-]{1,128}")
 
 
-class RequestIds:
+class RequestIds(HttpOnly):
     """An ``x-request-id`` header on every response, as OpenAI's API sends (its SDKs show it
     as ``_request_id``): the client's own when it sent a plain one, else ``req_`` and a
     random hex."""
 
-    def __init__(self, app: Any) -> None:
-        self.app = app
-
-    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
-        if scope["type"] != "http":
-            await self.app(scope, receive, send)
-            return
+    async def http(self, scope: Any, receive: Any, send: Any) -> None:
         given = dict(scope.get("headers") or ()).get(b"x-request-id", b"")
         rid = given if _CLIENT_ID.fullmatch(given) else f"req_{uuid.uuid4().hex}".encode()
 

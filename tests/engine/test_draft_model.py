@@ -19,7 +19,13 @@ from edgeinfer.errors import ModelLoadError
 from edgeinfer.models.served import load_model
 from edgeinfer.models.source import resolve_model_path
 from tests.engine import synthetic_model
-from tests.engine.test_speculation import ASK, GRAMMAR, Loop, _answer
+from tests.engine.test_speculation import (
+    ASK,
+    GRAMMAR,
+    Loop,
+    _answer,
+    same_with_and_without_drafts,
+)
 
 FREE = ("<|im_start|>user\nWrite a short story about a fox who learns to sail.<|im_end|>\n"
         "<|im_start|>assistant\n")
@@ -55,17 +61,7 @@ def _prompt(lp: Loop, text: str) -> list[int]:
 @pytest.mark.parametrize("text", [ASK, FREE], ids=["copy", "free"])
 def test_drafts_change_nothing_in_the_output(lp: Loop, params: SamplingParams,
                                              text: str) -> None:
-    stats = lp.served.engine.stats
-    prompt = _prompt(lp, text)
-    before = (stats.draft_tokens, stats.accepted_drafts)
-    spec = lp.run(prompt, params, "spec")
-    drafted, accepted = stats.draft_tokens - before[0], stats.accepted_drafts - before[1]
-    plain = lp.run(prompt, replace(params, speculative=False), "plain")
-    assert _answer(spec) == _answer(plain)  # text, tokens and log-probabilities
-    assert spec[-1].finish_reason == plain[-1].finish_reason
-    assert drafted > 0 and accepted > 0  # the draft model guessed, and guessed right
-    timings = spec[-1].timings or {}
-    assert timings.get("draft_n", 0) >= timings.get("draft_n_accepted", -1) > 0
+    drafted, accepted = same_with_and_without_drafts(lp, _prompt(lp, text), params)
     if params.temperature == 0 and params.grammar is None:
         assert accepted > 0.5 * drafted  # Q4_1 guesses Q8_0's greedy tokens mostly right
 

@@ -68,6 +68,14 @@ def _answer(deltas: list[Delta]) -> tuple[str, list[int], list[object]]:
 ], ids=["greedy", "seeded", "grammar"])
 def test_drafts_change_nothing_in_the_output(lp: Loop, prompt: list[int],
                                              params: SamplingParams) -> None:
+    same_with_and_without_drafts(lp, prompt, params)
+
+
+def same_with_and_without_drafts(lp: Loop, prompt: list[int],
+                                 params: SamplingParams) -> tuple[int, int]:
+    """Run ``prompt`` with drafts and without: the same text, tokens, log-probabilities and
+    finish, with drafts made and some accepted (reported in the timings); returns how
+    many drafts were verified and accepted."""
     stats = lp.served.engine.stats
     before = (stats.draft_tokens, stats.accepted_drafts)
     spec = lp.run(prompt, params, "spec")
@@ -75,9 +83,10 @@ def test_drafts_change_nothing_in_the_output(lp: Loop, prompt: list[int],
     plain = lp.run(prompt, replace(params, speculative=False), "plain")
     assert _answer(spec) == _answer(plain)  # text, tokens and log-probabilities
     assert spec[-1].finish_reason == plain[-1].finish_reason
-    assert drafted > 0 and accepted > 0  # the copying task was drafted and drafts accepted
+    assert drafted > 0 and accepted > 0  # drafts were made and some accepted
     timings = spec[-1].timings or {}
     assert timings.get("draft_n", 0) >= timings.get("draft_n_accepted", -1) > 0
+    return drafted, accepted
 
 
 def test_a_copying_answer_takes_fewer_steps(lp: Loop, prompt: list[int]) -> None:

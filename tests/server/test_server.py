@@ -235,9 +235,10 @@ def test_models_endpoint(client: openai.OpenAI) -> None:
 
 
 def test_unloaded_models_have_a_creation_time_and_404s_have_openai_types(
-        client: openai.OpenAI) -> None:
+        client: openai.OpenAI, server: ServerProcess) -> None:
+    httpx.post(f"{server.base_url}/v1/models/gemma-3-270m/unload", timeout=30)  # if loaded
     models = {m.id: m for m in client.models.list().data}
-    assert models["gemma-3-270m"].state != "loaded"  # type: ignore[attr-defined]
+    assert models["gemma-3-270m"].state == "unloaded"  # type: ignore[attr-defined]
     assert all(abs(m.created - time.time()) < 86400 for m in models.values())
     with pytest.raises(openai.NotFoundError) as err:
         client.models.retrieve("no-such-model")
