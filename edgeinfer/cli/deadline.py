@@ -7,7 +7,9 @@ process's file descriptors and nobody else gets in (slowloris). With this protoc
 connection gets ``HEADER_TIMEOUT`` seconds from when it opens, or from the first bytes of
 its next request, to complete that request's headers (``serve --header-timeout``);
 otherwise it is closed, as nginx's ``client_header_timeout`` does. The body has its own
-deadline (``api.body``, ``serve --body-timeout``).
+deadline (``api.body``, ``serve --body-timeout``). Connections past ``max_connections``
+open ones (``serve --max-connections``; by default the open-file limit less a reserve)
+are closed as soon as they open, so that the process never runs out of file descriptors.
 """
 
 from __future__ import annotations
@@ -15,6 +17,8 @@ from __future__ import annotations
 import asyncio
 import importlib.util
 import logging
+import resource
+import time
 from typing import Any
 
 log = logging.getLogger("edgeinfer.http")
@@ -30,11 +34,17 @@ class HeaderDeadline:
     transport: asyncio.Transport
     cycle: Any
     header_timeout: float = HEADER_TIMEOUT
+    max_connections: int = 1 << 30
+    connections: set[Any]  # uvicorn's: every open connection of the server
     _deadline: asyncio.TimerHandle | None = None
     _waited_on: Any = None  # the cycle in place when the deadline was armed
 
     def connection_made(self, transport: asyncio.Transport) -> None:
         super().connection_made(transport)  # type: ignore[misc]
+        if len(self.connections) > self.max_connections:
+            _refused(self.max_connections)
+            transport.close()
+            return
         self._arm()
 
     def data_received(self, data: bytes) -> None:
@@ -68,9 +78,29 @@ class HeaderDeadline:
             self.transport.close()
 
 
-def protocol_class(header_timeout: float = HEADER_TIMEOUT) -> type:
+_last_refusal = [0.0]
+
+
+def _refused(cap: int) -> None:
+    """Log a refused connection (at most once a minute)."""
+    now = time.monotonic()
+    if now - _last_refusal[0] >= 60:
+        _last_refusal[0] = now
+        log.warning("refusing connections past %d open ones (--max-connections)", cap)
+
+
+def default_max_connections() -> int:
+    """Open connections allowed: the process's open-file limit less 128 for everything
+    else (model files, logs, the store), at least 64."""
+    soft, _ = resource.getrlimit(resource.RLIMIT_NOFILE)
+    return max(64, (soft if soft != resource.RLIM_INFINITY else 1 << 20) - 128)
+
+
+def protocol_class(header_timeout: float = HEADER_TIMEOUT,
+                   max_connections: int | None = None) -> type:
     """uvicorn's HTTP protocol ("auto": httptools when installed, else h11) with a header
-    deadline of ``header_timeout`` seconds."""
+    deadline of ``header_timeout`` seconds, closing connections past ``max_connections``
+    open ones at once (default ``default_max_connections``)."""
     base: type
     if importlib.util.find_spec("httptools") is not None:
         from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
@@ -78,5 +108,6 @@ def protocol_class(header_timeout: float = HEADER_TIMEOUT) -> type:
     else:
         from uvicorn.protocols.http.h11_impl import H11Protocol
         base = H11Protocol
-    return type(f"Deadline{base.__name__}", (HeaderDeadline, base),
-                {"header_timeout": header_timeout})
+    return type(f"Deadline{base.__name__}", (HeaderDeadline, base), {
+        "header_timeout": header_timeout,
+        "max_connections": max_connections or default_max_connections()})

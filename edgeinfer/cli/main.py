@@ -75,6 +75,9 @@ def _serve_parser(sub: Sub) -> None:
                    "closed (slow or stuck clients must not hold connections; default 30)")
     p.add_argument("--body-timeout", type=float, default=60.0,
                    help="seconds a request's body gets to arrive before a 408 (default 60)")
+    p.add_argument("--max-connections", type=int, default=None,
+                   help="open connections past which new ones are closed at once (default: "
+                   "the open-file limit less 128)")
     p.add_argument("--shutdown-grace", type=float, default=10.0,
                    help="on SIGTERM/SIGINT, seconds running requests get to finish before they "
                    "end with an error (a second signal exits at once)")
@@ -244,8 +247,8 @@ def serve(args: argparse.Namespace) -> int:
     from edgeinfer.cli.server import EdgeServer
 
     config = _select(load_config(args.config), args)
-    if args.header_timeout <= 0 or args.body_timeout <= 0:
-        raise ConfigError("--header-timeout and --body-timeout must be > 0")
+    if min(args.header_timeout, args.body_timeout, args.max_connections or 1) <= 0:
+        raise ConfigError("--header-timeout, --body-timeout and --max-connections must be > 0")
     if args.ray is not None:
         return _serve_on_ray(config, args)
     app = create_app(config)
@@ -254,7 +257,7 @@ def serve(args: argparse.Namespace) -> int:
              ", ".join(m.id for m in config.models), config.host, config.port,
              f" ({len(config.api_keys)} API keys)" if config.api_keys else "")
     uv = uvicorn.Config(app, host=config.host, port=config.port, log_level=args.log_level,
-                        http=protocol_class(args.header_timeout),  # (``deadline``)
+                        http=protocol_class(args.header_timeout, args.max_connections),
                         access_log=args.log_level == "debug", lifespan="on",
                         timeout_graceful_shutdown=int(args.shutdown_grace) + 5)
     server = EdgeServer(uv, app, args.shutdown_grace, args.ready_file, args.parent_pid,

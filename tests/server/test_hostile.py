@@ -355,6 +355,33 @@ def test_connections_that_never_finish_their_headers_are_closed(
     alive(srv)
 
 
+def test_connections_past_the_cap_are_closed_at_once(tmp_path: Path) -> None:
+    """--max-connections: past that many open connections a new one is closed as it opens
+    (the process keeps file descriptors for itself); once some close, requests are served."""
+    srv = start_server(tmp_path, "--max-connections", "4", "--slots", "1", "--context", "1024")
+    try:
+        held = [socket.create_connection(("127.0.0.1", srv.port)) for _ in range(4)]
+        extra = socket.create_connection(("127.0.0.1", srv.port))
+        t0 = time.monotonic()
+        with extra:
+            assert _closed_within(extra, 5) == b""
+        assert time.monotonic() - t0 < 2
+        for sock in held:
+            sock.close()
+        deadline = time.monotonic() + 5
+        while True:  # the server sees the closes shortly
+            try:
+                if httpx.get(f"{srv.base_url}/health", timeout=2).status_code == 200:
+                    break
+            except httpx.HTTPError:
+                pass
+            assert time.monotonic() < deadline
+            time.sleep(0.1)
+        assert "refusing connections past 4" in srv.log.read_text()
+    finally:
+        stop_server(srv)
+
+
 def test_a_body_that_trickles_gets_408(impatient_server: ServerProcess) -> None:
     srv = impatient_server
     with socket.create_connection(("127.0.0.1", srv.port)) as sock:
