@@ -28,7 +28,14 @@ from starlette.routing import Route
 from starlette.types import Receive, Scope, Send
 
 from edgeinfer.api.errors import shape
-from edgeinfer.api.respond import CLIENT_GONE, leases, pool, start, unless_disconnected
+from edgeinfer.api.respond import (
+    CLIENT_GONE,
+    leases,
+    pool,
+    start_fitting,
+    turn_cuts,
+    unless_disconnected,
+)
 from edgeinfer.errors import Conflict, InvalidRequest
 from edgeinfer.models.pool import ModelPool, ModelState
 from edgeinfer.service import events as ev
@@ -243,27 +250,17 @@ async def answer(request: Request, parsed: Parsed, name: str, chat: bool) -> Res
 
 async def _fitting(request: Request, req: GenerateRequest, truncate: bool) -> Generation:
     """Start ``req``. A chat whose prompt does not fit the context drops its oldest turns
-    (cut before a user message: 1, 2, 4, ... turns; system messages and the last turn
-    stay), as Ollama truncates a chat's history; with ``truncate`` false, the 400."""
+    (``respond.turn_cuts``; system messages stay), as Ollama truncates a chat's history;
+    with ``truncate`` false, the 400."""
     rid, chat = f"ollama-{uuid.uuid4().hex}", req.prompt
     msgs = chat.messages if truncate and isinstance(chat, ChatPrompt) else ()
     system = [m for m in msgs if m["role"] == "system"]
     rest = [m for m in msgs if m["role"] != "system"]
-    turns = [i for i, m in enumerate(rest) if i > 0 and m["role"] == "user"]
-    cuts = [0, *sorted({turns[min(2 ** k - 1, len(turns) - 1)]
-                        for k in range(len(turns).bit_length() + 1)})] if turns else [0]
-    for cut in cuts:
-        try:
-            gen = await start(request, req if not cut else replace(
-                req, prompt=ChatPrompt((*system, *rest[cut:]))), rid)
-        except InvalidRequest as exc:
-            if exc.code != "context_length_exceeded" or cut == cuts[-1]:
-                raise
-            continue
-        if cut:
-            log.info("%s: dropped the oldest %d messages to fit the context", rid, cut)
-        return gen
-    raise AssertionError("unreachable")
+    gen, cut = await start_fitting(request, turn_cuts(rest), lambda cut: req if not cut else
+                                   replace(req, prompt=ChatPrompt((*system, *rest[cut:]))), rid)
+    if cut:
+        log.info("%s: dropped the oldest %d messages to fit the context", rid, cut)
+    return gen
 
 
 async def embeddings_answer(request: Request, asked: str, name: str, texts: list[str],

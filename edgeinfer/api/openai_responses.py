@@ -33,7 +33,15 @@ from edgeinfer.api import fields, openai_chat
 from edgeinfer.api.body import read_json
 from edgeinfer.api.fields import MAX_TOKENS_LIMIT, Body
 from edgeinfer.api.messages import messages
-from edgeinfer.api.respond import CLIENT_GONE, leases, pool, sse, start, unless_disconnected
+from edgeinfer.api.respond import (
+    CLIENT_GONE,
+    leases,
+    pool,
+    sse,
+    start_fitting,
+    turn_cuts,
+    unless_disconnected,
+)
 from edgeinfer.api.responses_input import bad as _bad
 from edgeinfer.api.responses_input import input_items
 from edgeinfer.api.responses_render import (
@@ -264,20 +272,15 @@ async def _earlier(request: Request, previous_id: str | None) -> list[dict[str, 
 async def _start(request: Request, d: Draft, conversation: list[dict[str, Any]],
                  request_id: str) -> Generation:
     """Start the generation; with truncation "auto", drop the oldest turns while the
-    prompt does not fit (cutting before user messages, 1, 2, 4, ... turns at a time)."""
-    turns = [i for i, m in enumerate(conversation) if i > 0 and m["role"] == "user"]
-    cuts = [0]
-    if d.truncate and turns:
-        cuts += sorted({turns[min(2 ** k - 1, len(turns) - 1)]
-                        for k in range(len(turns).bit_length() + 1)})
-    for cut in cuts:
-        try:
-            return await start(request, d.request(conversation[cut:]), request_id)
-        except InvalidRequest as exc:
-            if exc.code != "context_length_exceeded" or cut == cuts[-1]:
-                exc.param = RENAMED.get(exc.param or "", exc.param)  # the service's names
-                raise
-    raise AssertionError("unreachable")
+    prompt does not fit (``respond.turn_cuts``)."""
+    cuts = turn_cuts(conversation) if d.truncate else [0]
+    try:
+        gen, _ = await start_fitting(request, cuts, lambda cut: d.request(conversation[cut:]),
+                                     request_id)
+    except InvalidRequest as exc:
+        exc.param = RENAMED.get(exc.param or "", exc.param)  # the service's names
+        raise
+    return gen
 
 
 async def create_response(request: Request) -> Response:

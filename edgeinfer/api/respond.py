@@ -9,13 +9,14 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import AsyncIterator, Awaitable
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from typing import Any, TypeVar
 
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
 from edgeinfer.api.openai_render import CompletionMeta, Stream, collect, sse_chunks
+from edgeinfer.errors import InvalidRequest
 from edgeinfer.models.lease import Lease
 from edgeinfer.models.pool import ModelPool
 from edgeinfer.service.generation import Generation, generate
@@ -48,6 +49,29 @@ async def _wait_disconnect(request: Request) -> None:
 async def start(request: Request, req: GenerateRequest, request_id: str) -> Generation:
     """Start ``req`` on this request's pool, its leases held until the response is sent."""
     return await generate(pool(request), req, leases(request), request_id)
+
+
+def turn_cuts(messages: Sequence[dict[str, Any]]) -> list[int]:
+    """Where a conversation too long for the context may be cut, in the order to try:
+    0 (nothing dropped), then before the 1st, 2nd, 4th, ... user message after the first
+    message (the last one always stays)."""
+    turns = [i for i, m in enumerate(messages) if i > 0 and m["role"] == "user"]
+    return [0, *sorted({turns[min(2 ** k - 1, len(turns) - 1)]
+                        for k in range(len(turns).bit_length() + 1)})] if turns else [0]
+
+
+async def start_fitting(request: Request, cuts: list[int],
+                        request_at: Callable[[int], GenerateRequest],
+                        request_id: str) -> tuple[Generation, int]:
+    """Start ``request_at(cut)`` for the first of ``cuts`` whose prompt fits the context;
+    returns the generation and that cut (the last cut's error when none fits)."""
+    for cut in cuts:
+        try:
+            return await start(request, request_at(cut), request_id), cut
+        except InvalidRequest as exc:
+            if exc.code != "context_length_exceeded" or cut == cuts[-1]:
+                raise
+    raise AssertionError("unreachable")
 
 
 def sse(request: Request, events: AsyncIterator[dict[str, str]]) -> Stream:
