@@ -42,7 +42,7 @@ class DraftLength:
         self.min_len = min(min_len, max_len)  # shorter drafts are not proposed
         self.length = max_len  # the current draft length (adapts, see ``accepted``)
         self._pause = 0  # proposals left to skip (see COOLDOWN)
-        self.proposed = 0
+        self.proposed = 0  # counted where drafts are put in a batch (``Scheduler``)
         self.taken = 0
 
     def wants(self, limit: int) -> int:
@@ -101,9 +101,7 @@ class NgramDrafter(DraftLength):
         for n in range(min(self.n_max, len(tokens) - 1), self.n_min - 1, -1):
             pos = self._seen.get(tuple(tokens[-n:]))
             if pos is not None and len(tokens) - pos >= self.min_len:
-                draft = list(tokens[pos:pos + k])
-                self.proposed += len(draft)
-                return draft
+                return list(tokens[pos:pos + k])
         return []
 
 

@@ -257,6 +257,6 @@ def _extend(chunk: Chunk, draft: list[int]) -> int:
     """Put draft tokens after a generating chunk's token; returns how many."""
     chunk.tokens.extend(draft)
     chunk.drafts = len(draft)
-    if isinstance(chunk.seq.drafter, SourceDrafter):
-        chunk.seq.drafter.proposed += len(draft)
+    assert chunk.seq.drafter is not None
+    chunk.seq.drafter.proposed += len(draft)
     return len(draft)
