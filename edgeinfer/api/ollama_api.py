@@ -26,7 +26,8 @@ answer 501: models come from models.toml (``edgeinfer pull`` installs their file
   the model, or with keep_alive 0 unloads it (409 while it serves requests).
 - /api/generate: ``system``; ``raw`` skips the template; a non-empty ``template``,
   ``suffix``, ``context`` or ``images`` is refused; no ``context`` is returned.
-  ``truncate`` / ``shift`` are ignored: a prompt too long for the context is a 400.
+  A prompt longer than the context keeps its first ``options.num_keep`` tokens (4) and its
+  tail, room left for the answer (``truncate`` false: a 400); ``shift`` is ignored.
 - Unknown body fields are refused (400 naming them). A model name may end in ``:latest``.
   Errors are ``{"error": "..."}`` (``api.errors``); an unknown model: 404 "model 'x' not
   found".
@@ -37,7 +38,6 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
-import re
 from typing import Any
 
 from starlette.requests import Request
@@ -50,7 +50,7 @@ from edgeinfer.api.body import read_json
 from edgeinfer.api.embeddings import MAX_EMBED_INPUTS
 from edgeinfer.api.fields import MAX_TOKENS_LIMIT, Body
 from edgeinfer.api.messages import messages
-from edgeinfer.api.ollama_render import Parsed, answer, embeddings_answer
+from edgeinfer.api.ollama_render import Parsed, answer, embeddings_answer, keep_alive
 from edgeinfer.api.openai_chat import parse_tools
 from edgeinfer.api.respond import pool
 from edgeinfer.config import ModelConfig
@@ -74,8 +74,6 @@ IGNORED_OPTIONS = {
     "mirostat_eta"}
 MESSAGE_KEYS = {"role", "content", "images", "tool_calls", "tool_name", "thinking",
                 "tool_call_id"}
-_UNITS = {"ns": 1e-9, "us": 1e-6, "µs": 1e-6, "ms": 1e-3, "s": 1.0, "m": 60.0, "h": 3600.0}
-_PART = re.compile(r"(\d+(?:\.\d*)?|\.\d+)(ns|us|µs|ms|s|m|h)")
 
 
 async def read_body(request: Request) -> Any:
@@ -100,30 +98,6 @@ def model_name(p: ModelPool, name: str) -> str:
             continue
         return candidate
     raise NotFound(f"model '{name}' not found", param="model", code="model_not_found")
-
-
-MAX_KEEP_ALIVE = 1000 * 365 * 86400.0
-
-
-def keep_alive(value: Any) -> float | None:
-    """Seconds from a number or a Go duration ("5m", "1h30m", "0"); negative: inf."""
-    seconds: float | None = None
-    if value is None:
-        return None
-    if isinstance(value, int | float) and not isinstance(value, bool):
-        seconds = float(value)
-    elif isinstance(value, str):
-        text = value.strip().lstrip("+-")
-        sign = -1.0 if value.strip().startswith("-") else 1.0
-        if re.fullmatch(r"\d+(\.\d+)?", text):
-            seconds = sign * float(text)
-        elif text and not _PART.sub("", text):
-            seconds = sign * sum(float(n) * _UNITS[u] for n, u in _PART.findall(text))
-    if seconds is None:
-        raise InvalidRequest("'keep_alive' must be a number of seconds or a duration such as "
-                             "\"5m\"", param="keep_alive")
-    # negative, or past any date a clock can write (a year of seconds x 1000): for good
-    return float("inf") if seconds < 0 or seconds > MAX_KEEP_ALIVE else seconds
 
 
 def _options(b: Body) -> tuple[dict[str, Any], int | None]:
@@ -151,6 +125,15 @@ def _options(b: Body) -> tuple[dict[str, Any], int | None]:
     if isinstance(seed, int) and seed < 0:
         del out["seed"]  # Ollama's -1: a random seed
     return out, predict if predict is not None and predict > 0 else None
+
+
+def _num_keep(b: Body) -> int:
+    """``options.num_keep``: prompt tokens kept at the head when a prompt is cut (default 4,
+    as Ollama's; negative: as many as the cut allows)."""
+    keep = (b.body.get("options") or {}).get("num_keep")
+    if not isinstance(keep, int) or isinstance(keep, bool):
+        return 4
+    return keep if keep >= 0 else 1 << 30
 
 
 def sampling(b: Body) -> SamplingParams:
@@ -251,7 +234,8 @@ def _parsed(b: Body, prompt: ChatPrompt | TextPrompts | None, headers: dict[str,
         priority=fields.priority(None, headers.get("x-priority")),
         constraint=Constraint(json_schema=json_schema, json_object=json_object, tools=tools[0],
                               tool_choice=tools[1], parallel_tool_calls=tools[2]),
-        template_kwargs=_think(b), max_tokens_is_cap=True)
+        template_kwargs=_think(b), max_tokens_is_cap=True,
+        keep_head=_num_keep(b) if truncate else None)
     return Parsed(model, req if prompt is not None else None, b.boolean("stream", True),
                   keep_alive(b.body.get("keep_alive")), truncate)
 

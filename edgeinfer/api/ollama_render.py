@@ -14,6 +14,7 @@ from __future__ import annotations
 import datetime
 import json
 import logging
+import re
 import time
 import uuid
 from collections.abc import AsyncIterator, Iterable
@@ -46,6 +47,30 @@ from edgeinfer.service.request import ChatPrompt, EmbedRequest, GenerateRequest
 from edgeinfer.service.selection import model_for
 
 log = logging.getLogger("edgeinfer.api")
+_UNITS = {"ns": 1e-9, "us": 1e-6, "µs": 1e-6, "ms": 1e-3, "s": 1.0, "m": 60.0, "h": 3600.0}
+_PART = re.compile(r"(\d+(?:\.\d*)?|\.\d+)(ns|us|µs|ms|s|m|h)")
+MAX_KEEP_ALIVE = 1000 * 365 * 86400.0
+
+
+def keep_alive(value: Any) -> float | None:
+    """Seconds from a number or a Go duration ("5m", "1h30m", "0"); negative: inf."""
+    seconds: float | None = None
+    if value is None:
+        return None
+    if isinstance(value, int | float) and not isinstance(value, bool):
+        seconds = float(value)
+    elif isinstance(value, str):
+        text = value.strip().lstrip("+-")
+        sign = -1.0 if value.strip().startswith("-") else 1.0
+        if re.fullmatch(r"\d+(\.\d+)?", text):
+            seconds = sign * float(text)
+        elif text and not _PART.sub("", text):
+            seconds = sign * sum(float(n) * _UNITS[u] for n, u in _PART.findall(text))
+    if seconds is None:
+        raise InvalidRequest("'keep_alive' must be a number of seconds or a duration such as "
+                             "\"5m\"", param="keep_alive")
+    # negative, or past any date a clock can write (a year of seconds x 1000): for good
+    return float("inf") if seconds < 0 or seconds > MAX_KEEP_ALIVE else seconds
 
 
 def rfc3339(ts: float | None = None) -> str:
@@ -251,13 +276,20 @@ async def answer(request: Request, parsed: Parsed, name: str, chat: bool) -> Res
 async def _fitting(request: Request, req: GenerateRequest, truncate: bool) -> Generation:
     """Start ``req``. A chat whose prompt does not fit the context drops its oldest turns
     (``respond.turn_cuts``; system messages stay), as Ollama truncates a chat's history;
-    with ``truncate`` false, the 400."""
+    what still does not fit (or a /api/generate prompt) keeps its first ``num_keep`` tokens
+    and its tail (``req.keep_head``, set when ``truncate``); with ``truncate`` false, the
+    400."""
     rid, chat = f"ollama-{uuid.uuid4().hex}", req.prompt
     msgs = chat.messages if truncate and isinstance(chat, ChatPrompt) else ()
     system = [m for m in msgs if m["role"] == "system"]
     rest = [m for m in msgs if m["role"] != "system"]
-    gen, cut = await start_fitting(request, turn_cuts(rest), lambda cut: req if not cut else
-                                   replace(req, prompt=ChatPrompt((*system, *rest[cut:]))), rid)
+    cuts = turn_cuts(rest)
+
+    def at(cut: int) -> GenerateRequest:  # the prompt's own cut (keep_head) comes last
+        r = req if not cut else replace(req, prompt=ChatPrompt((*system, *rest[cut:])))
+        return r if cut == cuts[-1] else replace(r, keep_head=None)
+
+    gen, cut = await start_fitting(request, cuts, at, rid)
     if cut:
         log.info("%s: dropped the oldest %d messages to fit the context", rid, cut)
     return gen

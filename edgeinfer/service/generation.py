@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import functools
+import logging
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, replace
 
@@ -35,6 +36,8 @@ from edgeinfer.service.events import (
 from edgeinfer.service.reader import ChoiceReader, Reading
 from edgeinfer.service.request import ChatPrompt, GenerateRequest, TextPrompts
 from edgeinfer.service.selection import features, model_for
+
+log = logging.getLogger("edgeinfer.service")
 
 
 @dataclass(slots=True)
@@ -74,6 +77,9 @@ async def generate(pool: ModelPool, req: GenerateRequest, leases: list[Lease],
     req, params, implicit = _without_template(served, req, params)
     read = await _prompts(served, req)
     prompts = read.tokens
+    if req.keep_head is not None:
+        prompts = [middle_cut(p, served.n_ctx, req.keep_head, params.max_tokens, request_id)
+                   for p in prompts]
     room = served.n_ctx - max((len(p) for p in prompts), default=0)
     if req.max_tokens_is_cap and params.max_tokens is not None and room >= 1:
         params = replace(params, max_tokens=min(params.max_tokens, room))
@@ -107,6 +113,21 @@ async def generate(pool: ModelPool, req: GenerateRequest, leases: list[Lease],
                        reading, implicit)
     return Generation(served.cfg.id, len(jobs), served.runtime.piece, events,
                       sum(len(p) for p in prompts))
+
+
+def middle_cut(tokens: list[int], n_ctx: int, keep: int, max_tokens: int | None,
+               request_id: str = "") -> list[int]:
+    """``tokens`` when they fit the context, else their first ``keep`` and their last ones,
+    leaving the answer ``max_tokens`` (at most half the context; a quarter when not given):
+    Ollama's runner keeps ``num_keep`` and the tail of a prompt longer than its context."""
+    if len(tokens) < n_ctx:
+        return tokens
+    room = min(max_tokens, n_ctx // 2) if max_tokens else n_ctx // 4
+    budget = max(n_ctx - room, 1)
+    head = min(max(keep, 0), budget // 2)
+    log.warning("%s: prompt of %d tokens truncated to %d (the first %d kept) to fit a "
+                "context of %d", request_id, len(tokens), budget, head, n_ctx)
+    return tokens[:head] + tokens[len(tokens) - (budget - head):]
 
 
 def _without_template(served: ServedModel, req: GenerateRequest, params: SamplingParams

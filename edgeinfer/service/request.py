@@ -72,6 +72,9 @@ class GenerateRequest:
     # max_tokens only caps the answer: lowered to what the context leaves after the prompt
     # instead of a 400 (Ollama's num_predict; the answer then ends as "length")
     max_tokens_is_cap: bool = False
+    # a prompt longer than the context keeps its first keep_head tokens and its last ones,
+    # with room left for the answer, instead of a 400 (Ollama's truncate and num_keep)
+    keep_head: int | None = None
 
     @property
     def num_choices(self) -> int:

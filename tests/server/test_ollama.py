@@ -459,7 +459,7 @@ def test_ndjson_stream_ends_when_the_client_stops_reading_or_leaves() -> None:
     assert 5 <= len(sent) < 1000 and closed == [True] and seen == [True]
 
 
-def test_a_chat_longer_than_the_context_drops_its_oldest_turns(
+def test_a_chat_longer_than_the_context_drops_its_oldest_turns_then_a_prompt_its_middle(
         tmp_path_factory: pytest.TempPathFactory) -> None:
     """As Ollama truncates a chat's history: the system prompt and the latest turns stay,
     the oldest turns go; with "truncate": false, a 400 instead."""
@@ -481,5 +481,18 @@ def test_a_chat_longer_than_the_context_drops_its_oldest_turns(
             "model": "default", "messages": history, "stream": False, "truncate": False,
             "options": {"num_predict": 8}})
         assert whole.status_code == 400 and "context" in whole.json()["error"]
+        # one prompt longer than the context (nothing to drop): its head and tail stay,
+        # room left for num_predict, as Ollama's runner cuts it
+        long_prompt = "The keeper counted the waves again. " * 300  # about 2,400 tokens
+        for path, body in [("generate", {"prompt": long_prompt, "raw": True}),
+                           ("chat", {"messages": [{"role": "user", "content": long_prompt}]})]:
+            r = httpx.post(f"{srv.base_url}/api/{path}", timeout=120, json={
+                "model": "default", "stream": False, **body,
+                "options": {"num_predict": 8, "temperature": 0}})
+            assert r.status_code == 200, r.text
+            assert r.json()["prompt_eval_count"] == 1024 - 8 and r.json()["eval_count"] <= 8
+            refused = httpx.post(f"{srv.base_url}/api/{path}", timeout=60, json={
+                "model": "default", "stream": False, "truncate": False, **body})
+            assert refused.status_code == 400 and "context" in refused.json()["error"]
     finally:
         stop_server(srv)

@@ -19,7 +19,7 @@ from edgeinfer.service.events import (
     ToolCallDelta,
     UsageReport,
 )
-from edgeinfer.service.generation import failure_error, merge, to_events
+from edgeinfer.service.generation import failure_error, merge, middle_cut, to_events
 from edgeinfer.service.reader import Reading
 
 
@@ -132,3 +132,14 @@ def test_reasoning_off_leaves_think_tags_in_the_text() -> None:
     events = run([fake(Delta("<think>x</think>y"), end("stop", 3))], [0], [4])
     assert "".join(e.text for e in events if isinstance(e, TextDelta)) == "<think>x</think>y"
     assert not any(isinstance(e, ReasoningDelta) for e in events)
+
+
+def test_a_prompt_over_the_context_keeps_its_head_and_tail_with_room_for_the_answer() -> None:
+    tokens = list(range(100))
+    assert middle_cut(tokens[:63], 64, 4, 8) == tokens[:63]  # fits: untouched
+    cut = middle_cut(tokens, 64, 4, 8)
+    assert cut == tokens[:4] + tokens[100 - 52:] and len(cut) == 64 - 8
+    assert len(middle_cut(tokens, 64, 4, None)) == 64 - 16  # no max_tokens: a quarter
+    assert len(middle_cut(tokens, 64, 4, 1000)) == 32  # at most half the context
+    assert middle_cut(tokens, 64, 1 << 30, 8)[:28] == tokens[:28]  # the head: half at most
+    assert middle_cut(tokens, 64, 0, 8) == tokens[100 - 56:]
