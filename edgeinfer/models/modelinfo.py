@@ -152,18 +152,45 @@ def describe(cfg: ModelConfig, models: dict[str, ModelConfig] | None = None) -> 
     except (ModelLoadError, ValueError, OSError) as exc:
         return {**row, "status": "unavailable", "error": str(exc)}
     size = path.stat().st_size
+    draft = _draft_facts(cfg, models)  # its size and facts, or its error
+    if isinstance(draft, str):
+        return {**row, "status": "unavailable", "error": draft}
+
+    def draft_bytes() -> int:  # its weights and KV cache (the target's cells and K/V types)
+        return serving_bytes(draft[0], kv_per_token(cfg, draft[1]), cfg.context) if draft else 0
+
     if not {"context", "slots"} <= set(cfg.explicit):  # what the fit step would choose now
-        cfg, _ = fit_file(cfg, path, facts, psutil.virtual_memory().available - MEMORY_RESERVE)
+        cfg, _ = fit_file(cfg, path, facts,
+                          psutil.virtual_memory().available - MEMORY_RESERVE - draft_bytes())
         row.update(slots=cfg.slots, context=cfg.context, fit=True)
     per_token = kv_per_token(cfg, facts)
-    memory = serving_bytes(size, per_token, cfg.context)
+    kv = per_token * cfg.context
+    memory = serving_bytes(size, per_token, cfg.context) + draft_bytes()
+    if draft:
+        row["draft_mib"] = round(draft_bytes() / 2**20, 1)
     source = cfg.chat_template or facts["chat_template"] or CHATML
     return {**row, "status": "cached", "path": str(path), "arch": facts["arch"],
             "quant": facts["quant"], "size_mib": round(size / 2**20, 1),
             "tool_format": choose(cfg.tool_format, source).name,
             "reasoning": "split" if splits(cfg.reasoning_format, source) else "none",
-            "kv_mib": round((memory - size) / 2**20, 1), "memory_mib": round(memory / 2**20, 1),
+            "kv_mib": round(kv / 2**20, 1), "memory_mib": round(memory / 2**20, 1),
             "gpu_layers": cfg.gpu_layers, "cache": cache_tiers(cfg, facts)}
+
+
+def _draft_facts(cfg: ModelConfig, models: dict[str, ModelConfig] | None
+                 ) -> tuple[int, dict[str, Any]] | str | None:
+    """The file size and facts of ``cfg``'s draft model (None: it has none; a string: why
+    it cannot be read)."""
+    if cfg.speculative != "draft" or cfg.draft_model is None:
+        return None
+    found = [m for m in (models or {}).values() if cfg.draft_model in m.names]
+    if not found:
+        return f"draft model {cfg.draft_model!r} is not configured"
+    try:
+        path = resolve_model_path(found[0], models)
+        return path.stat().st_size, gguf_facts(path)
+    except (ModelLoadError, ValueError, OSError) as exc:
+        return f"draft model {cfg.draft_model!r}: {exc}"
 
 
 def cache_mode(cfg: ModelConfig, facts: dict[str, Any]) -> str:
@@ -205,7 +232,7 @@ def render_table(rows: list[dict[str, Any]]) -> str:
                      f"{r['memory_mib']:>10} {r['tool_format']:<12} {r['reasoning']:<9} "
                      f"{_cache_text(r['cache']):<22}  {r['path']}")
     lines.append("serve MiB: weights plus the KV cache (in its configured types) for the "
-                 "configured context; tools: "
+                 "configured context, a draft model's included; tools: "
                  "the tool-call format; reasoning: reasoning blocks split from the answer; "
                  "cache tiers: the RAM budget, and the pinned prefixes saved on disk (files / "
                  "MiB); ckpt: prefixes reused from whole saved states (recurrent, hybrid)")

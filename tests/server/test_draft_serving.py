@@ -90,3 +90,39 @@ def test_serve_one_model_with_a_draft_model_from_the_command_line(tmp_path: Path
         assert r.json()["timings"]["draft_n_accepted"] > 0
     finally:
         stop_server(srv)
+
+
+def test_models_command_counts_the_draft_model_in_its_targets_memory(tmp_path: Path) -> None:
+    """`edgeinfer models`: a target's serve memory includes its draft model's weights and
+    KV cache (the target's cells), as the pool counts it when loading."""
+    import json
+    import subprocess
+    import sys
+
+    cfg = tmp_path / "models.toml"
+    cfg.write_text(f"""
+[[models]]
+id = "target"
+{SMOL}
+context = 2048
+slots = 2
+speculative = "draft"
+draft_model = "small"
+
+[[models]]
+id = "small"
+{SMOL}
+context = 2048
+slots = 2
+""")
+    out = subprocess.run([sys.executable, "-m", "edgeinfer", "models", "--json", "--config",
+                          str(cfg)], capture_output=True, text=True, timeout=120, check=True)
+    rows = {r["id"]: r for r in json.loads(out.stdout)}
+    alone = rows["small"]["memory_mib"]
+    assert "draft_mib" not in rows["small"] and rows["target"]["draft_mib"] == alone
+    assert abs(rows["target"]["memory_mib"] - 2 * alone) <= 0.1
+    assert rows["target"]["kv_mib"] == rows["small"]["kv_mib"]
+    cfg.write_text(cfg.read_text().replace('draft_model = "small"', 'draft_model = "gone"'))
+    refused = subprocess.run([sys.executable, "-m", "edgeinfer", "models", "--json",
+                              "--config", str(cfg)], capture_output=True, text=True, timeout=120)
+    assert refused.returncode != 0 and "gone" in refused.stderr  # the config check says so
