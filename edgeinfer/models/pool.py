@@ -168,7 +168,10 @@ class ModelPool:
         try:
             path = await asyncio.to_thread(resolve_model_path, cfg, self._configs())
             draft = await asyncio.to_thread(self._draft_file, cfg)
-            extra = estimate_bytes(replace(draft[0], context=cfg.context), draft[1]) if draft else 0
+            # the draft model's context has the target's cells and K/V types
+            extra = estimate_bytes(replace(
+                draft[0], context=cfg.context, cache_type_k=cfg.cache_type_k,
+                cache_type_v=cfg.cache_type_v), draft[1]) if draft else 0
             cfg = await asyncio.to_thread(self._fitted, cfg, path, extra)
             await self._make_room(cfg, await asyncio.to_thread(estimate_bytes, cfg, path) + extra)
             served = await asyncio.to_thread(load_model, cfg, path, draft)
