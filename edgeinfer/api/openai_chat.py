@@ -38,7 +38,7 @@ FIELDS = {
 IGNORED = ("prompt_cache_key", "prompt_cache_retention", "safety_identifier", "verbosity")
 FIELDS |= set(IGNORED)
 REASONING_FORMATS = ("auto", "deepseek", "none")
-REASONING_EFFORTS = ("minimal", "low", "medium", "high")
+REASONING_EFFORTS = ("none", "minimal", "low", "medium", "high", "xhigh")
 MAX_TOOLS = 128
 _TOOL_NAME = re.compile(r"^[a-zA-Z0-9_-]{1,64}$")
 
@@ -125,7 +125,8 @@ def reasoning(b: Body) -> tuple[str | None, dict[str, Any]]:
         if effort not in REASONING_EFFORTS:
             raise InvalidRequest("'reasoning_effort' must be one of "
                                  f"{', '.join(REASONING_EFFORTS)}", param="reasoning_effort")
-        kwargs = {**kwargs, "reasoning_effort": effort}
+        kwargs = ({**kwargs, "enable_thinking": False} if effort == "none"  # as llama-server
+                  else {**kwargs, "reasoning_effort": effort})
     return fmt, dict(kwargs)
 
 

@@ -239,7 +239,10 @@ def parse(body: Any, headers: dict[str, str], allowed: set[str]) -> Draft:
     asked = b.body.get("reasoning")
     effort = asked.get("effort") if isinstance(asked, dict) else None
     if isinstance(effort, str):  # for templates that take it, as chat's reasoning_effort
-        template_kwargs.setdefault("reasoning_effort", effort)
+        if effort == "none":
+            template_kwargs.setdefault("enable_thinking", False)
+        else:
+            template_kwargs.setdefault("reasoning_effort", effort)
         echo["reasoning"]["effort"] = effort
     return Draft(model, instructions, items, chat_messages(items), previous, constraint,
                  params, echo, b.boolean("stream"), store, echo["truncation"] == "auto",

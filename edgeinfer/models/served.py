@@ -188,8 +188,8 @@ class ServedModel:
                   template_kwargs: dict[str, Any] | None = None) -> str:
         """The rendered prompt, request text marked (``prompt.markup``) so that it is
         tokenized as text. ``template_kwargs`` (a request's ``chat_template_kwargs``, such
-        as ``enable_thinking``) are extra template variables; they cannot replace the
-        template's own (messages, tools, bos_token ...)."""
+        as ``enable_thinking``, true unless given) are extra template variables; they
+        cannot replace the template's own (messages, tools, bos_token ...)."""
         escape = self.markup.escape
         messages = escape(messages)
         tools = tuple(replace(t, description=escape(t.description),
@@ -199,8 +199,9 @@ class ServedModel:
         # request text, like the messages: escaped so it cannot become control tokens
         variables = escape({k: v for k, v in (template_kwargs or {}).items()
                             if k not in RESERVED_VARS})
+        # thinking on unless the request turns it off, as llama-server renders templates
         return self.template.render(messages, add_generation_prompt=add_generation_prompt,
-                                    **{**variables, **extra})
+                                    **{"enable_thinking": True, **variables, **extra})
 
     def tokenize_text(self, text: str) -> list[int]:
         return self.runtime.tokenize(text, add_special=True, parse_special=True)

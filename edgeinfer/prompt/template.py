@@ -4,13 +4,19 @@ from __future__ import annotations
 
 import datetime
 import json
+import re
 import threading
 import time
 from collections.abc import Iterator
 from functools import lru_cache
 from typing import Any
 
-from jinja2 import TemplateError
+from jinja2 import TemplateError, nodes
+from jinja2.compiler import CodeGenerator, Frame
+from jinja2.exceptions import SecurityError
+from jinja2.ext import Extension
+from jinja2.filters import do_center, do_format, do_indent
+from jinja2.parser import Parser
 from jinja2.sandbox import ImmutableSandboxedEnvironment
 
 from edgeinfer.errors import InvalidRequest
@@ -26,6 +32,7 @@ CHATML = (
 CHATML_ENDS = ("<|im_end|>", "<|im_start|>")
 
 _PREFILL_MARK = "\x00edgeinfer-prefill\x00"
+_SYSTEM_PROBE = "\x00edgeinfer-system\x00"
 RENDER_SECONDS = 2.0  # time budget of one rendering
 RENDER_BYTES = 8 * 1024 * 1024  # output budget of one rendering
 
@@ -42,8 +49,79 @@ def _check_deadline() -> None:
         raise _BudgetExceeded("the chat template took too long to render")
 
 
+class _Generation(Extension):
+    """Hugging Face's ``{% generation %}...{% endgeneration %}`` (it marks the assistant's
+    tokens for training): the body is rendered as it is."""
+
+    tags = {"generation"}
+
+    def parse(self, parser: Parser) -> nodes.Node:
+        lineno = next(parser.stream).lineno
+        body = parser.parse_statements(("name:endgeneration",), drop_needle=True)
+        return nodes.CallBlock(self.call_method("_body"), [], [], body).set_lineno(lineno)
+
+    def _body(self, caller: Any) -> Any:
+        return caller()
+
+
+_WIDE = re.compile(r"%[-+ #0]*\d{7,}")  # a %-format padding a value to megabytes
+_WIDE_FORMAT = re.compile(r"\{[^{}]*:[^{}]*\d{7,}")  # the same in str.format's syntax
+
+
+def _too_big(op: str, left: Any, right: Any) -> bool:
+    """Whether ``left op right`` would build a value far past the output budget (ints of
+    more than 64k bits, strings / sequences longer than RENDER_BYTES)."""
+    sized = (str, list, tuple)
+    if op == "**" and isinstance(left, int) and isinstance(right, int) and abs(left) > 1:
+        return right > 0 and right * abs(left).bit_length() > 1 << 16
+    if op == "*":
+        if isinstance(left, int) and isinstance(right, int):
+            return left.bit_length() + right.bit_length() > 1 << 16
+        seq, times = (left, right) if isinstance(left, sized) else (right, left)
+        return isinstance(seq, sized) and isinstance(times, int) and len(seq) * times > RENDER_BYTES
+    if op == "+" and isinstance(left, sized) and isinstance(right, sized):
+        return len(left) + len(right) > RENDER_BYTES
+    return op == "%" and isinstance(left, str) and _WIDE.search(left) is not None
+
+
+class _CheckedConcat(CodeGenerator):
+    """``a ~ b`` through ``environment.checked_concat`` (the templates here never autoescape)."""
+
+    def visit_Concat(self, node: nodes.Concat, frame: Frame) -> None:
+        self.write("environment.checked_concat((")
+        for arg in node.nodes:
+            self.visit(arg, frame)
+            self.write(", ")
+        self.write("))")
+
+
 class _BudgetedEnvironment(ImmutableSandboxedEnvironment):
-    """The immutable sandbox, plus a deadline checked on every call and item access."""
+    """The immutable sandbox, plus a deadline checked on every call and item access, and
+    arithmetic that may not build values far larger than the output budget (a single
+    ``7 ** 10**8`` or ``'a' * 10**10`` would hold the interpreter, deadline or not)."""
+
+    intercepted_binops = frozenset({"**", "*", "+", "%"})
+    code_generator_class = _CheckedConcat
+
+    @staticmethod
+    def checked_concat(parts: tuple[Any, ...]) -> str:
+        _check_deadline()
+        text = "".join(map(str, parts))
+        if len(text) > RENDER_BYTES:
+            raise SecurityError("the chat template's '~' makes too large a value")
+        return text
+
+    def call_binop(self, context: Any, operator: str, left: Any, right: Any) -> Any:
+        _check_deadline()
+        if _too_big(operator, left, right):
+            raise SecurityError(f"the chat template's {operator!r} makes too large a value")
+        return super().call_binop(context, operator, left, right)
+
+    def wrap_str_format(self, value: Any) -> Any:
+        fmt = super().wrap_str_format(value)
+        if fmt is not None and _WIDE_FORMAT.search(value.__self__):
+            raise SecurityError("the chat template's format pads a value too far")
+        return fmt
 
     def call(self, context: Any, obj: Any, /, *args: Any, **kwargs: Any) -> Any:
         _check_deadline()
@@ -56,6 +134,24 @@ class _BudgetedEnvironment(ImmutableSandboxedEnvironment):
     def getattr(self, obj: Any, attribute: str) -> Any:
         _check_deadline()
         return super().getattr(obj, attribute)
+
+
+def _center(value: Any, width: int = 80) -> str:
+    if isinstance(width, int) and width > RENDER_BYTES:
+        raise SecurityError("the chat template centers a value too widely")
+    return do_center(value, width)
+
+
+def _indent(s: Any, width: int | str = 4, first: bool = False, blank: bool = False) -> str:
+    if isinstance(width, int) and width * (str(s).count("\n") + 1) > RENDER_BYTES:
+        raise SecurityError("the chat template indents a value too far")
+    return do_indent(s, width, first, blank)
+
+
+def _format(value: Any, *args: Any, **kwargs: Any) -> str:
+    if isinstance(value, str) and _WIDE.search(value):
+        raise SecurityError("the chat template's format pads a value too far")
+    return do_format(value, *args, **kwargs)
 
 
 def _raise_exception(message: str) -> None:
@@ -84,10 +180,12 @@ def _listed(value: Any) -> Any:
 
 @lru_cache(maxsize=16)
 def _compile(source: str) -> Any:
-    env = _BudgetedEnvironment(trim_blocks=True, lstrip_blocks=True)
+    env = _BudgetedEnvironment(trim_blocks=True, lstrip_blocks=True,
+                               extensions=["jinja2.ext.loopcontrols", _Generation])
     env.globals["raise_exception"] = _raise_exception
     env.globals["strftime_now"] = _strftime_now
     env.filters["tojson"] = tojson
+    env.filters.update(center=_center, indent=_indent, format=_format)
     return env.from_string(source)
 
 
@@ -107,6 +205,17 @@ class ChatTemplate:
             self._template = _compile(self.source)
         except TemplateError as exc:
             raise ValueError(f"invalid chat template: {exc}") from None
+        self.system_role = self._renders_system()
+
+    def _renders_system(self) -> bool:
+        """Whether the template renders a system message (Gemma 2's refuses one: its text
+        then goes to the next message, as llama.cpp does)."""
+        try:
+            return _SYSTEM_PROBE in self._render([
+                {"role": "system", "content": _SYSTEM_PROBE},
+                {"role": "user", "content": "User message"}], True, {})
+        except InvalidRequest:
+            return False
 
     @property
     def takes_tools(self) -> bool:
@@ -117,17 +226,30 @@ class ChatTemplate:
                **extra: Any) -> str:
         """The prompt for ``messages``; ``add_generation_prompt=False`` renders them as a
         prefix of a longer conversation (for pinning a system prompt)."""
+        if not self.system_role and messages and messages[0].get("role") == "system":
+            messages = _merge_system(messages)
         prefill = bool(messages) and messages[-1].get("role") == "assistant"
         if prefill:
             last = dict(messages[-1])
             last["content"] = (last.get("content") or "") + _PREFILL_MARK
             messages = [*messages[:-1], last]
+        text = self._render(messages, add_generation_prompt and not prefill, extra)
+        if prefill:
+            cut = text.rfind(_PREFILL_MARK)
+            if cut == -1:
+                raise InvalidRequest("this model's chat template cannot continue an assistant "
+                                     "message", param="messages")
+            text = text[:cut]
+        return text
+
+    def _render(self, messages: list[dict[str, Any]], add_generation_prompt: bool,
+                extra: dict[str, Any]) -> str:
         parts: list[str] = []
         size = 0
         _deadline.end = time.monotonic() + RENDER_SECONDS
         try:
             for part in self._template.generate(
-                messages=messages, add_generation_prompt=add_generation_prompt and not prefill,
+                messages=messages, add_generation_prompt=add_generation_prompt,
                 bos_token=self.bos_token, eos_token=self.eos_token, **extra,
             ):
                 size += len(part)
@@ -137,16 +259,25 @@ class ChatTemplate:
                 parts.append(part)
         except _BudgetExceeded as exc:
             raise InvalidRequest(str(exc), param="messages", code="template_budget") from None
-        except (TemplateError, RecursionError, TypeError, ValueError) as exc:
+        except (TemplateError, RecursionError, TypeError, ValueError, ArithmeticError,
+                LookupError, MemoryError) as exc:
             raise InvalidRequest(f"the chat template rejected the messages: {exc}",
                                  param="messages") from None
         finally:
             _deadline.end = None
-        text = "".join(parts)
-        if prefill:
-            cut = text.rfind(_PREFILL_MARK)
-            if cut == -1:
-                raise InvalidRequest("this model's chat template cannot continue an assistant "
-                                     "message", param="messages")
-            text = text[:cut]
-        return text
+        return "".join(parts)
+
+
+def _merge_system(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """A leading system message joined to the start of the next message ("\n" between),
+    or dropped when it is alone: llama.cpp's way with templates that refuse the role."""
+    system, rest = messages[0], messages[1:]
+    if not rest:
+        return rest
+    first, text = dict(rest[0]), system.get("content") or ""
+    content = first.get("content")
+    if isinstance(content, str) or content is None:
+        first["content"] = f"{text}\n{content or ''}"
+    elif isinstance(content, list):
+        first["content"] = [{"type": "text", "text": f"{text}\n"}, *content]
+    return [first, *rest[1:]]

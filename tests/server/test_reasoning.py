@@ -64,17 +64,27 @@ def test_reasoning_format_none_keeps_everything_in_the_content(r1: ServerProcess
 
 
 def test_a_closed_block_leaves_the_answer_and_its_json_schema_alone(r1: ServerProcess) -> None:
-    """Without enable_thinking the template closes the block itself: the answer is all
-    content, and a JSON schema constrains it from the first token."""
+    """With enable_thinking false (or reasoning_effort "none") the template closes the
+    block itself: the answer is all content, and a JSON schema constrains it from the
+    first token."""
     c = client(r1)
     schema = {"type": "object", "properties": {"answer": {"type": "integer"}},
               "required": ["answer"], "additionalProperties": False}
     r = c.chat.completions.create(
         model="default", messages=ASK, max_tokens=40, temperature=0,
-        response_format={"type": "json_schema", "json_schema": {"name": "a", "schema": schema}})
+        response_format={"type": "json_schema", "json_schema": {"name": "a", "schema": schema}},
+        reasoning_effort="none")
     content = r.choices[0].message.content or ""
     assert isinstance(json.loads(content)["answer"], int)
     assert not (r.choices[0].message.model_extra or {}).get("reasoning_content")
+    prompt = httpx.post(f"{r1.base_url}/apply-template", timeout=30, json={
+        "model": "default", "messages": ASK,
+        "chat_template_kwargs": {"enable_thinking": False}}).json()["prompt"]
+    assert prompt.endswith("</think>\n\n") or prompt.rstrip().endswith("</think>"), prompt
+    # by default the template is told to think, as llama-server tells it
+    default = httpx.post(f"{r1.base_url}/apply-template", timeout=30,
+                         json={"model": "default", "messages": ASK}).json()["prompt"]
+    assert default.rstrip().endswith("<think>"), default
 
 
 def test_bad_reasoning_fields_are_400(r1: ServerProcess) -> None:

@@ -141,7 +141,9 @@ def test_forced_calls_are_written_in_the_family_syntax_and_parsed(
     for choice in ("required", {"type": "function", "function": {"name": "get_weather"}}):
         kw: dict[str, Any] = {"model": model, "messages": ASK, "tools": TOOLS,
                               "tool_choice": choice, "temperature": 0, "max_tokens": 250,
-                              "extra_body": {"cache_prompt": False}}
+                              # thinking off: the call syntax is tested, not reasoning
+                              "extra_body": {"cache_prompt": False,
+                                             "chat_template_kwargs": {"enable_thinking": False}}}
         whole = client.chat.completions.create(**kw)
         c = whole.choices[0]
         assert c.finish_reason == "tool_calls", c

@@ -46,3 +46,60 @@ def test_template_time_and_size_budgets(monkeypatch: pytest.MonkeyPatch) -> None
     with pytest.raises(InvalidRequest) as info:
         ChatTemplate(huge).render([{"role": "user", "content": "xxxxxxxxxx"}])
     assert info.value.code == "template_budget"
+
+
+@pytest.mark.parametrize("source", [
+    "{{ 7 ** (messages|length * 10**7) }}",
+    "{{ 'a' * (messages|length * 10**9) }}",
+    "{{ (messages|length) * 10**(10**(messages|length + 9)) }}",
+    "{{ '%0999999999d' % 1 }}",
+    "{{ '{:>999999999}'.format(1) }}",
+    "{{ 'a'|center(10**9) }}",
+    "{{ 'a'|indent(10**9, true) }}",
+    "{{ '%0999999999d'|format(1) }}",
+    "{% set ns = namespace(s='a' * 10**6) %}{% for i in range(30) %}"
+    "{% set ns.s = ns.s ~ ns.s %}{% endfor %}{{ ns.s|length }}",
+    "{% set ns = namespace(s=['a'] * 10**6) %}{% for i in range(30) %}"
+    "{% set ns.s = ns.s + ns.s %}{% endfor %}{{ ns.s|length }}",
+    "{% for i in range(10**9) %}{% endfor %}",
+    "{{ 1 // 0 }}",
+])
+def test_one_operation_cannot_build_a_value_past_the_budget(source: str) -> None:
+    """A single ``**``, ``*``, ``~``, ``%`` or padding filter would hold the interpreter (and
+    gigabytes) before any deadline check: each is a 400 instead."""
+    with pytest.raises(InvalidRequest) as info:
+        ChatTemplate(source).render([{"role": "user", "content": "x"}])
+    assert info.value.param == "messages"
+
+
+def test_ordinary_arithmetic_and_formatting_still_render() -> None:
+    t = ChatTemplate("{{ 2 ** 10 }} {{ 'ab' * 3 }} {{ [1] + [2] }} {{ '%05d' % 7 }} "
+                     "{{ '{:>4}'.format(1) }} {{ 'a' ~ 1 ~ none }} {{ 'x'|center(5) }}|")
+    out = t.render([{"role": "user", "content": "x"}])
+    assert out == "1024 ababab [1, 2] 00007    1 a1None   x  |"
+
+
+def test_loop_controls_and_the_generation_tag_compile() -> None:
+    """``{% break %}`` / ``{% continue %}`` (Command R7B, Kimi) and Hugging Face's
+    ``{% generation %}`` (LFM2.5, Laguna): the body renders as it is."""
+    t = ChatTemplate("{% for m in messages %}{% if m.role == 'tool' %}{% continue %}{% endif %}"
+                     "{% if loop.index > 3 %}{% break %}{% endif %}"
+                     "{% generation %}[{{ m.content }}]{% endgeneration %}{% endfor %}")
+    msgs = [{"role": "user", "content": "a"}, {"role": "tool", "content": "t"},
+            {"role": "assistant", "content": "b"}, {"role": "user", "content": "c"}]
+    assert t.render(msgs, add_generation_prompt=False) == "[a][b]"
+
+
+def test_a_template_without_a_system_role_gets_the_system_text_in_the_next_message() -> None:
+    """Gemma 2's template raises on a system message: its text joins the first user
+    message ("\\n" between), as llama.cpp does; alone, it is dropped."""
+    gemma2 = ("{% for m in messages %}{% if m.role == 'system' %}"
+              "{{ raise_exception('System role not supported') }}{% endif %}"
+              "<start_of_turn>{{ m.role }}\n{{ m.content }}<end_of_turn>\n{% endfor %}")
+    t = ChatTemplate(gemma2)
+    assert not t.system_role and ChatTemplate(CHATML).system_role
+    out = t.render([{"role": "system", "content": "Be brief."},
+                    {"role": "user", "content": "hi"}], add_generation_prompt=False)
+    assert out == "<start_of_turn>user\nBe brief.\nhi<end_of_turn>\n"
+    assert t.render([{"role": "system", "content": "Be brief."}],
+                    add_generation_prompt=False) == ""
