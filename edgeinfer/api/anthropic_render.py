@@ -89,7 +89,11 @@ def message_body(meta: MessageMeta, content: list[dict[str, Any]],
 
 
 def _input(arguments: str) -> dict[str, Any]:
-    value = json.loads(arguments)  # gather keeps only the calls whose arguments parse
+    """A call's ``input``: {} for one cut off by max_tokens (as the stream ends it)."""
+    try:
+        value = json.loads(arguments)
+    except ValueError:
+        return {}
     return value if isinstance(value, dict) else {}
 
 

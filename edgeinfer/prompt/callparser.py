@@ -254,13 +254,18 @@ class CallParser:
             if not changed:
                 return out
 
-    def finish(self) -> list[Event]:
+    def finish(self, cut: bool = False) -> list[Event]:
         """End of output: release what was held back (an unfinished call's arguments
-        go on as they are; its JSON will not parse)."""
+        go on as they are; its JSON will not parse). ``cut``: the output ran out
+        (max_tokens), so a marker, or the start of one, that opened no call yet is not
+        text: the model was writing a call."""
         out: list[Event] = []
         rest, self._buf = self._buf, ""
         o = self._obj
-        if self._mode == "object" and o is not None and self._announced:
+        if cut and (self._mode == "calls" and self.num_calls == self._calls_before
+                    or self._mode == "text" and self.fmt.open.startswith(rest)):
+            pass
+        elif self._mode == "object" and o is not None and self._announced:
             if o.args_start >= 0 and len(rest) - o.args_start > self._sent:
                 out.append(CallArgs(self.num_calls, rest[o.args_start + self._sent:]))
             self.num_calls += 1

@@ -49,7 +49,7 @@ class HarmonyParser:
         if not buf:
             return False
         if not (buf.startswith((START, CHANNEL, "to=")) or START.startswith(buf)
-                or CHANNEL.startswith(buf)):
+                or CHANNEL.startswith(buf) or "to=".startswith(buf)):
             self._mode = "text"  # not Harmony: plain answer text
             return True
         at = buf.find(MESSAGE)
@@ -114,13 +114,16 @@ class HarmonyParser:
             if not changed:
                 return out
 
-    def finish(self) -> list[Event]:
-        """End of output (``<|call|>`` / ``<|return|>`` end generation unseen)."""
+    def finish(self, cut: bool = False) -> list[Event]:
+        """End of output (``<|call|>`` / ``<|return|>`` end generation unseen). An
+        unfinished header is dropped, and so is the start of one when the output was
+        ``cut`` (max_tokens)."""
         out: list[Event] = []
         rest, self._buf = self._buf, ""
         if self._mode == "body":
             self._emit(out, rest)
             self._end_body(out)
-        elif rest.strip() and not rest.lstrip().startswith((START, CHANNEL, "to=")):
+        elif rest.strip() and not rest.lstrip().startswith((START, CHANNEL, "to=")) and not (
+                cut and any(m.startswith(rest.lstrip()) for m in (START, CHANNEL, "to="))):
             out.append(Content(rest))  # an unfinished header is dropped
         return out

@@ -227,11 +227,18 @@ class NamedCallParser:
             if not changed:
                 return out
 
-    def finish(self) -> list[Event]:
-        """End of output: release what was held back."""
+    def finish(self, cut: bool = False) -> list[Event]:
+        """End of output: release what was held back. ``cut``: the output ran out
+        (max_tokens), so markers, or the start of one, that opened no call yet are not
+        text: the model was writing a call."""
         out: list[Event] = []
         rest, self._buf = self._buf, ""
-        if self._mode == "args" and self._reader is not None:
+        fmt = self.fmt
+        if cut and (self._mode in ("between", "name") and not self.num_calls
+                    or self._mode == "text" and rest and any(
+                        m.startswith(rest) for m in (fmt.call_open, fmt.block_open) if m)):
+            pass
+        elif self._mode == "args" and self._reader is not None:
             tail = self._reader.finish()
             if tail:
                 out.append(CallArgs(self.num_calls, tail))

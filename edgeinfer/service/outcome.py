@@ -30,7 +30,8 @@ class CallOutcome:
 class ChoiceOutcome:
     text: str = ""
     reasoning: str = ""
-    calls: list[CallOutcome] = field(default_factory=list)  # complete calls only
+    # complete calls (and, when finish is "length", the one cut off)
+    calls: list[CallOutcome] = field(default_factory=list)
     finish: str = ""  # "stop", "length" or "tool_calls"
     completion_tokens: int = 0
     stop_word: str | None = None  # the stop string that ended it, if one did
@@ -54,9 +55,10 @@ def _parses(arguments: str) -> bool:
 
 async def gather(events: AsyncIterator[Event], num_choices: int) -> Outcome:
     """Every choice's text, reasoning, tool calls and finish, and the usage. Raises the
-    APIError of an ``ErrorEvent``. A call cut off by max_tokens (arguments that do not
-    parse) is left out, and a choice left with no call finishes "stop", not "tool_calls".
-    """
+    APIError of an ``ErrorEvent``. A call cut off by max_tokens is kept as far as it was
+    written (finish "length", as OpenAI and llama-server answer); one whose arguments do
+    not parse otherwise is left out, and a choice left with no call finishes "stop", not
+    "tool_calls"."""
     texts: list[list[str]] = [[] for _ in range(num_choices)]
     reasoning: list[list[str]] = [[] for _ in range(num_choices)]
     calls: list[list[CallOutcome]] = [[] for _ in range(num_choices)]
@@ -89,7 +91,7 @@ async def gather(events: AsyncIterator[Event], num_choices: int) -> Outcome:
     assert usage is not None, "a generation ends with its usage"
     for i, c in enumerate(choices):
         c.text, c.reasoning = "".join(texts[i]), "".join(reasoning[i])
-        c.calls = [k for k in calls[i] if _parses(k.arguments)]
+        c.calls = [k for k in calls[i] if c.finish == "length" or _parses(k.arguments)]
         if c.finish == "tool_calls" and not c.calls:
             c.finish = "stop"
     return Outcome(choices, usage, timings)

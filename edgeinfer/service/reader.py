@@ -71,7 +71,8 @@ class ChoiceReader:
     def read(self, d: Delta) -> list[Event]:
         final = d.finish_reason is not None
         if self.harmony is not None:
-            found = self.harmony.feed(d.text) + (self.harmony.finish() if final else [])
+            found = self.harmony.feed(d.text) + (
+                self.harmony.finish(cut=d.finish_reason == "length") if final else [])
             return [_event(self.choice, e, self.thoughts) for e in found]
         if self.split is None and self.calls is None:
             return [TextDelta(self.choice, d.text, d.logprob)] if d.text or d.logprob else []
@@ -90,5 +91,5 @@ class ChoiceReader:
             return out
         calls = self.calls.feed(answer) if answer else []
         if final:
-            calls += self.calls.finish()
+            calls += self.calls.finish(cut=d.finish_reason == "length")
         return out + [_event(self.choice, e, True) for e in calls]

@@ -244,6 +244,40 @@ def test_streamed_tool_call_equals_the_non_streamed_one(client: openai.OpenAI) -
     assert w.content is None and content == ""
 
 
+def test_a_call_cut_off_by_max_tokens_comes_back_as_far_as_it_was_written(
+        client: openai.OpenAI, server: ServerProcess) -> None:
+    """OpenAI (and llama-server) answer finish "length" with the partial call, whole or
+    streamed alike; Anthropic's shape gives the tool_use block (input {}), no empty text."""
+    kw = {"model": "default", "messages": [{"role": "user", "content": "Weather in Berlin?"}],
+          "tools": TOOLS, "tool_choice": {"type": "function", "function": {"name": "get_weather"}},
+          "max_tokens": 20, "temperature": 0}
+    whole = client.chat.completions.create(**kw).choices[0]  # type: ignore[call-overload]
+    calls = whole.message.tool_calls or []
+    assert whole.finish_reason == "length" and [
+        k.function.name for k in calls] == ["get_weather"], whole  # type: ignore[union-attr]
+    names, arguments, finish = [], "", None
+    for chunk in client.chat.completions.create(stream=True, **kw):  # type: ignore
+        for c in chunk.choices:
+            for t in c.delta.tool_calls or []:
+                names += [t.function.name] if t.function and t.function.name else []
+                arguments += t.function.arguments or "" if t.function else ""
+            finish = c.finish_reason or finish
+    assert (names, arguments, finish) == (
+        ["get_weather"], calls[0].function.arguments, "length")  # type: ignore[union-attr]
+    # cut off inside the opening marker, before any call: no markup comes back as content
+    early = client.chat.completions.create(**{**kw, "max_tokens": 3}).choices[0]  # type: ignore
+    assert early.finish_reason == "length" and not early.message.content, early
+    r = httpx.post(f"{server.base_url}/v1/messages", timeout=60, json={
+        "model": "default", "max_tokens": 20, "temperature": 0,
+        "messages": [{"role": "user", "content": "Weather in Berlin?"}],
+        "tool_choice": {"type": "tool", "name": "get_weather"},
+        "tools": [{"name": "get_weather", "input_schema": WEATHER["function"]["parameters"]}]})
+    body = r.json()
+    assert body["stop_reason"] == "max_tokens", body
+    assert [(b["type"], b["name"], b["input"]) for b in body["content"]] == [
+        ("tool_use", "get_weather", {})]
+
+
 def test_streamed_tool_call_deltas_have_the_openai_shape(server: ServerProcess) -> None:
     body = {"model": "default", "stream": True, "max_tokens": 300, "temperature": 0, "tools": TOOLS,
             "tool_choice": {"type": "function", "function": {"name": "send_email"}},

@@ -182,3 +182,32 @@ def test_a_string_parameter_streams_in_fragments() -> None:
     p = call_parser(QWEN3_CODER, TYPES)
     p.feed("<tool_call>\n<function=get_weather>\n<parameter=city>\nPar")
     assert "".join(e.text for e in p.feed("is and mo") if isinstance(e, CallArgs)) == "is and mo"
+
+
+@pytest.mark.parametrize("fmt", [HERMES, MISTRAL, MISTRAL_ARGS, DEEPSEEK_V3, QWEN3_CODER,
+                                 GEMMA4, HARMONY])
+def test_output_cut_off_inside_the_opening_marker_gives_no_content(fmt: ToolFormat) -> None:
+    """max_tokens ran out while the model wrote the start of a call (a forced call's first
+    tokens): none of the marker is content. Ended by the model instead, it is text."""
+    text = next(t for f, t, _, calls in CASES if f is fmt and calls)
+    marker = fmt.markers[0] if fmt.markers else ""
+    start = text.index(marker.strip()) if marker.strip() in text else 0
+    for end in range(start + 1, start + len(marker) + 1):
+        p = call_parser(fmt, TYPES)
+        events = p.feed(text[start:end]) + p.finish(cut=True)
+        assert not [e for e in events if isinstance(e, Content | CallOpen)], (end, events)
+    p = call_parser(HERMES, TYPES)
+    assert p.feed("<tool") + p.finish() == [Content("<tool")]  # the model stopped there
+
+
+def test_harmony_recipient_in_the_role_header_survives_any_cut() -> None:
+    """gpt-oss may address a call before its channel (`` to=functions.f<|channel|>...``),
+    and writes " to" as a token of its own: held until the header is known."""
+    text = ' to=functions.special_function<|channel|>analysis<|message|>{"arg1": 1}'
+    for cut in range(1, len(text)):
+        p = call_parser(HARMONY)
+        events = p.feed(text[:cut]) + p.feed(text[cut:]) + p.finish()
+        opens = [e.name for e in events if isinstance(e, CallOpen)]
+        args = "".join(e.text for e in events if isinstance(e, CallArgs))
+        assert (opens, json.loads(args)) == (["special_function"], {"arg1": 1}), cut
+        assert not [e for e in events if isinstance(e, Content)], cut

@@ -143,3 +143,20 @@ def test_a_prompt_over_the_context_keeps_its_head_and_tail_with_room_for_the_ans
     assert len(middle_cut(tokens, 64, 4, 1000)) == 32  # at most half the context
     assert middle_cut(tokens, 64, 1 << 30, 8)[:28] == tokens[:28]  # the head: half at most
     assert middle_cut(tokens, 64, 0, 8) == tokens[100 - 56:]
+
+
+def test_a_whole_answer_keeps_a_call_cut_off_by_max_tokens() -> None:
+    """As OpenAI and llama-server answer: finish "length" with the call as far as it was
+    written; a call that does not parse for any other reason is left out."""
+    from edgeinfer.service.outcome import gather
+
+    async def events(reason: str) -> AsyncIterator[Event]:
+        yield ToolCallDelta(0, 0, '{"name": "Ad', id="c1", name="Person")
+        yield Finish(0, reason, 20, None)
+        yield UsageReport(5, 20, 0)
+
+    cut = asyncio.run(gather(events("length"), 1)).choices[0]
+    assert cut.finish == "length" and [(k.name, k.arguments) for k in cut.calls] == [
+        ("Person", '{"name": "Ad')]
+    odd = asyncio.run(gather(events("tool_calls"), 1)).choices[0]
+    assert odd.calls == [] and odd.finish == "stop"
