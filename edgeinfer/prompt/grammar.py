@@ -10,6 +10,7 @@ recursive ``$ref``, nesting too deep, a grammar llama.cpp cannot parse.
 from __future__ import annotations
 
 import json
+import logging
 import math
 import re
 from functools import lru_cache
@@ -24,7 +25,10 @@ from edgeinfer.prompt.budget import (
     check_schema_node,
 )
 from edgeinfer.prompt.intrange import int_range_gbnf
+from edgeinfer.prompt.pattern import json_pattern
 from edgeinfer.prompt.toolformat import GENERIC, ToolFormat
+
+log = logging.getLogger("edgeinfer.prompt")
 
 # Arrays without maxItems get this bound: a small model that keeps adding items
 # could otherwise loop until max_tokens and leave JSON that does not parse.
@@ -158,6 +162,12 @@ def _bound(node: Any, ints: dict[str, str]) -> Any:
             out[k] = [_bound(sub, ints) for sub in v]
         elif k in ("items", "additionalProperties"):
             out[k] = _bound(v, ints)
+        elif k == "pattern" and isinstance(v, str):
+            if (rewritten := json_pattern(v)) is not None:
+                out[k] = rewritten
+            else:  # the rest of the schema still holds
+                log.warning("a JSON schema pattern a grammar cannot express is not enforced: "
+                            "%r", v[:200])
         else:
             out[k] = v
     if (out.get("type") == "array" or "items" in out) and "maxItems" not in out:

@@ -312,6 +312,35 @@ def test_round_trip_call_result_answer(client: openai.OpenAI) -> None:
     assert final.choices[0].message.content and not final.choices[0].message.tool_calls
 
 
+def test_patterns_with_shorthand_classes_constrain_answers_and_calls(
+        client: openai.OpenAI) -> None:
+    """Patterns as pydantic and MCP tools write them (\\d, \\w, escaped dots, unanchored):
+    the answer matches; a tool with such a pattern no longer fails every request."""
+    import re
+    props = {"zip": {"type": "string", "pattern": r"^\d{5}$"},
+             "code": {"type": "string", "pattern": r"^[A-Z]{3}-\d{2}$"},
+             "tag": {"type": "string", "pattern": "[a-z]{3}"},
+             "amount": {"type": "string", "pattern": r"^(?!^[-+.]*$)[+-]?0*\d*\.?\d*$"}}
+    schema = {"type": "object", "properties": props, "required": list(props),
+              "additionalProperties": False}
+    r = client.chat.completions.create(
+        model="default", temperature=0, max_tokens=600,
+        messages=[{"role": "user", "content": "Fill in the form."}],
+        response_format={"type": "json_schema",
+                         "json_schema": {"name": "form", "strict": True, "schema": schema}})
+    got = json.loads(r.choices[0].message.content or "")
+    for name in ("zip", "code", "tag"):  # the lookahead one is not enforced (logged)
+        assert re.search(props[name]["pattern"], got[name], re.ASCII), (name, got)
+    tool = {"type": "function", "function": {"name": "lookup", "parameters": {
+        "type": "object", "properties": {"zip": props["zip"]}, "required": ["zip"]}}}
+    call = client.chat.completions.create(
+        model="default", temperature=0, max_tokens=100, tools=[WEATHER, tool],  # type: ignore
+        tool_choice={"type": "function", "function": {"name": "lookup"}},
+        messages=[{"role": "user", "content": "Look up 90210."}]).choices[0].message
+    zip_code = json.loads(call.tool_calls[0].function.arguments)["zip"]  # type: ignore
+    assert re.fullmatch(r"\d{5}", zip_code), zip_code
+
+
 @pytest.mark.parametrize(("extra", "param"), [
     ({"grammar": "root ::= ( \"a\" "}, "grammar"),
     ({"grammar": "root ::= " + "(" * 3000 + '"a"' + ")" * 3000}, "grammar"),

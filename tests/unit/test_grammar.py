@@ -62,3 +62,41 @@ def test_counted_repetitions_of_what_may_match_nothing(grammar: str, refused: bo
                 schema_to_gbnf({"type": "string", "pattern": pattern}, "s")
         else:
             schema_to_gbnf({"type": "string", "pattern": pattern}, "s")
+
+
+SAMPLES = ["", "a", "ab", "abc", "ABC", "AB-12", "ABC-12", "12345", "1234", "+4412345",
+           "x@y.com", "x@y.org", "a b", "a.c", "a-c", "ab_9", "__", "x ABC y", "1.5", "..",
+           "aXc", "éé", "a$", "[x]", "a|b"]
+
+
+@pytest.mark.parametrize("pattern", [
+    r"^\d{5}$", r"^[\w-]+$", r"^\S+$", r"^[A-Z]{3}-\d{2}$", r"^\+?[1-9]\d{1,14}$",
+    r"^\w+@\w+\.com$", "[A-Z]{3}", r"^(?:a|b)+?$", r"^[^@]+@[^@]+$", "^a.c$", r"^[\d.]+$",
+    r"\d", r"^\D+$", r"^(?P<x>a)b*$", r"^a\$$", r"^\[x\]$", r"^[\x41-\x5A]+$", "a|b",
+])
+def test_a_pattern_becomes_one_the_converter_takes_and_matches_the_same(pattern: str) -> None:
+    """JSON Schema patterns search (unanchored unless ^ / $), with \\d, \\w, \\s and escaped
+    punctuation, which llama-cpp-python's converter passes on to llama.cpp as GBNF it
+    cannot parse (a 400 for every request carrying such a tool): rewritten, anchored, and
+    matching the same short JSON-safe strings."""
+    import re
+
+    from edgeinfer.prompt.pattern import json_pattern
+    rewritten = json_pattern(pattern)
+    assert rewritten is not None and rewritten.startswith("^") and rewritten.endswith("$")
+    for s in SAMPLES:
+        # ECMA-262 (JSON Schema) classes are ASCII, as re.ASCII makes them
+        assert bool(re.search(pattern, s, re.ASCII)) == bool(re.fullmatch(rewritten, s)), s
+    gbnf = schema_to_gbnf({"type": "string", "pattern": pattern}, "s")
+    assert "\\d" not in gbnf and "\\w" not in gbnf and "\\." not in gbnf
+
+
+@pytest.mark.parametrize("pattern", [r"^(?!x)\d+$", r"\bword\b", r"^(a)\1$", "^a$|^b$",
+                                     r"^a\nb$"])
+def test_a_pattern_no_grammar_can_express_is_dropped_not_refused(pattern: str) -> None:
+    from edgeinfer.prompt.pattern import json_pattern
+    assert json_pattern(pattern) is None
+    with_it = schema_to_gbnf({"type": "object", "properties": {
+        "v": {"type": "string", "pattern": pattern}}}, "s")
+    assert with_it == schema_to_gbnf({"type": "object", "properties": {"v": {"type": "string"}}},
+                                     "s")
