@@ -187,10 +187,14 @@ class ModelPool:
         entry.last_used = time.monotonic()
         for hook in self.on_load:
             hook(cfg.id, served)
-        for text in cfg.pinned_prompts:
-            n = await served.pin(served.system_prefix([{"role": "system", "content": text}]))
-            log.info("model %s: pinned a %d-token system prompt", cfg.id, n)
-        await served.restore_hot()
+        try:  # the cache is an optimisation: the model serves without it
+            for text in cfg.pinned_prompts:
+                n = await served.pin(served.system_prefix([{"role": "system", "content": text}]))
+                log.info("model %s: pinned a %d-token system prompt", cfg.id, n)
+            await served.restore_hot()
+        except Exception as exc:
+            log.error("model %s: restoring its prefix cache failed (%s: %s); it serves "
+                      "without", cfg.id, type(exc).__name__, exc)
 
     async def unload(self, model_id: str) -> bool:
         """Free a loaded model (False if it is busy or not loaded): never under a user."""

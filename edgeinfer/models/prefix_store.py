@@ -58,6 +58,19 @@ class StoreStats:
     write_errors: int = 0
 
 
+_FOREIGN = "saved for another model file or other context parameters"
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except OSError:  # another user's process
+        return True
+    return True
+
+
 class PrefixStore:
     """Saved prefix states of one model (thread-safe; blocking: call off the event loop)."""
 
@@ -67,6 +80,17 @@ class PrefixStore:
         self.budget = budget_bytes
         self.stats = StoreStats()
         self._lock = threading.Lock()
+        self._remove_orphans()
+
+    def _remove_orphans(self) -> None:
+        """Remove the partial writes of processes that died writing (``kill -9``): they
+        are not states, and the budget does not see them."""
+        for tmp in self.folder.glob(f".*{SUFFIX}.*.tmp") if self.folder.is_dir() else []:
+            pid = tmp.name.rsplit(".", 2)[-2]
+            if pid.isdigit() and int(pid) != os.getpid() and not _alive(int(pid)):
+                with contextlib.suppress(OSError):
+                    tmp.unlink()
+                    log.info("removed %s, left by a process that stopped writing it", tmp.name)
 
     def path_for(self, tokens: list[int]) -> Path:
         key = hashlib.sha256(f"{self.identity}:{_tokens_digest(tokens)}".encode()).hexdigest()
@@ -88,7 +112,8 @@ class PrefixStore:
             if body is None:
                 self.reject(path, why)
                 return None
-            os.utime(path)  # recently used
+            with contextlib.suppress(OSError):  # a read-only folder still serves
+                os.utime(path)  # recently used
             self.stats.restores += 1
             return body[4 * len(tokens):]
 
@@ -123,7 +148,7 @@ class PrefixStore:
         except ValueError:
             return None, "corrupt header"
         if not isinstance(head, dict) or head.get("model") != self.identity:
-            return None, "saved for another model file or other context parameters"
+            return None, _FOREIGN
         head["_start"] = start + n
         return head, ""
 
@@ -141,6 +166,8 @@ class PrefixStore:
                 if head is not None and not head.get("hot"):
                     continue  # a pinned prefix: loaded by its tokens
                 body, why = self._check(raw, None)
+                if body is None and why == _FOREIGN:
+                    continue  # another configuration's (sharing the folder): aged by the budget
                 if body is None:
                     self.reject(path, why)
                     continue
@@ -161,9 +188,14 @@ class PrefixStore:
 
     def reject(self, path: Path, why: str) -> None:
         """Remove an unusable file, saying why."""
-        log.warning("prefix cache file %s ignored and removed: %s", path.name, why)
         self.stats.rejected += 1
-        path.unlink(missing_ok=True)
+        try:
+            path.unlink(missing_ok=True)
+        except OSError as exc:
+            log.warning("prefix cache file %s ignored (%s); it cannot be removed: %s",
+                        path.name, why, exc)
+            return
+        log.warning("prefix cache file %s ignored and removed: %s", path.name, why)
 
     # -- writing ------------------------------------------------------------------
     def save(self, tokens: list[int], data: bytes, hot: bool = False) -> bool:
@@ -209,8 +241,9 @@ class PrefixStore:
         for _, n, p in sorted(files):
             if used + size <= self.budget:
                 break
-            p.unlink(missing_ok=True)
-            used -= n
+            with contextlib.suppress(OSError):
+                p.unlink(missing_ok=True)
+                used -= n
 
     def _files(self) -> list[tuple[float, int, Path]]:
         """(modification time, size, path) of the saved states (a file removed while

@@ -91,11 +91,10 @@ def test_hot_prefixes_load_back_with_their_tokens(tmp_path: Path,
     assert sorted(s.load_hot()) == [(TOKENS[:50], b"hot1"), (TOKENS[:60], b"hot2")]
     s.drop_hot([TOKENS[:60]])  # the next save keeps only the new hot set
     assert s.load_hot() == [(TOKENS[:60], b"hot2")] and s.load(TOKENS) == DATA
-    stale = store(tmp_path, identity="b" * 64)  # other context parameters: stale
+    other = store(tmp_path, identity="b" * 64)  # other context parameters: not its own
     with caplog.at_level(logging.WARNING, logger="edgeinfer.cache.disk"):
-        assert stale.load_hot() == []
-    assert "another model file or other context parameters" in caplog.text
-    assert not s.path_for(TOKENS[:60]).exists()
+        assert other.load_hot() == []
+    assert not caplog.text and s.path_for(TOKENS[:60]).exists()  # left to its owner
 
 
 def test_a_file_of_the_older_format_is_named_so(tmp_path: Path,
@@ -108,3 +107,46 @@ def test_a_file_of_the_older_format_is_named_so(tmp_path: Path,
     with caplog.at_level(logging.WARNING, logger="edgeinfer.cache.disk"):
         assert s.load(TOKENS) is None
     assert "an older format" in caplog.text and not path.exists()
+
+
+def test_a_folder_it_cannot_write_still_serves_what_it_holds(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+        caplog: pytest.LogCaptureFixture) -> None:
+    """A read-only store (a root-owned file, a read-only mount): loads work, unusable
+    files are ignored without being removed, and nothing raises."""
+    s = store(tmp_path)
+    s.save(TOKENS, DATA)
+    s.save(TOKENS[:50], DATA)
+    bad = s.path_for(TOKENS[:50])
+    bad.write_bytes(bad.read_bytes()[:-10])
+
+    def refuse(*_: object, **__: object) -> None:
+        raise PermissionError(13, "Permission denied")
+
+    monkeypatch.setattr(os, "utime", refuse)
+    monkeypatch.setattr(Path, "unlink", refuse)
+    assert s.load(TOKENS) == DATA
+    with caplog.at_level(logging.WARNING, logger="edgeinfer.cache.disk"):
+        assert s.load(TOKENS[:50]) is None
+        assert s.load_hot() == []
+    assert "cannot be removed" in caplog.text and bad.exists()
+
+
+def test_another_configurations_hot_files_are_left_to_it(tmp_path: Path) -> None:
+    """Two configurations sharing one folder (another context size): each keeps its own
+    hot prefixes; the byte budget ages the other's out, not a restart."""
+    mine, theirs = store(tmp_path), store(tmp_path, identity="b" * 64)
+    assert theirs.save(TOKENS, DATA, hot=True)
+    assert mine.load_hot() == [] and theirs.path_for(TOKENS).exists()
+    assert [t for t, _ in theirs.load_hot()] == [TOKENS]
+
+
+def test_partial_writes_of_a_dead_process_are_removed(tmp_path: Path) -> None:
+    s = store(tmp_path)
+    s.save(TOKENS, DATA)
+    dead = s.folder / f".{s.path_for(TOKENS).name}.999999999.tmp"
+    live = s.folder / f".{s.path_for(TOKENS).name}.{os.getppid()}.tmp"
+    for p in (dead, live):
+        p.write_bytes(b"partial")
+    store(tmp_path)
+    assert not dead.exists() and live.exists()  # the parent is alive: maybe still writing
