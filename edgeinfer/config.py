@@ -20,6 +20,7 @@ models.toml::
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import tomllib
 from dataclasses import dataclass, field, replace
@@ -253,12 +254,34 @@ def _template_file(kwargs: dict[str, Any], base: Path) -> str:
                           f"{exc}") from None
 
 
+def _check_types(table: dict[str, Any], defaults: dict[str, Any], where: str) -> None:
+    """Each value of the kind its field's default has (a bool, an integer, a number, a
+    text), so that a wrong type is a one-line ConfigError, not a Python error later."""
+    for key, value in table.items():
+        d = defaults.get(key)
+        kinds: tuple[type, ...] = ((bool,) if isinstance(d, bool) else (int,)
+                                   if isinstance(d, int) else (int, float)
+                                   if isinstance(d, float) else (str,)
+                                   if isinstance(d, str) else ())
+        if kinds and (not isinstance(value, kinds) or (bool not in kinds
+                                                        and isinstance(value, bool))):
+            if key == "gpu_layers" and value == "auto":
+                continue
+            kind = "a number" if float in kinds else {
+                bool: "true or false", int: "an integer", str: "a text"}[kinds[0]]
+            raise ConfigError(f"{where}: {key} must be {kind}, not {value!r}")
+
+
 def _model_from_table(table: dict[str, Any], base: Path) -> ModelConfig:
+    if not isinstance(table, dict):
+        raise ConfigError("[[models]] entries must be tables")
     unknown = set(table) - _MODEL_KEYS
     if unknown:
         raise ConfigError(f"unknown key(s) in [[models]]: {', '.join(sorted(unknown))}")
     if "id" not in table:
         raise ConfigError("every [[models]] entry needs an 'id'")
+    _check_types(table, {f.name: f.default for f in dataclasses.fields(ModelConfig)},
+                 f"model {table['id']!r}")
     kwargs = dict(table)
     if "path" in kwargs:
         p = Path(os.path.expanduser(str(kwargs["path"])))
@@ -289,6 +312,18 @@ def load_config(path: Path | None = None) -> ServerConfig:
     except tomllib.TOMLDecodeError as exc:
         raise ConfigError(f"{path}: {exc}") from None
     server = data.get("server", {})
+    if not isinstance(server, dict) or not isinstance(data.get("models", []), list):
+        raise ConfigError(f"{path}: [server] must be a table and [[models]] an array of tables")
+    _check_types(server, {"host": "", "port": 0, "memory_budget_mb": 0.0, "send_timeout": 0.0,
+                          "serve_while_loading": False, "open_metrics": False,
+                          "api_key_file": ""}, f"{path}: [server]")
+    for key in ("api_keys", "allowed_hosts", "cors_origins"):
+        value = server.get(key, [])
+        if not isinstance(value, list) or not all(isinstance(v, str) and v.strip()
+                                                  for v in value):
+            raise ConfigError(f"{path}: [server] {key} must be a list of non-empty texts")
+    if not 0 <= server.get("port", 8080) <= 65535:
+        raise ConfigError(f"{path}: [server] port must be between 0 and 65535")
     models = tuple(_model_from_table(t, path.parent) for t in data.get("models", []))
     if not models:
         raise ConfigError(f"{path}: no [[models]] configured")

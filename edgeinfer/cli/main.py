@@ -28,6 +28,17 @@ if TYPE_CHECKING:
     Sub = argparse._SubParsersAction[argparse.ArgumentParser]
 
 
+
+def _port(text: str) -> int:
+    """A TCP port for argparse: 0 (a free one) to 65535."""
+    try:
+        port = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a port number: {text!r}") from None
+    if not 0 <= port <= 65535:
+        raise argparse.ArgumentTypeError(f"a port is 0 to 65535, not {port}")
+    return port
+
 def _common(p: argparse.ArgumentParser) -> None:
     p.add_argument("--config", type=Path, default=None,
                    help="models.toml to read (default: the one beside the package)")
@@ -54,7 +65,7 @@ def _serve_parser(sub: Sub) -> None:
                    help="serve only this model: an id or alias from the config, or a .gguf path")
     _speculation_args(p)
     p.add_argument("--host", default=None, help="address to bind (default 127.0.0.1)")
-    p.add_argument("--port", type=int, default=None,
+    p.add_argument("--port", type=_port, default=None,
                    help="port to listen on (default 8080; 0 picks a free one)")
     p.add_argument("--slots", type=int, default=None, help="requests decoded together per model")
     p.add_argument("--context", "-c", type=int, default=None,

@@ -61,6 +61,18 @@ gpu_layers = 99
     "[[models]]\nid='a'\naliases=['c']\npath='x'\nspeculative='draft'\ndraft_model='c'\n",
     # a draft model, but speculation by n-grams
     "[[models]]\nid='a'\npath='x'\ndraft_model='b'\n[[models]]\nid='b'\npath='y'\n",
+    # values of the wrong type: one line, not a Python error
+    "[[models]]\nid='a'\npath='x'\ncontext='big'\n",
+    "[[models]]\nid='a'\npath='x'\ndeterministic=1\n",
+    "[[models]]\nid='a'\npath='x'\nslots=true\n",
+    "[server]\nport='abc'\n[[models]]\nid='a'\npath='x'\n",
+    "[server]\nport=70000\n[[models]]\nid='a'\npath='x'\n",
+    "[server]\nmemory_budget_mb='x'\n[[models]]\nid='a'\npath='x'\n",
+    "models = 3\n",
+    "server = 3\n[[models]]\nid='a'\npath='x'\n",
+    # an empty key would switch authentication off while passing the 0.0.0.0 check
+    "[server]\nhost='0.0.0.0'\napi_keys=['']\n[[models]]\nid='a'\npath='x'\n",
+    "[server]\napi_keys='k'\n[[models]]\nid='a'\npath='x'\n",
 ])
 def test_invalid_configs_are_clear(tmp_path: Path, body: str) -> None:
     with pytest.raises(ConfigError):
@@ -77,3 +89,10 @@ def test_kv_cache_types_are_checked_and_sized() -> None:
     assert f16 == 2 * 30 * 3 * 64 * 2
     assert kv_bytes_per_token(30, 576, 9, 3, type_k="q8_0", type_v="q8_0") == round(f16 * 34 / 64)
     assert kv_scale("q8_0", "f16") == (34 / 32 + 2) / 4
+
+
+def test_values_of_the_right_kind_pass(tmp_path: Path) -> None:
+    body = ("[server]\nport=0\nmemory_budget_mb=300\nsend_timeout=5\napi_keys=['k1']\n"
+            "[[models]]\nid='a'\npath='x'\ngpu_layers='auto'\nstep_target_ms=40\n")
+    cfg = load_config(write(tmp_path, body))
+    assert cfg.api_keys == ("k1",) and cfg.models[0].gpu_layers == "auto"
