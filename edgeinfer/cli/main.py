@@ -255,7 +255,7 @@ def serve(args: argparse.Namespace) -> int:
 
     from edgeinfer.api.app import create_app
     from edgeinfer.cli.deadline import protocol_class
-    from edgeinfer.cli.server import EdgeServer
+    from edgeinfer.cli.server import EdgeServer, OneLineStartupFailure
 
     config = _select(load_config(args.config), args)
     if min(args.header_timeout, args.body_timeout, args.max_connections or 1) <= 0:
@@ -267,14 +267,15 @@ def serve(args: argparse.Namespace) -> int:
     log.info("edgeinfer %s: loading %s for http://%s:%d%s", __version__,
              ", ".join(m.id for m in config.models), config.host, config.port,
              f" ({len(config.api_keys)} API keys)" if config.api_keys else "")
-    uv = uvicorn.Config(app, host=config.host, port=config.port, log_level=args.log_level,
+    uv = uvicorn.Config(OneLineStartupFailure(app), host=config.host, port=config.port,
+                        log_level=args.log_level,
                         http=protocol_class(args.header_timeout, args.max_connections),
                         access_log=args.log_level == "debug", lifespan="on",
                         timeout_graceful_shutdown=int(args.shutdown_grace) + 5)
     server = EdgeServer(uv, app, args.shutdown_grace, args.ready_file, args.parent_pid,
                         drain_delay=args.drain_delay)
     server.run()
-    return 0 if server.started else 1
+    return 0 if server.started and not server.force_exit else 1  # forced: work was dropped
 
 
 def _serve_on_ray(config: ServerConfig, args: argparse.Namespace) -> int:

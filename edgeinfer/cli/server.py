@@ -59,6 +59,30 @@ def _alive(pid: int) -> bool:
         return False
 
 
+class OneLineStartupFailure:
+    """The app, whose start-up failure on edgeinfer's own errors (a model file missing,
+    no memory for it) uvicorn reports as their one line, not a traceback."""
+
+    def __init__(self, app: Any) -> None:
+        self.app = app
+        self.state = app.state
+
+    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
+        if scope["type"] != "lifespan":
+            await self.app(scope, receive, send)
+            return
+
+        async def quiet(message: Any) -> None:
+            text = message.get("message") or ""
+            last = text.rstrip().rsplit("\n", 1)[-1]
+            if message["type"] == "lifespan.startup.failed" and last.startswith(
+                    "edgeinfer.errors."):
+                message = {**message, "message": "start-up failed: " + last.split(": ", 1)[-1]}
+            await send(message)
+
+        await self.app(scope, receive, quiet)
+
+
 class EdgeServer(uvicorn.Server):
     """uvicorn's server with edgeinfer's shutdown and start-up behaviour.
 

@@ -276,12 +276,18 @@ class ModelPool:
             return need <= free and (budget is None or loaded + need <= budget)
 
         while not fits():
-            now = time.monotonic()
-            idle = [e for e in self.entries.values()
-                    if e.state is ModelState.LOADED and e.idle_for(now) > 0.5]
+            # idle: no request holds it (requests lease a model as they pick it), however
+            # recently one finished (one client switching models must not wait)
+            idle = [e for e in self.entries.values() if e.state is ModelState.LOADED
+                    and e.served is not None and not e.served.busy]
             if not idle:
+                others = any(e.state is ModelState.LOADED for e in self.entries.values())
+                limit = (f"the memory budget ({self.config.memory_budget_mb} MiB)" if budget
+                         else "free memory")
                 raise Unavailable(f"not enough memory to load model {model_id!r} "
-                                  f"(~{need >> 20} MiB) while the other models are busy",
+                                  f"(~{need >> 20} MiB with context {cfg.context}) within "
+                                  f"{limit}" + (" while the other models are busy"
+                                                if others else ""),
                                   retry_after=10, code="insufficient_memory")
             victim = min(idle, key=lambda e: e.last_used)
             log.info("unloading %s to make room for %s", victim.cfg.id, model_id)
