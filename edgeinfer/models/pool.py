@@ -38,6 +38,7 @@ class PoolEntry:
     state: ModelState = ModelState.UNLOADED
     served: ServedModel | None = None
     error: str | None = None
+    failed_at: float = 0.0  # time.monotonic() of the last failed load
     task: asyncio.Task[None] | None = None
     last_used: float = field(default_factory=time.monotonic)
     # seconds idle before unloading, set by a request (Ollama's keep_alive) for as long as
@@ -68,6 +69,7 @@ def estimate_bytes(cfg: ModelConfig, path: Path) -> int:
         per_token = 0
     return path.stat().st_size + per_token * cfg.context + MODEL_OVERHEAD
 REAP_SECONDS = 1.0
+RETRY_FAILED_SECONDS = 30.0  # a request this long after a failed load tries it again
 
 
 class ModelPool:
@@ -116,7 +118,8 @@ class ModelPool:
     def _unavailable(self, entry: PoolEntry) -> APIError:
         if entry.state is ModelState.FAILED:
             return Unavailable(f"the model '{entry.cfg.id}' failed to load: {entry.error}",
-                               param="model", code="model_unavailable")
+                               param="model", code="model_unavailable",
+                               retry_after=int(RETRY_FAILED_SECONDS))
         return Unavailable(f"the model '{entry.cfg.id}' is {entry.state.value}; retry shortly",
                            param="model", code="model_loading", retry_after=2)
 
@@ -139,6 +142,9 @@ class ModelPool:
     async def acquire(self, name: str, wait: bool = True) -> ServedModel:
         """The model named by a request, loading it first if needed (``wait``), else 503."""
         entry = self.entries[self.resolve(name)]
+        if entry.state is ModelState.FAILED and (
+                time.monotonic() - entry.failed_at > RETRY_FAILED_SECONDS):
+            entry.state = ModelState.UNLOADED  # its file may be back (a drive, a download)
         if entry.state is not ModelState.LOADED and wait:
             await self._ensure(entry)
         elif entry.state is ModelState.UNLOADED:
@@ -181,6 +187,7 @@ class ModelPool:
         except ModelLoadError as exc:
             log.error("%s", exc)
             entry.state, entry.error = ModelState.FAILED, str(exc)
+            entry.failed_at = time.monotonic()
             return
         served.engine.start(asyncio.get_running_loop())
         entry.served, entry.state, entry.error = served, ModelState.LOADED, None

@@ -177,3 +177,29 @@ def test_cells_in_use_counts_slots_and_pinned_entries() -> None:
     cache.entries = {2: CacheEntry(2), 3: CacheEntry(3, pinned=True)}
     snap = cache.snapshot()
     assert snap["cells_used"] == 80 and snap["cells_in_use"] == 50
+
+
+def test_a_failed_load_is_tried_again_by_a_request_after_a_while() -> None:
+    """A model whose file was missing (an external drive, a download under way): a request
+    within RETRY_FAILED_SECONDS gets the 503 (with Retry-After), a later one loads it."""
+    import time
+
+    from edgeinfer.errors import Unavailable
+    from edgeinfer.models import pool as pool_module
+
+    pool, tries = make_pool(), []
+
+    async def fake_load(entry: Any) -> None:
+        tries.append(entry.cfg.id)
+        entry.state, entry.served = ModelState.LOADED, fake_served()
+
+    pool._load = fake_load  # type: ignore[method-assign]
+    entry = pool.entries["lazy"]
+    entry.state, entry.error, entry.failed_at = ModelState.FAILED, "file not found", \
+        time.monotonic()
+    with pytest.raises(Unavailable) as info:
+        asyncio.run(pool.acquire("lazy"))
+    assert info.value.headers == {"Retry-After": str(int(pool_module.RETRY_FAILED_SECONDS))}
+    assert tries == []
+    entry.failed_at -= pool_module.RETRY_FAILED_SECONDS + 1
+    assert asyncio.run(pool.acquire("lazy")) is entry.served and tries == ["lazy"]
