@@ -305,21 +305,26 @@ class PrefixCache:
             self._free_ids.append(cid)
             return False
         self.index.extend(cid, tokens)
-        self.entries[cid] = CacheEntry(cid, pinned=pinned)
+        # a hot prefix restored stays among the hot ones until others are used more
+        self.entries[cid] = CacheEntry(cid, pinned=pinned, hits=0 if pinned else 1)
         self.stats.restored += 1
         return True
 
     def hottest(self, n: int) -> list[tuple[list[int], bytes]]:
         """The ``n`` most used unpinned prefixes, as (tokens, state): in KV mode the
-        entries with the most hits, in checkpoint mode the most recently used saved
-        states (for the disk tier's opt-in hot prefixes)."""
+        entries with the most hits, then the RAM tier's most recent states (prefixes moved
+        out of the KV cache while requests ran); in checkpoint mode the most recently used
+        saved states (for the disk tier's opt-in hot prefixes)."""
         if n <= 0 or not self.enabled:
             return []
         if self.checkpoint_every is not None:
             return self.ram.recent(n)
         used = sorted((e for e in self.entries.values() if e.hits and not e.pinned),
                       key=lambda e: (e.hits, e.last_used), reverse=True)[:n]
-        return [(self.index.tokens_of(e.seq_id), self.rt.seq_state(e.seq_id)) for e in used]
+        out = [(self.index.tokens_of(e.seq_id), self.rt.seq_state(e.seq_id)) for e in used]
+        held = {tuple(t) for t, _ in out}
+        out += [(t, d) for t, d in self.ram.recent(n) if tuple(t) not in held]
+        return out[:n]
 
     def unpin_all(self) -> int:
         n = self.ram.unpin_all()

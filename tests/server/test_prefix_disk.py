@@ -117,3 +117,16 @@ def test_hot_prefixes_survive_a_restart_when_asked(tmp_path: Path) -> None:
     assert "ignored and removed" not in log
     assert again["cached"] >= first["cached"] > 300
     assert again["top"] == first["top"]
+    # a restart with no traffic keeps the hot set (restored prefixes count as used)
+    srv = start_server(tmp_path, "--config", str(cfg), env=env)
+    try:
+        _wait_for(srv, r"\d+ hot prefixes restored from disk")
+    finally:
+        stop_server(srv)
+    srv = start_server(tmp_path, "--config", str(cfg), env=env)
+    try:
+        _wait_for(srv, r"\d+ hot prefixes restored from disk")
+        third = _ask(srv, system, "Do you have parking?")
+    finally:
+        stop_server(srv)
+    assert third["cached"] >= first["cached"]
