@@ -169,8 +169,20 @@ async def collect(meta: CompletionMeta, events: AsyncIterator[Event],
     return body
 
 
+def _within(meta: CompletionMeta, items: list[TokenLogprob], text: str) -> list[TokenLogprob]:
+    """The tokens whose bytes lie within ``text``: those of a stop string are not part of
+    the answer (llama-server leaves them out of a whole answer's probabilities too)."""
+    room, out = len(text.encode()), []
+    for lp in items:
+        room -= len(meta.piece(lp.token))
+        if room < 0:
+            break
+        out.append(lp)
+    return out
+
+
 def _body_choice(meta: CompletionMeta, i: int, c: ChoiceOutcome) -> dict[str, Any]:
-    lps = logprobs_body(meta, c.logprobs)
+    lps = logprobs_body(meta, _within(meta, c.logprobs, c.text) if c.stop_word else c.logprobs)
     if meta.kind != "chat":
         return {"index": i, "text": c.text, "logprobs": lps, "finish_reason": c.finish}
     message: dict[str, Any] = {"role": "assistant", "content": c.text}
