@@ -206,6 +206,9 @@ class ChatTemplate:
         except TemplateError as exc:
             raise ValueError(f"invalid chat template: {exc}") from None
         self.system_role = self._renders_system()
+        # how past calls must look for the template to show them: content None instead of
+        # "" (DeepSeek R1's renders calls only then), arguments as JSON text, not an object
+        self.call_shape = self._call_shape() if "tool_calls" in self.source else (False, False)
 
     def _renders_system(self) -> bool:
         """Whether the template renders a system message (Gemma 2's refuses one: its text
@@ -216,6 +219,19 @@ class ChatTemplate:
                 {"role": "user", "content": "User message"}], True, {})
         except InvalidRequest:
             return False
+
+    def _call_shape(self) -> tuple[bool, bool]:
+        """(content None, arguments as text): the first shape of a past call whose
+        rendering shows the call's name and arguments, the usual one (("", object)) first."""
+        for shape in ((False, False), (True, False), (False, True), (True, True)):
+            try:
+                text = self._render([{"role": "user", "content": "User message"},
+                                     *_with_call_shape([_PROBE_CALL], shape)], False, {})
+            except InvalidRequest:
+                continue
+            if "edgeinfer_probe" in text and "probe_arg" in text:
+                return shape
+        return False, False
 
     @property
     def takes_tools(self) -> bool:
@@ -228,6 +244,8 @@ class ChatTemplate:
         prefix of a longer conversation (for pinning a system prompt)."""
         if not self.system_role and messages and messages[0].get("role") == "system":
             messages = _merge_system(messages)
+        if any(self.call_shape):
+            messages = _with_call_shape(messages, self.call_shape)
         prefill = bool(messages) and messages[-1].get("role") == "assistant"
         if prefill:
             last = dict(messages[-1])
@@ -266,6 +284,30 @@ class ChatTemplate:
         finally:
             _deadline.end = None
         return "".join(parts)
+
+
+_PROBE_CALL = {"role": "assistant", "content": "", "tool_calls": [
+    {"id": "call_1", "type": "function",
+     "function": {"name": "edgeinfer_probe", "arguments": {"probe_arg": 1}}}]}
+
+
+def _with_call_shape(messages: list[dict[str, Any]], shape: tuple[bool, bool]
+                     ) -> list[dict[str, Any]]:
+    """Assistant messages with calls in ``shape``: (content None where it is empty,
+    arguments as JSON text)."""
+    none_content, text_args = shape
+    out = []
+    for m in messages:
+        if m.get("role") == "assistant" and m.get("tool_calls"):
+            m = dict(m)
+            if none_content and not m.get("content"):
+                m["content"] = None
+            if text_args:
+                m["tool_calls"] = [{**c, "function": {**c["function"], "arguments": (
+                    a if isinstance(a := c["function"].get("arguments"), str)
+                    else json.dumps(a, ensure_ascii=False))}} for c in m["tool_calls"]]
+        out.append(m)
+    return out
 
 
 def _merge_system(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:

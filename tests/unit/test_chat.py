@@ -103,3 +103,21 @@ def test_a_template_without_a_system_role_gets_the_system_text_in_the_next_messa
     assert out == "<start_of_turn>user\nBe brief.\nhi<end_of_turn>\n"
     assert t.render([{"role": "system", "content": "Be brief."}],
                     add_generation_prompt=False) == ""
+
+
+def test_past_calls_take_the_shape_the_template_shows() -> None:
+    """DeepSeek R1's distill template writes calls only when content is None and joins
+    the arguments as text: a probe at load finds that shape, so past calls stay in the
+    prompt (with "" and an object they vanished, or failed with a TypeError)."""
+    r1 = ("{% for m in messages %}{% if m.role == 'user' %}<U>{{ m.content }}{% endif %}"
+          "{% if m.role == 'assistant' and m.content is none %}{% for t in m.tool_calls %}"
+          "<call>{{ t.function.name + '\\n' + t.function.arguments }}</call>{% endfor %}"
+          "{% endif %}{% endfor %}")
+    t = ChatTemplate(r1)
+    assert t.call_shape == (True, True) and ChatTemplate(CHATML).call_shape == (False, False)
+    out = t.render([{"role": "user", "content": "Weather?"},
+                    {"role": "assistant", "content": "", "tool_calls": [
+                        {"id": "c1", "type": "function", "function": {
+                            "name": "get_weather", "arguments": {"city": "Paris"}}}]},
+                    {"role": "user", "content": "Thanks."}], add_generation_prompt=False)
+    assert out == '<U>Weather?<call>get_weather\n{"city": "Paris"}</call><U>Thanks.'
