@@ -111,11 +111,15 @@ class ReasoningSplit:
         self._buf += text
         out: list[Thought | Said] = []
         if self._state == "start":
-            head = self._buf.lstrip()
-            if head.startswith(self.markers.open):
-                self._buf = head[len(self.markers.open):]
+            head, opener = self._buf.lstrip(), self.markers.open.rstrip()
+            if head.startswith(opener) and (len(head) > len(opener) or opener == self.markers.open):
+                # the marker's own line break may be missing (Gemma 4's empty thought:
+                # "<|channel>thought<channel|>")
+                rest = head[len(opener):]
+                tail = self.markers.open[len(opener):]
+                self._buf = rest[len(tail):] if tail and rest.startswith(tail) else rest
                 self._state = "thinking"
-            elif self.markers.open.startswith(head):
+            elif self.markers.open.startswith(head) or opener.startswith(head) or head == opener:
                 return out  # undecided: could still become <think>
             else:
                 self._state = "answer"

@@ -88,3 +88,17 @@ def test_a_reasoning_budget_forces_the_closing_tokens_once_spent() -> None:
         assert b.forced() is None
         b.saw(tok)
     assert b.done and b.forced() is None
+
+
+def test_gemma4_empty_thought_block_without_its_line_break_is_split() -> None:
+    """Gemma 4 writes an empty thought as ``<|channel>thought<channel|>`` (llama.cpp's
+    test-chat expects content alone): split at any cut, as the usual form is."""
+    from edgeinfer.prompt.reasoning import GEMMA_THOUGHT, ReasoningSplit, Said, Thought
+    for text, want in [("<|channel>thought<channel|>Hello, world!", ("", "Hello, world!")),
+                       ("<|channel>thought\nI think<channel|>Hi", ("I think", "Hi"))]:
+        for cut in range(1, len(text)):
+            r = ReasoningSplit(False, GEMMA_THOUGHT)
+            out = r.feed(text[:cut]) + r.feed(text[cut:]) + r.finish()
+            got = ("".join(p.text for p in out if isinstance(p, Thought)),
+                   "".join(p.text for p in out if isinstance(p, Said)))
+            assert got == want, cut
