@@ -33,7 +33,7 @@ def _content(msg: dict[str, Any], i: int) -> str:
             raise InvalidRequest(f"'{where}[{j}]': only text content parts are supported",
                                  param=f"{where}[{j}]")
         parts.append(part["text"])
-    return "".join(parts)
+    return "\n".join(parts)  # as llama.cpp and vLLM join text parts
 
 
 def _past_calls(calls: Any, i: int) -> list[dict[str, Any]]:

@@ -85,9 +85,10 @@ def test_bad_messages(messages: object) -> None:
 
 def test_content_parts_and_developer_role() -> None:
     r = parse_chat({"model": "m", "messages": [
-        {"role": "developer", "content": [{"type": "text", "text": "be "},
-                                          {"type": "text", "text": "brief"}]}]}, V)
-    assert r.messages == ({"role": "system", "content": "be brief"},)
+        {"role": "developer", "content": [{"type": "text", "text": "Be brief."},
+                                          {"type": "text", "text": "Be kind."}]}]}, V)
+    # text parts join with a line break, as llama.cpp and vLLM join them
+    assert r.messages == ({"role": "system", "content": "Be brief.\nBe kind."},)
 
 
 def test_completion_prompt_forms() -> None:
