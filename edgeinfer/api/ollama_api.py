@@ -38,6 +38,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+from dataclasses import replace
 from typing import Any
 
 from starlette.requests import Request
@@ -137,10 +138,15 @@ def _num_keep(b: Body) -> int:
 
 
 def sampling(b: Body) -> SamplingParams:
-    """SamplingParams from ``options``; errors name ``options.<name>``."""
+    """SamplingParams from ``options``; errors name ``options.<name>``. A temperature
+    above OpenAI's 2 is taken as it is, as Ollama takes it."""
     body, max_tokens = _options(b)
+    hot = body.get("temperature")
+    hot = hot if isinstance(hot, int | float) and not isinstance(hot, bool) and hot > 2 else None
     try:
-        return fields.sampling_params(Body(body, SAMPLING_OPTIONS), max_tokens)
+        params = fields.sampling_params(Body({**body, **({"temperature": 2.0} if hot else {})},
+                                             SAMPLING_OPTIONS), max_tokens)
+        return replace(params, temperature=float(hot)) if hot is not None else params
     except InvalidRequest as exc:
         name = exc.param or ""
         raise InvalidRequest(exc.message.replace(f"'{name}'", f"'options.{name}'"),

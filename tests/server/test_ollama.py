@@ -496,3 +496,14 @@ def test_a_chat_longer_than_the_context_drops_its_oldest_turns_then_a_prompt_its
             assert refused.status_code == 400 and "context" in refused.json()["error"]
     finally:
         stop_server(srv)
+
+
+def test_a_temperature_above_two_is_taken_as_ollama_takes_it() -> None:
+    from edgeinfer.api.ollama_api import parse_generate
+    from edgeinfer.errors import InvalidRequest
+    hot = parse_generate({"model": "m", "prompt": "x", "options": {"temperature": 9}}, {})
+    assert hot.req is not None and hot.req.params.temperature == 9.0
+    for bad in (-1, "warm", True):
+        with pytest.raises(InvalidRequest) as info:
+            parse_generate({"model": "m", "prompt": "x", "options": {"temperature": bad}}, {})
+        assert info.value.param == "options.temperature"
