@@ -8,7 +8,7 @@ from edgeinfer.api.fields import Body
 from edgeinfer.errors import InvalidRequest
 
 MAX_MESSAGES = 4096
-ROLES = {"system", "developer", "user", "assistant", "tool"}
+ROLES = {"system", "developer", "user", "assistant", "tool", "function"}  # function: deprecated
 # what the SDK may send back from an earlier response; everything else is refused
 MESSAGE_KEYS = {"role", "content", "name", "tool_calls", "tool_call_id", "refusal",
                 "function_call", "audio", "annotations", "reasoning_content",
@@ -58,7 +58,7 @@ def messages(b: Body) -> tuple[dict[str, Any], ...]:
         raise InvalidRequest("'messages' must be a non-empty list", param="messages")
     if len(msgs) > MAX_MESSAGES:
         raise InvalidRequest(f"at most {MAX_MESSAGES} messages are allowed", param="messages")
-    out = []
+    out, last_call = [], ""
     for i, m in enumerate(msgs):
         if not isinstance(m, dict):
             raise InvalidRequest(f"'messages[{i}]' must be an object", param=f"messages[{i}]")
@@ -76,6 +76,12 @@ def messages(b: Body) -> tuple[dict[str, Any], ...]:
             msg["name"] = m["name"]
         if role == "assistant" and m.get("tool_calls") is not None:
             msg["tool_calls"] = _past_calls(m["tool_calls"], i)
+        elif role == "assistant" and isinstance(m.get("function_call"), dict):
+            last_call = f"call_{i}"  # the deprecated shape: a call without an id
+            msg["tool_calls"] = _past_calls([{"id": last_call, "type": "function",
+                                              "function": m["function_call"]}], i)
+        if role == "function":  # the deprecated result of the last function_call
+            msg["role"], msg["tool_call_id"] = "tool", last_call
         if role == "assistant" and isinstance(m.get("reasoning_content"), str):
             # for templates that render (or drop) earlier reasoning their own way
             msg["reasoning_content"] = m["reasoning_content"]

@@ -32,6 +32,7 @@ FIELDS = {
     "top_logprobs", "tools", "tool_choice", "parallel_tool_calls", "grammar",
     "reasoning_format", "chat_template_kwargs", "reasoning_effort", "reasoning_budget",
     "modalities",  # must ask for text
+    "functions", "function_call",  # deprecated by OpenAI, still accepted: tools underneath
 }
 # OpenAI's, accepted and ignored (as /v1/responses does) when they are strings: they steer
 # OpenAI's caching, abuse tracking and answer length
@@ -139,9 +140,30 @@ def _ignored(b: Body) -> None:
                              param="modalities")
 
 
+def legacy_functions(body: Any) -> Any:
+    """A body with OpenAI's deprecated ``functions`` / ``function_call`` as the ``tools`` /
+    ``tool_choice`` they became (one call at a time, as they allowed)."""
+    if not isinstance(body, dict) or "functions" not in body and "function_call" not in body:
+        return body
+    if "tools" in body or "tool_choice" in body:
+        raise InvalidRequest("use 'tools' or the deprecated 'functions', not both",
+                             param="functions")
+    out = {k: v for k, v in body.items() if k not in ("functions", "function_call")}
+    fns, call = body.get("functions"), body.get("function_call")
+    if not isinstance(fns, list):
+        raise InvalidRequest("'functions' must be a list of functions", param="functions")
+    out["tools"] = [{"type": "function", "function": f} for f in fns]
+    if isinstance(call, dict) and isinstance(call.get("name"), str):
+        out["tool_choice"] = {"type": "function", "function": {"name": call["name"]}}
+    elif call is not None:
+        out["tool_choice"] = call
+    out["parallel_tool_calls"] = False
+    return out
+
+
 def parse(body: Any, headers: dict[str, str]) -> tuple[GenerateRequest, bool, bool]:
     """(request, stream, include_usage) from a chat completions body."""
-    b = Body(body, FIELDS)
+    b = Body(legacy_functions(body), FIELDS)
     model = b.string("model", required=True)
     assert model is not None
     msgs = messages(b)
@@ -178,5 +200,8 @@ def parse(body: Any, headers: dict[str, str]) -> tuple[GenerateRequest, bool, bo
 
 
 async def chat_completions(request: Request) -> Response:
-    req, stream, include_usage = parse(await read_json(request), dict(request.headers))
-    return await respond(request, req, CompletionMeta("chat"), stream, include_usage)
+    body = await read_json(request)
+    req, stream, include_usage = parse(body, dict(request.headers))
+    legacy = isinstance(body, dict) and "functions" in body
+    return await respond(request, req, CompletionMeta("chat", functions=legacy), stream,
+                         include_usage)

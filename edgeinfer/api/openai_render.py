@@ -32,6 +32,7 @@ class CompletionMeta:
     """What every chunk and body of one response repeats."""
 
     kind: str  # "chat" or "text"
+    functions: bool = False  # the request used the deprecated functions: answer in kind
     model: str = ""
     piece: Callable[[int], bytes] = field(default=lambda t: b"")  # token -> its bytes
     id: str = ""
@@ -84,11 +85,15 @@ def logprobs_body(meta: CompletionMeta, items: list[TokenLogprob],
     }
 
 
-def _delta(e: TextDelta | ToolCallDelta | ReasoningDelta) -> dict[str, Any]:
+def _delta(e: TextDelta | ToolCallDelta | ReasoningDelta, functions: bool = False
+           ) -> dict[str, Any]:
     if isinstance(e, TextDelta):
         return {"content": e.text}
     if isinstance(e, ReasoningDelta):
         return {"reasoning_content": e.text}
+    if functions:  # the deprecated shape: one call, no index or id
+        named = {"name": e.name} if e.name is not None else {}
+        return {"function_call": {**named, "arguments": e.arguments}}
     if e.name is not None:
         return {"tool_calls": [{"index": e.index, "id": e.id, "type": "function",
                                 "function": {"name": e.name, "arguments": e.arguments}}]}
@@ -143,12 +148,12 @@ async def sse_chunks(meta: CompletionMeta, events: AsyncIterator[Event], num_cho
             elif isinstance(e, ToolCallDelta | ReasoningDelta):
                 if isinstance(e, ToolCallDelta):
                     called[e.choice], blanks[e.choice] = True, []
-                yield event(_choice(meta, e.choice, _delta(e), None))
+                yield event(_choice(meta, e.choice, _delta(e, meta.functions), None))
             elif isinstance(e, Finish):
                 for held in [] if called[e.choice] else blanks[e.choice]:
                     yield text(held)
                 extra = {"timings": e.timings} if e.timings else {}
-                yield event(_choice(meta, e.choice, {}, e.reason), **extra)
+                yield event(_choice(meta, e.choice, {}, _reason(meta, e.reason)), **extra)
             elif include_usage:
                 yield {"data": json.dumps({**meta.base(obj), "choices": [],
                                            "usage": usage_body(e)})}
@@ -169,6 +174,10 @@ async def collect(meta: CompletionMeta, events: AsyncIterator[Event],
     return body
 
 
+def _reason(meta: CompletionMeta, reason: str) -> str:
+    return "function_call" if meta.functions and reason == "tool_calls" else reason
+
+
 def _within(meta: CompletionMeta, items: list[TokenLogprob], text: str) -> list[TokenLogprob]:
     """The tokens whose bytes lie within ``text``: those of a stop string are not part of
     the answer (llama-server leaves them out of a whole answer's probabilities too)."""
@@ -186,13 +195,17 @@ def _body_choice(meta: CompletionMeta, i: int, c: ChoiceOutcome) -> dict[str, An
     if meta.kind != "chat":
         return {"index": i, "text": c.text, "logprobs": lps, "finish_reason": c.finish}
     message: dict[str, Any] = {"role": "assistant", "content": c.text}
-    if c.calls:
+    if c.calls and meta.functions:
+        message = {"role": "assistant", "content": c.text.strip() or None, "function_call": {
+            "name": c.calls[0].name, "arguments": c.calls[0].arguments}}
+    elif c.calls:
         message = {"role": "assistant", "content": c.text.strip() or None, "tool_calls": [
             {"id": k.id, "type": "function",
              "function": {"name": k.name, "arguments": k.arguments}} for k in c.calls]}
     if c.reasoning:
         message["reasoning_content"] = c.reasoning
-    return {"index": i, "message": message, "logprobs": lps, "finish_reason": c.finish}
+    return {"index": i, "message": message, "logprobs": lps,
+            "finish_reason": _reason(meta, c.finish)}
 
 
 class Stream(EventSourceResponse):

@@ -45,7 +45,7 @@ _SAMPLING: dict[str, Any] = {
 _MESSAGE = {
     "type": "object", "required": ["role"],
     "properties": {
-        "role": {"enum": ["system", "developer", "user", "assistant", "tool"]},
+        "role": {"enum": ["system", "developer", "user", "assistant", "tool", "function"]},
         "content": {"oneOf": [_STR, {"type": "null"}, {"type": "array", "items": {
             "type": "object", "required": ["type", "text"],
             "properties": {"type": {"const": "text"}, "text": _STR}}}]},
@@ -97,7 +97,10 @@ def _chat_fields() -> dict[str, Any]:
             "reasoning_format": {"enum": ["auto", "deepseek", "none"]},
             "chat_template_kwargs": {"type": "object"},
             "reasoning_budget": {"type": "integer", "minimum": 0},
-            "reasoning_effort": {"enum": ["minimal", "low", "medium", "high"]},
+            "reasoning_effort": {"enum": ["none", "minimal", "low", "medium", "high", "xhigh"]},
+            # deprecated by OpenAI, still accepted (tools underneath)
+            "functions": {"type": "array", "deprecated": True},
+            "function_call": {"deprecated": True},
             # OpenAI's, accepted and ignored
             "prompt_cache_key": _STR, "prompt_cache_retention": _STR, "safety_identifier": _STR,
             "verbosity": _STR, "modalities": {"type": "array", "items": {"const": "text"}}}

@@ -312,6 +312,37 @@ def test_round_trip_call_result_answer(client: openai.OpenAI) -> None:
     assert final.choices[0].message.content and not final.choices[0].message.tool_calls
 
 
+def test_the_deprecated_functions_api_still_works(client: openai.OpenAI) -> None:
+    """``functions`` / ``function_call`` (OpenAI still takes them; older clients send
+    them): the call comes back as ``function_call``, finish_reason "function_call",
+    streamed or whole, and a ``function`` message answers it."""
+    fn = WEATHER["function"]
+    ask = [{"role": "user", "content": "Weather in Oslo?"}]
+    kw = {"model": "default", "messages": ask, "functions": [fn], "temperature": 0,
+          "function_call": {"name": "get_weather"}, "max_tokens": 80,
+          "extra_body": {"cache_prompt": False}}  # the same numerics for both runs
+    c = client.chat.completions.create(**kw).choices[0]  # type: ignore[call-overload]
+    assert c.finish_reason == "function_call" and not c.message.tool_calls
+    call = c.message.function_call
+    assert call is not None and call.name == "get_weather"
+    jsonschema.validate(json.loads(call.arguments), fn["parameters"])
+    name, arguments, finish = "", "", None
+    for chunk in client.chat.completions.create(stream=True, **kw):  # type: ignore
+        for ch in chunk.choices:
+            if ch.delta.function_call:
+                name += ch.delta.function_call.name or ""
+                arguments += ch.delta.function_call.arguments or ""
+            finish = ch.finish_reason or finish
+    assert (name, arguments, finish) == ("get_weather", call.arguments, "function_call")
+    history = [*ask, {"role": "assistant", "content": None, "function_call": {
+        "name": "get_weather", "arguments": call.arguments}},
+        {"role": "function", "name": "get_weather", "content": '{"sky": "clear"}'}]
+    final = client.chat.completions.create(  # type: ignore[call-overload]
+        model="default", messages=history, functions=[fn], function_call="none",
+        temperature=0, max_tokens=30).choices[0]
+    assert final.message.content and final.finish_reason in ("stop", "length")
+
+
 def test_patterns_with_shorthand_classes_constrain_answers_and_calls(
         client: openai.OpenAI) -> None:
     """Patterns as pydantic and MCP tools write them (\\d, \\w, escaped dots, unanchored):
