@@ -31,10 +31,11 @@ class TextStream:
         return self._release()
 
     def flush(self) -> str:
-        """End of generation: return everything still held (never a stop string)."""
+        """End of generation: return everything still held (never a stop string). A
+        character the output ran out in (max_tokens between its bytes) is left out."""
         if self.stopped_by is not None:
             return ""
-        self._held += self._decoder.decode(b"", final=True)
+        self._decoder.reset()  # the last character's first bytes alone: dropped, not "\ufffd"
         out = self._release()
         if self.stopped_by is None:
             out += self._held

@@ -42,3 +42,12 @@ def test_earliest_of_several_stops_wins() -> None:
     s = TextStream(("bb", "a"))
     assert feed(s, [b"xxbba"]) == "xx"
     assert s.stopped_by == "bb"
+
+
+def test_a_character_the_output_ran_out_in_is_left_out() -> None:
+    """max_tokens between the bytes of an emoji: the text ends before it, not with U+FFFD
+    (what comes back is always whole UTF-8 characters)."""
+    smile = "🙂".encode()  # 4 bytes
+    assert feed(TextStream(), [b"Hi ", smile[:2]]) == "Hi "
+    assert feed(TextStream(("x",)), [b"Hi ", smile[:3]]) == "Hi "
+    assert feed(TextStream(), [b"Hi ", smile]) == "Hi 🙂"
