@@ -334,6 +334,10 @@ def load_config(path: Path | None = None) -> ServerConfig:
                 raise ConfigError(f"{path}: model name {name!r} is used twice")
             seen.add(name)
     for m in models:
+        unknown_fallback = [f for f in m.fallback if f not in seen or f in m.names]
+        if unknown_fallback:
+            raise ConfigError(f"{path}: model {m.id!r}: fallback {unknown_fallback[0]!r} is not "
+                              "another configured model")
         if m.draft_model is not None and (m.draft_model not in seen
                                           or m.draft_model in m.names):
             raise ConfigError(f"{path}: model {m.id!r}: draft_model {m.draft_model!r} is not "

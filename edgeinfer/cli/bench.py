@@ -47,7 +47,11 @@ def run_bench(url: str, model: str, streams: list[int], tokens: int,
               api_key: str | None) -> int:
     """Print one line per concurrency level: aggregate tokens/s and TTFT."""
     for n in streams:
-        r = asyncio.run(_run(url, model, n, tokens, api_key))
+        try:
+            r = asyncio.run(_run(url, model, n, tokens, api_key))
+        except httpx.HTTPError as exc:
+            sys.stderr.write(f"edgeinfer bench: {url}: {exc}\n")
+            return 1
         sys.stdout.write(f"{n:3d} streams x {tokens} tokens: {r['tokens_per_second']:7.1f} "
                          f"tokens/s, first token p50 {r['ttft_p50_ms']} ms, "
                          f"max {r['ttft_max_ms']} ms\n")

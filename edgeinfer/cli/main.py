@@ -168,7 +168,8 @@ def _bench_parser(sub: Sub) -> None:
                        description="Send N concurrent streaming requests to a running server "
                        "and print aggregate tokens/s and time to first token. For the "
                        "comparison against other servers see scripts/bench.py.")
-    p.add_argument("--url", default="http://127.0.0.1:8080", help="the server's address")
+    p.add_argument("--url", default="http://127.0.0.1:8080",
+                   help="the server's address (with or without /v1)")
     p.add_argument("--model", "-m", default="default", help="model id or alias")
     p.add_argument("--streams", default="1,4,8", help="concurrency levels (default 1,4,8)")
     p.add_argument("--tokens", type=int, default=128, help="tokens per request (default 128)")
@@ -183,7 +184,8 @@ def _chat_parser(sub: Sub) -> None:
     p = sub.add_parser("chat", help="chat in the terminal with a running server",
                        description="An interactive chat against a running edgeinfer (or any "
                        "OpenAI-style) server. Empty line or Ctrl-D to quit.")
-    p.add_argument("--url", default="http://127.0.0.1:8080", help="the server's address")
+    p.add_argument("--url", default="http://127.0.0.1:8080",
+                   help="the server's address (with or without /v1)")
     p.add_argument("--model", "-m", default="default", help="model id or alias")
     p.add_argument("--system", default=None, help="a system prompt")
     p.add_argument("--api-key", default=os.environ.get("EDGEINFER_API_KEY"),
@@ -222,7 +224,8 @@ def _select(config: ServerConfig, args: argparse.Namespace) -> ServerConfig:
             if not chosen:
                 names = ", ".join(n for m in models for n in m.names)
                 raise ConfigError(f"no model named {args.model!r} in the config ({names})")
-            models = tuple(chosen)
+            m = chosen[0]  # served alone: "default" names it (as the banner's curl says)
+            models = (m if "default" in m.names else replace(m, aliases=(*m.aliases, "default")),)
     models = tuple(
         override_model(m, slots=args.slots, context=args.context, threads=args.threads,
                        batch=args.batch, gpu_layers=args.gpu_layers, max_queue=args.max_queue,
@@ -264,9 +267,10 @@ def serve(args: argparse.Namespace) -> int:
         return _serve_on_ray(config, args)
     app = create_app(config)
     app.state.body_timeout = args.body_timeout
-    log.info("edgeinfer %s: loading %s for http://%s:%d%s", __version__,
-             ", ".join(m.id for m in config.models), config.host, config.port,
-             f" ({len(config.api_keys)} API keys)" if config.api_keys else "")
+    now = ", ".join(m.id for i, m in enumerate(config.models) if m.preload or i == 0)
+    log.info("edgeinfer %s: serving %s on http://%s:%d%s; loading %s now, others on first use",
+             __version__, ", ".join(m.id for m in config.models), config.host, config.port,
+             f" ({len(config.api_keys)} API keys)" if config.api_keys else "", now)
     uv = uvicorn.Config(OneLineStartupFailure(app), host=config.host, port=config.port,
                         log_level=args.log_level,
                         http=protocol_class(args.header_timeout, args.max_connections),
@@ -348,13 +352,17 @@ def bench(args: argparse.Namespace) -> int:
     from edgeinfer.cli.bench import run_bench
 
     levels = [int(x) for x in args.streams.split(",") if x.strip()]
-    return run_bench(args.url, args.model, levels, args.tokens, args.api_key)
+    return run_bench(_root(args.url), args.model, levels, args.tokens, args.api_key)
 
 
 def chat(args: argparse.Namespace) -> int:
     from edgeinfer.cli.terminal import chat_loop
 
-    return chat_loop(args.url, args.model, args.system, args.api_key)
+    return chat_loop(_root(args.url), args.model, args.system, args.api_key)
+
+
+def _root(url: str) -> str:  # the server's root (the banner's ".../v1" is taken too)
+    return url.rstrip("/").removesuffix("/v1")
 
 
 def build_parser() -> argparse.ArgumentParser:

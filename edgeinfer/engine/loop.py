@@ -366,9 +366,9 @@ class Engine:
             return
         self._outbox.append((out.sink, delta))
         log.info(
-            "request %s finished: %s, slot %s, prompt %d, generated %d%s",
+            "request %s finished: %s, slot %s, prompt %d (cached %d), generated %d%s",
             seq.request_id, status.finish_reason, seq.slot if was_running else "-",
-            seq.num_prompt, seq.num_generated,
+            seq.num_prompt, seq.num_cached, seq.num_generated,
             f", error: {failure.message}" if failure else "",
         )
 

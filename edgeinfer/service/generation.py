@@ -201,6 +201,14 @@ async def _prompts(served: ServedModel, req: GenerateRequest) -> Prompts:
                                 types=parameter_types(req.constraint.tools)))
 
 
+def _without_marker_start(text: str, markers: tuple[str, ...]) -> str:
+    """``text`` less a tail that starts one of ``markers``: the output ran out (max_tokens)
+    while a base model wrote the ChatML marker that would have ended its answer."""
+    cut = max((k for m in markers for k in range(1, len(m)) if text.endswith(m[:k])),
+              default=0)
+    return text[:len(text) - cut]
+
+
 def _choice_params(params: SamplingParams, i: int) -> SamplingParams:
     """Choice i of n: a seeded request gives each choice its own, reproducible seed."""
     if i == 0 or params.seed is None:
@@ -248,6 +256,8 @@ async def to_events(merged: AsyncIterator[tuple[int, Delta]], prompt_of: list[in
             if d.finish_reason == "error":
                 yield ErrorEvent(failure_error(d.failure))
                 return
+            if d.finish_reason == "length" and implicit and d.text:
+                d = replace(d, text=_without_marker_start(d.text, implicit))
             for e in readers[i].read(d):
                 yield e
             if d.finish_reason is not None:

@@ -84,7 +84,7 @@ def test_serve_one_model_with_a_draft_model_from_the_command_line(tmp_path: Path
                .json()["data"]]
         assert ids == ["smollm2-135m-instruct-q8"]
         r = httpx.post(f"{srv.base_url}/v1/completions", timeout=60, json={
-            "model": "smollm2-135m-instruct-q8", "max_tokens": 24, "temperature": 0,
+            "model": "default", "max_tokens": 24, "temperature": 0,  # served alone: default
             "prompt": "one two three four five one two three four five one two three"})
         assert r.status_code == 200, r.text
         assert r.json()["timings"]["draft_n_accepted"] > 0

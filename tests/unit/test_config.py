@@ -73,6 +73,7 @@ gpu_layers = 99
     # an empty key would switch authentication off while passing the 0.0.0.0 check
     "[server]\nhost='0.0.0.0'\napi_keys=['']\n[[models]]\nid='a'\npath='x'\n",
     "[server]\napi_keys='k'\n[[models]]\nid='a'\npath='x'\n",
+    "[[models]]\nid='a'\npath='x'\nfallback=['nope']\n",  # a fallback that is not there
 ])
 def test_invalid_configs_are_clear(tmp_path: Path, body: str) -> None:
     with pytest.raises(ConfigError):

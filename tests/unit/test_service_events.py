@@ -160,3 +160,16 @@ def test_a_whole_answer_keeps_a_call_cut_off_by_max_tokens() -> None:
         ("Person", '{"name": "Ad')]
     odd = asyncio.run(gather(events("tool_calls"), 1)).choices[0]
     assert odd.calls == [] and odd.finish == "stop"
+
+
+def test_a_base_models_answer_cut_inside_its_chatml_marker_leaves_the_marker_out() -> None:
+    """max_tokens ran out as a base model wrote "<|im_end|>" (a stop the server added):
+    none of the marker is text; a request's own text that merely ends in "<" stays."""
+    async def main(implicit: tuple[str, ...]) -> str:
+        streams = [fake(Delta("Hello "), Delta("<|im", finish_reason="length",
+                                                  completion_tokens=3))]
+        events = [e async for e in to_events(merge(streams), [0], [4], None, implicit)]
+        return "".join(e.text for e in events if isinstance(e, TextDelta))
+
+    assert asyncio.run(main(("<|im_end|>", "<|im_start|>"))) == "Hello "
+    assert asyncio.run(main(())) == "Hello <|im"
