@@ -254,15 +254,16 @@ def _template_file(kwargs: dict[str, Any], base: Path) -> str:
                           f"{exc}") from None
 
 
+_KINDS: tuple[tuple[type, tuple[type, ...]], ...] = (
+    (bool, (bool,)), (int, (int,)), (float, (int, float)), (str, (str,)))
+
+
 def _check_types(table: dict[str, Any], defaults: dict[str, Any], where: str) -> None:
     """Each value of the kind its field's default has (a bool, an integer, a number, a
     text), so that a wrong type is a one-line ConfigError, not a Python error later."""
     for key, value in table.items():
-        d = defaults.get(key)
-        kinds: tuple[type, ...] = ((bool,) if isinstance(d, bool) else (int,)
-                                   if isinstance(d, int) else (int, float)
-                                   if isinstance(d, float) else (str,)
-                                   if isinstance(d, str) else ())
+        d = defaults.get(key)  # bool first: a bool is an int too
+        kinds = next((k for t, k in _KINDS if isinstance(d, t)), ())
         if kinds and (not isinstance(value, kinds) or (bool not in kinds
                                                         and isinstance(value, bool))):
             if key == "gpu_layers" and value == "auto":

@@ -143,9 +143,10 @@ def sampling(b: Body) -> SamplingParams:
     body, max_tokens = _options(b)
     hot = body.get("temperature")
     hot = hot if isinstance(hot, int | float) and not isinstance(hot, bool) and hot > 2 else None
+    if hot is not None:  # checked as OpenAI's highest, then taken as sent
+        body = {**body, "temperature": 2.0}
     try:
-        params = fields.sampling_params(Body({**body, **({"temperature": 2.0} if hot else {})},
-                                             SAMPLING_OPTIONS), max_tokens)
+        params = fields.sampling_params(Body(body, SAMPLING_OPTIONS), max_tokens)
         return replace(params, temperature=float(hot)) if hot is not None else params
     except InvalidRequest as exc:
         name = exc.param or ""

@@ -28,7 +28,6 @@ if TYPE_CHECKING:
     Sub = argparse._SubParsersAction[argparse.ArgumentParser]
 
 
-
 def _port(text: str) -> int:
     """A TCP port for argparse: 0 (a free one) to 65535."""
     try:
@@ -38,6 +37,7 @@ def _port(text: str) -> int:
     if not 0 <= port <= 65535:
         raise argparse.ArgumentTypeError(f"a port is 0 to 65535, not {port}")
     return port
+
 
 def _common(p: argparse.ArgumentParser) -> None:
     p.add_argument("--config", type=Path, default=None,

@@ -164,10 +164,10 @@ def describe(cfg: ModelConfig, models: dict[str, ModelConfig] | None = None) -> 
                           psutil.virtual_memory().available - MEMORY_RESERVE - draft_bytes())
         row.update(slots=cfg.slots, context=cfg.context, fit=True)
     per_token = kv_per_token(cfg, facts)
-    kv = per_token * cfg.context
-    memory = serving_bytes(size, per_token, cfg.context) + draft_bytes()
+    kv, drafted = per_token * cfg.context, draft_bytes()  # at the fitted context
+    memory = serving_bytes(size, per_token, cfg.context) + drafted
     if draft:
-        row["draft_mib"] = round(draft_bytes() / 2**20, 1)
+        row["draft_mib"] = round(drafted / 2**20, 1)
     source = cfg.chat_template or facts["chat_template"] or CHATML
     return {**row, "status": "cached", "path": str(path), "arch": facts["arch"],
             "quant": facts["quant"], "size_mib": round(size / 2**20, 1),

@@ -30,6 +30,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import psutil
+
 log = logging.getLogger("edgeinfer.cache.disk")
 
 MAGIC = b"EDGEINFER-KV\x02\n"  # 2: the tokens are in the file (hot prefixes)
@@ -61,16 +63,6 @@ class StoreStats:
 _FOREIGN = "saved for another model file or other context parameters"
 
 
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except OSError:  # another user's process
-        return True
-    return True
-
-
 class PrefixStore:
     """Saved prefix states of one model (thread-safe; blocking: call off the event loop)."""
 
@@ -87,7 +79,7 @@ class PrefixStore:
         are not states, and the budget does not see them."""
         for tmp in self.folder.glob(f".*{SUFFIX}.*.tmp") if self.folder.is_dir() else []:
             pid = tmp.name.rsplit(".", 2)[-2]
-            if pid.isdigit() and int(pid) != os.getpid() and not _alive(int(pid)):
+            if pid.isdigit() and int(pid) != os.getpid() and not psutil.pid_exists(int(pid)):
                 with contextlib.suppress(OSError):
                     tmp.unlink()
                     log.info("removed %s, left by a process that stopped writing it", tmp.name)

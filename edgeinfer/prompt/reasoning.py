@@ -115,11 +115,9 @@ class ReasoningSplit:
             if head.startswith(opener) and (len(head) > len(opener) or opener == self.markers.open):
                 # the marker's own line break may be missing (Gemma 4's empty thought:
                 # "<|channel>thought<channel|>")
-                rest = head[len(opener):]
-                tail = self.markers.open[len(opener):]
-                self._buf = rest[len(tail):] if tail and rest.startswith(tail) else rest
+                self._buf = head[len(opener):].removeprefix(self.markers.open[len(opener):])
                 self._state = "thinking"
-            elif self.markers.open.startswith(head) or opener.startswith(head) or head == opener:
+            elif self.markers.open.startswith(head):
                 return out  # undecided: could still become <think>
             else:
                 self._state = "answer"

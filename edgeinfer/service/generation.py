@@ -23,6 +23,7 @@ from edgeinfer.errors import APIError, EngineError, InvalidRequest, Timeout, Una
 from edgeinfer.models.lease import Lease
 from edgeinfer.models.pool import ModelPool
 from edgeinfer.models.served import ServedModel
+from edgeinfer.prompt.callparser import partial_suffix
 from edgeinfer.prompt.reasoning import harmony_reasoning, markers_for, starts_in_thought
 from edgeinfer.prompt.template import CHATML_ENDS
 from edgeinfer.prompt.tools import parameter_types
@@ -204,9 +205,7 @@ async def _prompts(served: ServedModel, req: GenerateRequest) -> Prompts:
 def _without_marker_start(text: str, markers: tuple[str, ...]) -> str:
     """``text`` less a tail that starts one of ``markers``: the output ran out (max_tokens)
     while a base model wrote the ChatML marker that would have ended its answer."""
-    cut = max((k for m in markers for k in range(1, len(m)) if text.endswith(m[:k])),
-              default=0)
-    return text[:len(text) - cut]
+    return text[:len(text) - max(partial_suffix(text, m) for m in markers)]
 
 
 def _choice_params(params: SamplingParams, i: int) -> SamplingParams:
