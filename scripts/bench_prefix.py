@@ -31,6 +31,7 @@ from bench import (
     free_port,
     llama_server_env,
     model_path,
+    script_parser,
     sse_json,
 )
 
@@ -97,6 +98,10 @@ async def scenario(server: Server, model: str) -> dict[str, object]:
 
 
 def main() -> int:
+    ap = script_parser(__doc__)
+    ap.add_argument("--skip-peer", action="store_true",
+                    help="leave llama-cpp-python's server out")
+    skip_peer = ap.parse_args().skip_peer
     gguf = model_path()
     log_dir = Path(tempfile.mkdtemp(prefix="edgeinfer-bench-prefix-"))
     specs: list[tuple[str, list[str], dict[str, str] | None]] = []
@@ -104,7 +109,7 @@ def main() -> int:
     specs.append(("edgeinfer", [sys.executable, "-m", "edgeinfer", "serve", "--port", str(p),
                                 "--threads", "2", "--slots", "8", "--context", "8192",
                                 "--log-level", "warning"], None))
-    if "--skip-peer" not in sys.argv:
+    if not skip_peer:
         p2 = free_port()
         specs.append(("llama-cpp-python", [str(ensure_peer_venv()), "-m", "llama_cpp.server",
                                            "--model", str(gguf), "--n_threads", "2", "--n_ctx",

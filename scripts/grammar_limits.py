@@ -15,6 +15,10 @@ import resource
 import signal
 import sys
 import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from bench import script_parser
 
 
 def _nested(n: int) -> str:
@@ -98,6 +102,7 @@ def trial(shape: str, n: int, timeout: float = 60.0) -> str:
 
 
 def main() -> None:
+    script_parser(__doc__).parse_args()
     sizes = {"nested groups": [1000, 2000, 5000, 10000, 20000, 30000],
              "repetition {0,n}": [100, 1000, 2000, 2001],
              "n repetitions of 1000": [10, 100, 1000],

@@ -27,6 +27,9 @@ from templates import templates_dir
 
 from edgeinfer.prompt.template import ChatTemplate
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from bench import script_parser
+
 NAMES = ["Qwen-Qwen3-0.6B.jinja", "Qwen3.5-4B.jinja", "Qwen-QwQ-32B.jinja",
          "deepseek-ai-DeepSeek-R1-Distill-Qwen-32B.jinja", "HuggingFaceTB-SmolLM3-3B.jinja",
          "openai-gpt-oss-120b.jinja", "mistralai-Ministral-3-14B-Reasoning-2512.jinja",
@@ -77,6 +80,7 @@ def measure(name: str, tok: llama_cpp.Llama) -> tuple[int, int, int]:
 
 
 def main() -> int:
+    script_parser(__doc__).parse_args()
     tok = tokenizer()
     print("| template | cached after turn 1 | reused by turn 2 | lost (computed again) |")
     print("|---|---|---|---|")

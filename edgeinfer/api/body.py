@@ -29,15 +29,51 @@ _SURROGATE = re.compile("[\ud800-\udfff]")
 _SURROGATE_ESCAPE = re.compile(rb"\\u[dD][89a-fA-F]")
 
 
+class _NotANumber(str):
+    """Where a body held NaN / Infinity or an out-of-range number (its text)."""
+
+
+class _BadNumber(ValueError):
+    pass
+
+
 def _constant(name: str) -> Any:
-    raise InvalidRequest(f"the request body is not valid JSON: {name} is not a JSON number")
+    raise _BadNumber(name)
 
 
 def _float(text: str) -> float:
     value = float(text)
     if not math.isfinite(value):
-        raise InvalidRequest(f"the request body holds a number out of range: {text[:40]}")
+        raise _BadNumber(text)
     return value
+
+
+def _marked(text: str) -> float | _NotANumber:
+    value = float(text)
+    return value if math.isfinite(value) else _NotANumber(text[:40])
+
+
+def _bad_number(data: bytes | bytearray | str) -> InvalidRequest:
+    """The 400 for a body holding NaN, Infinity or an out-of-range number, naming the first
+    field that holds one (the body is parsed again, keeping those as markers)."""
+    try:
+        value = json.loads(data, parse_constant=_NotANumber, parse_float=_marked)
+    except (ValueError, RecursionError):  # the body also has a syntax error further on
+        return InvalidRequest("the request body is not valid JSON (or nests too deeply)")
+    todo: list[tuple[Any, list[str | int]]] = [(value, [])]
+    while todo:
+        node, path = todo.pop(0)
+        if isinstance(node, _NotANumber):
+            where = _where(path)
+            what = (f"{node} is not a JSON number" if node in ("NaN", "Infinity", "-Infinity")
+                    else f"the number {node} is out of range")
+            return InvalidRequest(f"the request body is not valid JSON: {what} (at '{where}')",
+                                  param=where if path else None)
+        if isinstance(node, dict):
+            todo.extend((v, [*path, k]) for k, v in node.items())
+        elif isinstance(node, list):
+            todo.extend((v, [*path, i]) for i, v in enumerate(node))
+    return InvalidRequest("the request body is not valid JSON")
 
 
 def _where(path: list[str | int]) -> str:
@@ -71,6 +107,8 @@ def loads(data: bytes | bytearray | str) -> Any:
     """Parse a request body; InvalidRequest (400) for anything that is not strict JSON."""
     try:
         value = json.loads(data, parse_constant=_constant, parse_float=_float)
+    except _BadNumber:
+        raise _bad_number(data) from None
     except (ValueError, RecursionError):  # JSONDecodeError, UnicodeDecodeError, int limits
         raise InvalidRequest("the request body is not valid JSON (or nests too deeply)") from None
     raw = data.encode("utf-8", "surrogatepass") if isinstance(data, str) else bytes(data)

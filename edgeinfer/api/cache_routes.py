@@ -41,7 +41,11 @@ async def pin_prefix(request: Request) -> Response:
 
 
 async def unpin_prefixes(request: Request) -> Response:
-    served = pool(request).get(request.query_params.get("model", ""))
+    """DELETE /v1/cache/pins?model=ID: unpin every prefix of that loaded model."""
+    name = request.query_params.get("model")
+    if not name:
+        raise InvalidRequest("name the model: DELETE /v1/cache/pins?model=ID", param="model")
+    served = pool(request).get(name)
     served.engine.unpin_all()
     return JSONResponse({"object": "cache.unpin", "model": served.cfg.id})
 

@@ -9,7 +9,7 @@ from starlette.responses import JSONResponse, Response
 
 from edgeinfer.api import anthropic_models
 from edgeinfer.api.respond import pool
-from edgeinfer.errors import Conflict
+from edgeinfer.errors import Conflict, MethodNotAllowed
 from edgeinfer.models.pool import PoolEntry
 from edgeinfer.prompt.reasoning import splits
 
@@ -45,7 +45,12 @@ async def list_models(request: Request) -> Response:
 
 async def get_model(request: Request) -> Response:
     p = pool(request)
-    entry = p.entries[p.resolve(request.path_params["model_id"])]
+    name = request.path_params["model_id"]
+    action = name.rpartition("/")[2]
+    if action in ("load", "unload") and not p.knows(name):
+        raise MethodNotAllowed(f"use POST to {action} a model", code="method_not_allowed",
+                               headers={"Allow": "POST"})
+    entry = p.entries[p.resolve(name)]
     if anthropic_models.wanted(request):
         return JSONResponse(anthropic_models.model_object(entry))
     return JSONResponse(model_card(entry))

@@ -99,6 +99,9 @@ class ModelPool:
         return {mid: e.error or "" for mid, e in self.entries.items()
                 if e.state is ModelState.FAILED}
 
+    def knows(self, name: str) -> bool:
+        return name in self._names
+
     def resolve(self, name: str) -> str:
         model_id = self._names.get(name)
         if model_id is None:

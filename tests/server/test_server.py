@@ -223,6 +223,11 @@ def test_errors_are_openai_shaped(client: openai.OpenAI, server: ServerProcess) 
     assert r.status_code == 400 and set(r.json()["error"]) == {"message", "type", "param", "code"}
     assert httpx.get(f"{server.base_url}/v1/nowhere").status_code == 404
     assert httpx.get(f"{server.base_url}/v1/chat/completions").status_code == 405
+    wrong = httpx.get(f"{server.base_url}/v1/models/default/load")
+    assert wrong.status_code == 405 and wrong.headers["allow"] == "POST"
+    nan = httpx.post(f"{server.base_url}/v1/chat/completions", content=b'{"temperature": NaN}',
+                     headers={"content-type": "application/json"})
+    assert nan.status_code == 400 and nan.json()["error"]["param"] == "temperature"
     assert server.health()["status"] == "ok"
 
 
@@ -308,6 +313,8 @@ def test_pin_a_system_prompt(client: openai.OpenAI, server: ServerProcess) -> No
     assert chat.usage.prompt_tokens_details.cached_tokens == pinned
     assert httpx.post(f"{server.base_url}/v1/cache/pin", json={"model": "default"}
                       ).status_code == 400
+    unnamed = httpx.delete(f"{server.base_url}/v1/cache/pins")
+    assert unnamed.status_code == 400 and unnamed.json()["error"]["param"] == "model"
     r = httpx.delete(f"{server.base_url}/v1/cache/pins", params={"model": "default"})
     assert r.status_code == 200
     deadline = time.monotonic() + 10  # the engine thread unpins at its next step

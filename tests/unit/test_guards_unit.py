@@ -93,6 +93,16 @@ def test_bodies_that_are_not_strict_json_are_refused(raw: bytes, fragment: str) 
     assert fragment in err.value.message
 
 
+@pytest.mark.parametrize(("raw", "param"), [
+    (b'{"a": NaN}', "a"), (b'{"messages": [{"x": 1}, {"t": Infinity}]}', "messages[1].t"),
+    (b'{"temperature": 1e400}', "temperature"), (b"NaN", None), (b'{"a": [NaN,}', None),
+])
+def test_a_number_json_lacks_is_named_by_its_field(raw: bytes, param: str | None) -> None:
+    with pytest.raises(InvalidRequest) as err:
+        jsonbody.loads(raw)
+    assert err.value.param == param
+
+
 def test_strict_json_keeps_what_is_valid() -> None:
     assert jsonbody.loads(b'{"e": "\\ud83d\\ude00", "s": "\\\\ud800", "n": 1.5e300}') == {
         "e": "\U0001f600", "s": "\\ud800", "n": 1.5e300}
