@@ -7,9 +7,13 @@ process's file descriptors and nobody else gets in (slowloris). With this protoc
 connection gets ``HEADER_TIMEOUT`` seconds from when it opens, or from the first bytes of
 its next request, to complete that request's headers (``serve --header-timeout``);
 otherwise it is closed, as nginx's ``client_header_timeout`` does. The body has its own
-deadline (``api.body``, ``serve --body-timeout``). Connections past ``max_connections``
-open ones (``serve --max-connections``; by default the open-file limit less a reserve)
-are closed as soon as they open, so that the process never runs out of file descriptors.
+deadline (``api.body``, ``serve --body-timeout``). The process never holds more than
+``max_connections`` open ones (``serve --max-connections``; by default the open-file limit
+less a reserve), so it never runs out of file descriptors. At the cap a new connection
+takes the place of the one that has waited longest without a request in progress (idle
+keep-alive, or headers still coming, as nginx reuses idle keep-alive connections), so a
+client holding many idle connections cannot lock others out; only when every connection
+has a request in progress is the new one closed as it opens.
 """
 
 from __future__ import annotations
@@ -38,14 +42,29 @@ class HeaderDeadline:
     connections: set[Any]  # uvicorn's: every open connection of the server
     _deadline: asyncio.TimerHandle | None = None
     _waited_on: Any = None  # the cycle in place when the deadline was armed
+    _waiting_since: float = 0.0  # when it began to wait for its next request's headers
 
     def connection_made(self, transport: asyncio.Transport) -> None:
         super().connection_made(transport)  # type: ignore[misc]
         if len(self.connections) > self.max_connections:
-            _refused(self.max_connections)
-            transport.close()
-            return
+            idle = self._longest_idle()
+            if idle is None:
+                _refused(self.max_connections)
+                transport.close()
+                return
+            _evicted(self.max_connections)
+            idle.transport.close()
         self._arm()
+
+    def _idle(self) -> bool:
+        """No request in progress: between requests or its headers not complete."""
+        return (self.cycle is None or self.cycle.response_complete) \
+            and not self.transport.is_closing()
+
+    def _longest_idle(self) -> HeaderDeadline | None:
+        idle = [c for c in self.connections
+                if c is not self and isinstance(c, HeaderDeadline) and c._idle()]
+        return min(idle, key=lambda c: c._waiting_since, default=None)
 
     def data_received(self, data: bytes) -> None:
         super().data_received(data)  # type: ignore[misc]
@@ -64,6 +83,7 @@ class HeaderDeadline:
         if self._deadline is not None:
             self._deadline.cancel()
         self._waited_on = self.cycle
+        self._waiting_since = self.loop.time()
         self._deadline = self.loop.call_later(self.header_timeout, self._expire)
 
     def _expire(self) -> None:
@@ -78,15 +98,24 @@ class HeaderDeadline:
             self.transport.close()
 
 
-_last_refusal = [0.0]
+_last_logged = {"refused": 0.0, "evicted": 0.0}
+
+
+def _once_a_minute(what: str, message: str, cap: int) -> None:
+    now = time.monotonic()
+    if now - _last_logged[what] >= 60:
+        _last_logged[what] = now
+        log.warning(message, cap)
 
 
 def _refused(cap: int) -> None:
-    """Log a refused connection (at most once a minute)."""
-    now = time.monotonic()
-    if now - _last_refusal[0] >= 60:
-        _last_refusal[0] = now
-        log.warning("refusing connections past %d open ones (--max-connections)", cap)
+    _once_a_minute("refused", "refusing connections past %d open ones, all with a request "
+                   "in progress (--max-connections)", cap)
+
+
+def _evicted(cap: int) -> None:
+    _once_a_minute("evicted", "at %d open connections (--max-connections): closing the "
+                   "longest idle one for each new one", cap)
 
 
 def default_max_connections() -> int:

@@ -87,8 +87,8 @@ def _serve_parser(sub: Sub) -> None:
     p.add_argument("--body-timeout", type=float, default=60.0,
                    help="seconds a request's body gets to arrive before a 408 (default 60)")
     p.add_argument("--max-connections", type=int, default=None,
-                   help="open connections past which new ones are closed at once (default: "
-                   "the open-file limit less 128)")
+                   help="open connections at most; at the cap a new one replaces the longest "
+                   "idle one (default: the open-file limit less 128)")
     p.add_argument("--shutdown-grace", type=float, default=10.0,
                    help="on SIGTERM/SIGINT, seconds running requests get to finish before they "
                    "end with an error (a second signal exits at once)")

@@ -356,18 +356,32 @@ def test_connections_that_never_finish_their_headers_are_closed(
     alive(srv)
 
 
-def test_connections_past_the_cap_are_closed_at_once(tmp_path: Path) -> None:
-    """--max-connections: past that many open connections a new one is closed as it opens
-    (the process keeps file descriptors for itself); once some close, requests are served."""
+def test_connections_past_the_cap_never_lock_a_client_out(tmp_path: Path) -> None:
+    """--max-connections: at that many open connections a new one takes the place of the
+    longest idle one (so idle connections cannot lock others out); when every connection
+    has a request in progress (here: bodies still coming), a new one is closed as it opens."""
     srv = start_server(tmp_path, "--max-connections", "4", "--slots", "1", "--context", "1024")
     try:
-        held = [socket.create_connection(("127.0.0.1", srv.port)) for _ in range(4)]
+        idle = [socket.create_connection(("127.0.0.1", srv.port)) for _ in range(4)]
+        time.sleep(0.3)  # the server has seen them (the first is the longest idle)
+        with httpx.Client(base_url=srv.base_url, timeout=5) as client:
+            assert client.get("/health").status_code == 200
+        assert _closed_within(idle[0], 5) == b""
+        busy = []
+        for sock in idle[1:]:
+            sock.close()
+        for _ in range(4):
+            sock = socket.create_connection(("127.0.0.1", srv.port))
+            sock.sendall(b"POST /v1/chat/completions HTTP/1.1\r\nHost: 127.0.0.1\r\n"
+                         b"Content-Type: application/json\r\nContent-Length: 100\r\n\r\n{")
+            busy.append(sock)
+        time.sleep(0.5)  # the closes and the four requests reach the server
         extra = socket.create_connection(("127.0.0.1", srv.port))
         t0 = time.monotonic()
         with extra:
             assert _closed_within(extra, 5) == b""
         assert time.monotonic() - t0 < 2
-        for sock in held:
+        for sock in busy:
             sock.close()
         deadline = time.monotonic() + 5
         while True:  # the server sees the closes shortly
@@ -378,7 +392,9 @@ def test_connections_past_the_cap_are_closed_at_once(tmp_path: Path) -> None:
                 pass
             assert time.monotonic() < deadline
             time.sleep(0.1)
-        assert "refusing connections past 4" in srv.log.read_text()
+        log_text = srv.log.read_text()
+        assert "closing the longest idle one" in log_text
+        assert "refusing connections past 4 open ones, all with a request" in log_text
     finally:
         stop_server(srv)
 
