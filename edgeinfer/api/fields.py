@@ -23,11 +23,13 @@ MAX_PROMPTS = 16
 MAX_VOCAB = 1 << 24  # token ids above this are in no vocabulary
 
 class Body:
-    """A JSON object body whose keys must all be among ``allowed``."""
+    """A JSON object body whose keys must all be among ``allowed``. A key whose value is
+    null is as if absent, as OpenAI takes an explicit null for any optional field."""
 
     def __init__(self, body: Any, allowed: set[str]) -> None:
         if not isinstance(body, dict):
             raise InvalidRequest("the request body must be a JSON object")
+        body = {k: v for k, v in body.items() if v is not None}
         for key in body:
             if key not in allowed:
                 raise InvalidRequest(f"unrecognized request argument: {key}", param=key)
@@ -180,6 +182,16 @@ def texts_or_tokens(value: Any, param: str, limit: int
             raise InvalidRequest(f"'{param}' token ids must be non-negative token ids",
                                  param=param)
     return tuple(items)
+
+
+def metadata(b: Body) -> dict[str, str]:
+    """OpenAI's ``metadata``: at most 16 keys (64 characters) mapped to strings (512)."""
+    raw = b.body.get("metadata", {})
+    if not isinstance(raw, dict) or len(raw) > 16 or not all(
+            isinstance(v, str) and len(v) <= 512 and len(k) <= 64 for k, v in raw.items()):
+        raise InvalidRequest("'metadata' must map at most 16 keys (64 characters) to strings "
+                             "(512 characters)", param="metadata")
+    return dict(raw)
 
 
 def unsupported(b: Body, names: tuple[str, ...]) -> None:

@@ -9,9 +9,9 @@ answer 501: models come from models.toml (``edgeinfer pull`` installs their file
 - ``options``: ``SAMPLING_OPTIONS`` map to the sampling settings (num_predict -1 / -2: no
   limit but the model's ``max_tokens`` and the context, 0 refused; seed < 0: random;
   repeat_last_n -1: the whole context); absent ones take the server's defaults, not
-  Ollama's. ``IGNORED_OPTIONS`` (load-time settings that models.toml fixes, samplers
-  edgeinfer lacks) must be numbers or booleans and are ignored; unknown names are logged
-  and ignored, as Ollama does.
+  Ollama's. ``IGNORED_OPTIONS`` (load-time settings that models.toml fixes, and
+  ``tfs_z``, which llama.cpp dropped) must be numbers or booleans and are ignored;
+  unknown names are logged and ignored, as Ollama does.
 - ``format``: "json" or a JSON schema (grammar-enforced). ``tools``: function tools the
   model may call; ``tool_choice`` (OpenAI's values, an edgeinfer extension: Ollama has
   none) forces a call. ``think``: to the chat template (``enable_thinking``,
@@ -46,7 +46,7 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
 from edgeinfer import __version__
-from edgeinfer.api import fields, ollama_models, ollama_render
+from edgeinfer.api import fields, ollama_models, ollama_render, samplers
 from edgeinfer.api.body import read_json
 from edgeinfer.api.embeddings import MAX_EMBED_INPUTS
 from edgeinfer.api.fields import MAX_TOKENS_LIMIT, Body
@@ -67,12 +67,12 @@ CHAT_FIELDS = COMMON | {"messages", "tools", "tool_choice"}
 GENERATE_FIELDS = COMMON | {"prompt", "suffix", "system", "template", "context", "raw",
                             "images", "width", "height", "steps"}
 SAMPLING_OPTIONS = {"temperature", "top_p", "top_k", "min_p", "seed", "num_predict", "stop",
-                    "repeat_penalty", "repeat_last_n", "presence_penalty", "frequency_penalty"}
+                    "repeat_penalty", "repeat_last_n", "presence_penalty", "frequency_penalty",
+                    "typical_p", "mirostat", "mirostat_tau", "mirostat_eta"}
 IGNORED_OPTIONS = {
     "num_ctx", "num_batch", "num_gpu", "main_gpu", "num_thread", "num_keep", "numa",
     "low_vram", "f16_kv", "logits_all", "vocab_only", "use_mmap", "use_mlock",
-    "embedding_only", "penalize_newline", "typical_p", "tfs_z", "mirostat", "mirostat_tau",
-    "mirostat_eta"}
+    "embedding_only", "penalize_newline", "tfs_z"}
 MESSAGE_KEYS = {"role", "content", "images", "tool_calls", "tool_name", "thinking",
                 "tool_call_id"}
 
@@ -146,7 +146,8 @@ def sampling(b: Body) -> SamplingParams:
     if hot is not None:  # checked as OpenAI's highest, then taken as sent
         body = {**body, "temperature": 2.0}
     try:
-        params = fields.sampling_params(Body(body, SAMPLING_OPTIONS), max_tokens)
+        opts = Body(body, SAMPLING_OPTIONS)
+        params = replace(fields.sampling_params(opts, max_tokens), **samplers.params(opts))
         return replace(params, temperature=float(hot)) if hot is not None else params
     except InvalidRequest as exc:
         name = exc.param or ""

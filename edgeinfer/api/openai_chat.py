@@ -8,12 +8,13 @@ renders the events as a chat.completion body or chat.completion.chunk events.
 from __future__ import annotations
 
 import re
+from dataclasses import replace
 from typing import Any
 
 from starlette.requests import Request
 from starlette.responses import Response
 
-from edgeinfer.api import fields
+from edgeinfer.api import fields, samplers
 from edgeinfer.api.body import read_json
 from edgeinfer.api.fields import MAX_CHOICES, MAX_TOKENS_LIMIT, Body
 from edgeinfer.api.messages import messages
@@ -37,7 +38,8 @@ FIELDS = {
 # OpenAI's, accepted and ignored (as /v1/responses does) when they are strings: they steer
 # OpenAI's caching, abuse tracking and answer length
 IGNORED = ("prompt_cache_key", "prompt_cache_retention", "safety_identifier", "verbosity")
-FIELDS |= set(IGNORED)
+FIELDS |= set(IGNORED) | samplers.NAMES | {"prompt_cache_options", "prediction"}
+SERVICE_TIERS = ("auto", "default", "flex", "scale", "priority")
 REASONING_FORMATS = ("auto", "deepseek", "none")
 REASONING_EFFORTS = ("none", "minimal", "low", "medium", "high", "xhigh")
 MAX_TOOLS = 128
@@ -133,19 +135,43 @@ def reasoning(b: Body) -> tuple[str | None, dict[str, Any]]:
 
 def _ignored(b: Body) -> None:
     """Fields taken and ignored must still have the right type."""
-    for name in IGNORED:
+    for name in (*IGNORED, "user"):
         b.string(name)
+    b.boolean("store")
+    fields.metadata(b)
+    if b.body.get("service_tier", "auto") not in SERVICE_TIERS:
+        raise InvalidRequest(f"'service_tier' must be one of {', '.join(SERVICE_TIERS)}",
+                             param="service_tier")
+    if not isinstance(b.body.get("prompt_cache_options", {}), dict):
+        raise InvalidRequest("'prompt_cache_options' must be an object",
+                             param="prompt_cache_options")
+    _prediction(b.body.get("prediction"))
     if b.body.get("modalities", ["text"]) != ["text"]:
         raise InvalidRequest("'modalities' must be [\"text\"]: this server writes text only",
                              param="modalities")
 
 
+def _prediction(value: Any) -> None:
+    """Predicted Outputs (a hint for speed; the answer is the same without it): checked
+    and not used."""
+    if value is None:
+        return
+    content = value.get("content") if isinstance(value, dict) else None
+    if not isinstance(value, dict) or value.get("type") != "content" or not (
+            isinstance(content, str) or isinstance(content, list) and all(
+                isinstance(p, dict) and p.get("type") == "text" and isinstance(p.get("text"), str)
+                for p in content)):
+        raise InvalidRequest("'prediction' must be {\"type\": \"content\", \"content\": a "
+                             "string or text parts}", param="prediction")
+
+
 def legacy_functions(body: Any) -> Any:
     """A body with OpenAI's deprecated ``functions`` / ``function_call`` as the ``tools`` /
     ``tool_choice`` they became (one call at a time, as they allowed)."""
-    if not isinstance(body, dict) or "functions" not in body and "function_call" not in body:
+    if not isinstance(body, dict) or body.get("functions") is None and body.get(
+            "function_call") is None:
         return body
-    if "tools" in body or "tool_choice" in body:
+    if body.get("tools") is not None or body.get("tool_choice") is not None:
         raise InvalidRequest("use 'tools' or the deprecated 'functions', not both",
                              param="functions")
     out = {k: v for k, v in body.items() if k not in ("functions", "function_call")}
@@ -184,10 +210,13 @@ def parse(body: Any, headers: dict[str, str]) -> tuple[GenerateRequest, bool, bo
     max_tokens = b.integer("max_completion_tokens", 1, MAX_TOKENS_LIMIT, None)
     if max_tokens is None:
         max_tokens = b.integer("max_tokens", 1, MAX_TOKENS_LIMIT, None)
+    if max_tokens is None:
+        max_tokens = samplers.n_predict(b, None)
     stream, include_usage = fields.stream_options(b)
     reasoning_format, template_kwargs = reasoning(b)
     req = GenerateRequest(
-        model, ChatPrompt(msgs), fields.sampling_params(b, max_tokens, logprobs),
+        model, ChatPrompt(msgs),
+        replace(fields.sampling_params(b, max_tokens, logprobs), **samplers.params(b)),
         n=int(b.integer("n", 1, MAX_CHOICES, 1) or 1),
         priority=fields.priority(b.body.get("priority"), headers.get("x-priority")),
         constraint=Constraint(grammar=grammar, json_schema=json_schema, json_object=json_object,
@@ -202,6 +231,6 @@ def parse(body: Any, headers: dict[str, str]) -> tuple[GenerateRequest, bool, bo
 async def chat_completions(request: Request) -> Response:
     body = await read_json(request)
     req, stream, include_usage = parse(body, dict(request.headers))
-    legacy = isinstance(body, dict) and "functions" in body
+    legacy = isinstance(body, dict) and body.get("functions") is not None
     return await respond(request, req, CompletionMeta("chat", functions=legacy), stream,
                          include_usage)

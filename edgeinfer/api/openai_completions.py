@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Any
 
 from starlette.requests import Request
 from starlette.responses import Response
 
-from edgeinfer.api import fields
+from edgeinfer.api import fields, samplers
 from edgeinfer.api.body import read_json
 from edgeinfer.api.fields import MAX_CHOICES, MAX_PROMPTS, MAX_TOKENS_LIMIT, Body
 from edgeinfer.api.openai_render import CompletionMeta
@@ -21,7 +22,7 @@ FIELDS = {
     "n", "logit_bias", "user", "ignore_eos", "metadata", "store", "service_tier", "cache_prompt",
     "speculative", "deterministic",
     "priority", "prompt", "echo", "logprobs", "best_of", "suffix", "grammar",
-}
+} | samplers.NAMES
 
 
 def parse(body: Any, headers: dict[str, str]) -> tuple[GenerateRequest, bool, bool]:
@@ -33,14 +34,17 @@ def parse(body: Any, headers: dict[str, str]) -> tuple[GenerateRequest, bool, bo
     logprobs = b.integer("logprobs", 0, 20, None)
     b.integer("best_of", 1, 1, 1)  # only 1 (the default) is accepted
     prompts = fields.texts_or_tokens(b.body.get("prompt"), "prompt", MAX_PROMPTS)
-    max_tokens = b.integer("max_tokens", 1, MAX_TOKENS_LIMIT, 16)
+    max_tokens = b.integer("max_tokens", 1, MAX_TOKENS_LIMIT, None)
+    if max_tokens is None:
+        max_tokens = samplers.n_predict(b, 16)
     stream, include_usage = fields.stream_options(b)
     n = int(b.integer("n", 1, MAX_CHOICES, 1) or 1)
     if n * len(prompts) > MAX_CHOICES:
         raise InvalidRequest(f"at most {MAX_CHOICES} choices per request (prompts x n)",
                              param="n")
     req = GenerateRequest(
-        model, TextPrompts(prompts), fields.sampling_params(b, max_tokens, logprobs), n=n,
+        model, TextPrompts(prompts),
+        replace(fields.sampling_params(b, max_tokens, logprobs), **samplers.params(b)), n=n,
         priority=fields.priority(b.body.get("priority"), headers.get("x-priority")),
         constraint=Constraint(grammar=b.string("grammar")),
         cache_prompt=b.boolean("cache_prompt", True),

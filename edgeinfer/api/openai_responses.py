@@ -188,14 +188,6 @@ def _text_format(b: Body) -> tuple[dict[str, Any] | None, bool, dict[str, Any]]:
     return fmt["schema"], False, echo
 
 
-def _metadata(b: Body) -> dict[str, str]:
-    raw = b.body["metadata"] if b.present("metadata") else {}
-    if not isinstance(raw, dict) or len(raw) > 16 or not all(isinstance(v, str) and len(
-            v) <= 512 and len(k) <= 64 for k, v in raw.items()):
-        raise _bad("metadata", "must map at most 16 keys (64 characters) to strings (512)")
-    return dict(raw)
-
-
 def _accepted(b: Body) -> None:
     """Fields taken and ignored must still have the right type; unsupported ones be unset."""
     for name, kind in IGNORED.items():
@@ -205,6 +197,9 @@ def _accepted(b: Body) -> None:
     if not isinstance(include, list) or not all(isinstance(i, str) and i in INCLUDABLE
                                                 for i in include):
         raise _bad("include", f"must be a list of {sorted(INCLUDABLE)}")
+    if "message.output_text.logprobs" in include:
+        raise _bad("include", "'message.output_text.logprobs' is not supported by this "
+                   "server yet (chat completions give logprobs)")
     if b.body.get("truncation") not in (None, "auto", "disabled"):
         raise _bad("truncation", "must be 'auto' or 'disabled'")
     fields.unsupported(b, UNSUPPORTED)
@@ -224,7 +219,7 @@ def parse(body: Any, headers: dict[str, str], allowed: set[str]) -> Draft:
     parallel = b.boolean("parallel_tool_calls", True)
     instructions, previous = b.string("instructions"), b.string("previous_response_id")
     store = b.boolean("store", True)
-    echo = {"instructions": instructions, "metadata": _metadata(b), "tools": tools_echo,
+    echo = {"instructions": instructions, "metadata": fields.metadata(b), "tools": tools_echo,
             "tool_choice": choice_echo, "parallel_tool_calls": parallel, "text": text_echo,
             "temperature": params.temperature, "top_p": params.top_p,
             "max_output_tokens": max_tokens, "previous_response_id": previous,

@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from edgeinfer import __version__
-from edgeinfer.api import anthropic_messages, ollama_api, openai_responses
+from edgeinfer.api import anthropic_messages, ollama_api, openai_responses, samplers
 
 _INT = {"type": "integer"}
 _STR = {"type": "string"}
@@ -40,6 +40,7 @@ _SAMPLING: dict[str, Any] = {
     "metadata": {"type": "object"},
     "store": _BOOL,
     "service_tier": _STR,
+    **samplers.schema(),
 }
 
 _MESSAGE = {
@@ -103,7 +104,9 @@ def _chat_fields() -> dict[str, Any]:
             "function_call": {"deprecated": True},
             # OpenAI's, accepted and ignored
             "prompt_cache_key": _STR, "prompt_cache_retention": _STR, "safety_identifier": _STR,
-            "verbosity": _STR, "modalities": {"type": "array", "items": {"const": "text"}}}
+            "verbosity": _STR, "modalities": {"type": "array", "items": {"const": "text"}},
+            "prompt_cache_options": {"type": "object"},
+            "prediction": {"type": "object", "description": "checked, not used"}}
 
 
 def openapi_spec() -> dict[str, Any]:

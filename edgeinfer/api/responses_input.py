@@ -12,7 +12,7 @@ from edgeinfer.errors import InvalidRequest
 
 ITEM_KEYS = {"message": {"type", "id", "role", "content", "status", "phase"},
              "function_call": {"type", "id", "call_id", "name", "arguments", "status",
-                               "namespace", "caller"},
+                               "namespace", "caller", "async", "async_"},
              "function_call_output": {"type", "id", "call_id", "output", "status", "name",
                                       "namespace", "caller"},
              # an earlier answer's reasoning, given back: kept with the input, not rendered

@@ -20,6 +20,7 @@ class FailureCode(StrEnum):
     KV_FULL = "kv_cache_full"  # no KV cells left for this request
     DECODE = "decode_error"  # llama_decode failed for the batch
     SAMPLER = "sampler_error"  # the request's sampler could not be built
+    GRAMMAR = "grammar_dead_end"  # its grammar allows no token the model can write
     INTERNAL = "internal_error"  # a bug, contained to this request
 
 

@@ -9,6 +9,7 @@ timing); the engine owns it from admission to finish, on its thread only.
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import NamedTuple, Protocol
@@ -16,15 +17,17 @@ from typing import NamedTuple, Protocol
 import numpy as np
 import numpy.typing as npt
 
-from edgeinfer.engine.delta import Delta, Failure
+from edgeinfer.engine.delta import Delta, Failure, FailureCode
 from edgeinfer.engine.handles import ContextPtr
 from edgeinfer.engine.logprobs import TokenLogprob, token_logprob
 from edgeinfer.engine.native import LlamaRuntime
 from edgeinfer.engine.report import Timing, timings_json
-from edgeinfer.engine.sampler import SamplerChain
+from edgeinfer.engine.sampler import GrammarDeadEnd, SamplerChain
 from edgeinfer.engine.scheduler import Scheduler
 from edgeinfer.engine.sequence import Sequence, SequenceStatus
 from edgeinfer.engine.textstream import TextStream
+
+log = logging.getLogger("edgeinfer.engine")
 
 
 class DeltaSink(Protocol):
@@ -47,7 +50,7 @@ def open_output(seq: Sequence, sink: DeltaSink, runtime: LlamaRuntime,
                 eog_bans: tuple[int, ...]) -> Output:
     """A request's Output; ValueError or MemoryError if its sampler cannot be built."""
     sampler = SamplerChain(seq.params, runtime.info.n_vocab, eog_bans, runtime.vocab,
-                           runtime.piece)
+                           runtime.piece, runtime.info.n_ctx_train)
     return Output(sink, sampler, TextStream(seq.params.stop))
 
 
@@ -119,3 +122,13 @@ def overdue(seqs: Iterable[Sequence], outputs: Mapping[Sequence, Output], now: f
     ``now`` (``time.perf_counter``): they end with a time-out, so no slot is held forever."""
     return [seq for seq in seqs
             if (out := outputs.get(seq)) is not None and now - out.timing.submitted > limit]
+
+
+def sampling_failure(request_id: str, exc: Exception) -> Failure:
+    """The failure a request whose sampling raised ``exc`` ends with (logged): a grammar
+    with no way on is the request's error, anything else a bug contained to it."""
+    if isinstance(exc, GrammarDeadEnd):
+        log.warning("request %s: %s", request_id, exc)
+        return Failure(FailureCode.GRAMMAR, str(exc))
+    log.error("request %s: sampling failed", request_id, exc_info=exc)
+    return Failure(FailureCode.INTERNAL, "internal error while sampling")

@@ -317,11 +317,10 @@ class Engine:
                 self._verify(chunk, out, index, now)
             else:
                 self._on_token(seq, out, finishing.sample(seq, out, src, index), now)
-        except Exception:  # a failure of one request ends that request only
-            log.exception("request %s: sampling failed", seq.request_id)
+        except Exception as exc:  # a failure of one request ends that request only
+            failure = finishing.sampling_failure(seq.request_id, exc)
             if seq.status is SequenceStatus.RUNNING:
-                self._finish(seq, SequenceStatus.FINISHED_ERROR, Failure(
-                    FailureCode.INTERNAL, "internal error while sampling"))
+                self._finish(seq, SequenceStatus.FINISHED_ERROR, failure)
 
     def _verify(self, chunk: Chunk, out: Output, index: int, now: float) -> None:
         """Sample the sequence's last token and its drafts (``speculation``); keep the

@@ -1,4 +1,6 @@
-"""A per-request llama_sampler chain (penalties, logit bias, top-k/p, min-p, temperature)."""
+"""A per-request llama_sampler chain in llama-server's order: logit bias, penalties, DRY,
+then greedy; or Mirostat; or top-n-sigma, top-k, typical, top-p, min-p, XTC, temperature
+(dynamic with ``dynatemp_range``) and the seeded draw."""
 
 from __future__ import annotations
 
@@ -23,6 +25,10 @@ _TOKEN_DATA = np.dtype([("id", "<i4"), ("logit", "<f4"), ("p", "<f4")])
 assert _TOKEN_DATA.itemsize == ctypes.sizeof(llama_cpp.llama_token_data)
 
 
+class GrammarDeadEnd(ValueError):
+    """No token the grammar allows can be sampled: the request ends with a 400."""
+
+
 class SamplerChain:
     """Owns one llama_sampler chain; sample() also accepts the chosen token.
 
@@ -35,7 +41,8 @@ class SamplerChain:
     """
 
     def __init__(self, params: SamplingParams, n_vocab: int, eog_bans: tuple[int, ...] = (),
-                 vocab: VocabPtr | None = None, piece: Callable[[int], bytes] | None = None):
+                 vocab: VocabPtr | None = None, piece: Callable[[int], bytes] | None = None,
+                 n_ctx: int = 4096):
         sparams = llama_cpp.llama_sampler_chain_default_params()
         sparams.no_perf = True
         # owns the chain and, once made, the grammar; frees them newest first
@@ -48,7 +55,7 @@ class SamplerChain:
         self._budget = (ThoughtBudget(params.reasoning_budget, params.reasoning_close)
                         if params.reasoning_budget is not None else None)
         try:
-            self._build(params, n_vocab, eog_bans)
+            self._build(params, n_vocab, eog_bans, vocab, n_ctx)
             if params.grammar is not None:
                 self._setup_grammar(params, params.grammar, n_vocab, vocab, piece)
         except BaseException:
@@ -79,7 +86,8 @@ class SamplerChain:
             raise ValueError("llama.cpp could not create a sampler")
         llama_cpp.llama_sampler_chain_add(self._chain.ptr, smpl)
 
-    def _build(self, p: SamplingParams, n_vocab: int, eog_bans: tuple[int, ...]) -> None:
+    def _build(self, p: SamplingParams, n_vocab: int, eog_bans: tuple[int, ...],
+               vocab: VocabPtr | None, n_ctx: int) -> None:
         bias = dict(p.logit_bias)
         for tok in eog_bans:
             bias[tok] = float("-inf")
@@ -93,18 +101,45 @@ class SamplerChain:
             self._add(llama_cpp.llama_sampler_init_penalties(
                 n_vocab, p.repeat_last_n, p.repeat_penalty, p.frequency_penalty,
                 p.presence_penalty))
+        if p.dry_multiplier > 0.0 and vocab is not None:
+            self._add_dry(p, vocab, n_ctx)
         if p.is_greedy:
             self._add(llama_cpp.llama_sampler_init_greedy())
             return
+        seed = LLAMA_DEFAULT_SEED if p.seed is None else p.seed & 0xFFFFFFFF
+        if p.mirostat:  # as llama-server: temperature, then Mirostat picks the token
+            self._add(llama_cpp.llama_sampler_init_temp(p.temperature))
+            self._add(llama_cpp.llama_sampler_init_mirostat(
+                n_vocab, seed, p.mirostat_tau, p.mirostat_eta, 100) if p.mirostat == 1 else
+                llama_cpp.llama_sampler_init_mirostat_v2(seed, p.mirostat_tau, p.mirostat_eta))
+            return
+        if p.top_n_sigma > 0.0:
+            self._add(llama_cpp.llama_sampler_init_top_n_sigma(p.top_n_sigma))
         if p.top_k > 0:
             self._add(llama_cpp.llama_sampler_init_top_k(p.top_k))
+        if p.typical_p < 1.0:
+            self._add(llama_cpp.llama_sampler_init_typical(p.typical_p, 1))
         if p.top_p < 1.0:
             self._add(llama_cpp.llama_sampler_init_top_p(p.top_p, 1))
         if p.min_p > 0.0:
             self._add(llama_cpp.llama_sampler_init_min_p(p.min_p, 1))
-        self._add(llama_cpp.llama_sampler_init_temp(p.temperature))
-        seed = LLAMA_DEFAULT_SEED if p.seed is None else p.seed & 0xFFFFFFFF
+        if p.xtc_probability > 0.0:
+            self._add(llama_cpp.llama_sampler_init_xtc(p.xtc_probability, p.xtc_threshold, 1,
+                                                       seed))
+        self._add(llama_cpp.llama_sampler_init_temp_ext(
+            p.temperature, p.dynatemp_range, p.dynatemp_exponent) if p.dynatemp_range > 0.0
+            else llama_cpp.llama_sampler_init_temp(p.temperature))
         self._add(llama_cpp.llama_sampler_init_dist(seed))
+
+    def _add_dry(self, p: SamplingParams, vocab: VocabPtr, n_ctx: int) -> None:
+        """DRY (don't repeat yourself), as llama-server sets it up: a penalty window of
+        -1 is the model's training context."""
+        breakers = [b.encode() for b in p.dry_sequence_breakers]
+        arr = (ctypes.c_char_p * max(1, len(breakers)))(*breakers)
+        last_n = n_ctx if p.dry_penalty_last_n < 0 else p.dry_penalty_last_n
+        self._add(llama_cpp.llama_sampler_init_dry(
+            vocab, p.dry_multiplier, p.dry_base, p.dry_allowed_length, last_n, arr,
+            len(breakers)))
 
     def sample(self, ctx: ContextPtr, batch_index: int) -> int:
         # a reasoning block over its budget is closed by force; never under an active
@@ -166,6 +201,10 @@ class SamplerChain:
            every token outside the subset has a lower logit than every token in it;
            with top-k disabled, this step samples among the SUBSET best tokens.
         3. If none of those is allowed: the same on the whole vocabulary.
+
+        A token chosen in step 2 or 3 is checked against the grammar again before it is
+        accepted (llama.cpp aborts the process on a token its grammar rejects):
+        ``GrammarDeadEnd`` when nothing allowed is left.
         """
         grammar, chain = self._grammar, self._chain
         assert grammar is not None
@@ -188,6 +227,12 @@ class SamplerChain:
                 cur["id"], cur["logit"], cur["p"] = self._ids, logits, 0.0
                 self._apply(grammar, cur)
                 token = int(cur["id"][self._apply(chain, cur)])
+            one["id"], one["logit"], one["p"] = token, 1.0, 0.0
+            self._apply(grammar, one)
+            if not np.isfinite(one["logit"][0]):  # llama.cpp would abort the process
+                raise GrammarDeadEnd("the grammar allows no token at this point of the output "
+                                     "(it asks for a character no token can write, such as "
+                                     "NUL, or for the end while the end is banned)")
         llama_cpp.llama_sampler_accept(grammar.ptr, token)
         llama_cpp.llama_sampler_accept(chain.ptr, token)
         return token

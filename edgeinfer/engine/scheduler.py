@@ -193,7 +193,7 @@ class Scheduler:
             if seq.drafter is None or room <= 0:
                 continue
             if isinstance(seq.drafter, NgramDrafter):
-                added += _extend(chunk, seq.drafter.propose(seq.tokens, room))
+                added += _extend(chunk, seq.drafter.propose(seq.tokens, room, seq.num_prompt))
             elif (k := seq.drafter.wants(room)) > 0:
                 together.append((chunk, k))
                 added += k  # reserved; what the source does not draft is given back

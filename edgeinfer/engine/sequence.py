@@ -54,6 +54,21 @@ class SamplingParams:
     presence_penalty: float = 0.0
     frequency_penalty: float = 0.0
     seed: int | None = None
+    # llama-server's further samplers (off at these values), in its chain order
+    dry_multiplier: float = 0.0
+    dry_base: float = 1.75
+    dry_allowed_length: int = 2
+    dry_penalty_last_n: int = -1  # -1: the model's training context
+    dry_sequence_breakers: tuple[str, ...] = ("\n", ":", "\"", "*")
+    top_n_sigma: float = -1.0
+    typical_p: float = 1.0
+    xtc_probability: float = 0.0
+    xtc_threshold: float = 0.1
+    dynatemp_range: float = 0.0
+    dynatemp_exponent: float = 1.0
+    mirostat: int = 0  # 1 or 2: Mirostat (v1 / v2) in place of top-k .. temperature
+    mirostat_tau: float = 5.0
+    mirostat_eta: float = 0.1
     max_tokens: int | None = None
     stop: tuple[str, ...] = ()
     ignore_eos: bool = False

@@ -61,6 +61,8 @@ def failure_error(failure: Failure | None) -> APIError:
         return Unavailable(f.message, code="server_shutting_down")
     if f.code is FailureCode.KV_FULL:  # capacity, for now: others hold the cells
         return Unavailable(f.message, code=f.code.value, retry_after=5)
+    if f.code is FailureCode.GRAMMAR:
+        return InvalidRequest(f.message, param="grammar", code=f.code.value)
     return EngineError(f.message, code=f.code.value)
 
 

@@ -71,6 +71,20 @@ ROWS: list[tuple[str, str, dict[str, str], bytes, int]] = [
     ("DNS rebinding Host", CHAT, {"host": "attacker.example"}, body(max_tokens=1), 403),
     ("cross-origin page", CHAT, {"origin": "https://evil.example"}, body(max_tokens=1), 403),
     ("invalid grammar", CHAT, {}, body(grammar="root ::= (("), 400),
+    # llama.cpp aborted the process on a grammar that asks for a character no token writes
+    ("a grammar that needs NUL", CHAT, {}, body(grammar='root ::= "\\x00"', max_tokens=4), 400),
+    ("a grammar that needs NUL, completions", "/v1/completions", {}, json.dumps(
+        {"model": "default", "prompt": "x", "grammar": 'root ::= "a" "\\x00"'}).encode(), 400),
+    ("a schema that needs NUL", CHAT, {}, body(max_tokens=4, response_format={
+        "type": "json_schema", "json_schema": {"name": "n", "schema": {"enum": ["\u0000"]}}}),
+     400),
+    ("a pattern that needs NUL", CHAT, {}, body(max_tokens=8, response_format={
+        "type": "json_schema", "json_schema": {"name": "n", "schema": {
+            "type": "string", "pattern": "^\\x00$"}}}), 400),
+    ("n_predict 0", CHAT, {}, body(n_predict=0), 400),
+    ("mirostat 3", CHAT, {}, body(mirostat=3), 400),
+    ("dry_sequence_breakers not strings", CHAT, {}, body(dry_multiplier=0.8,
+                                                         dry_sequence_breakers=[1]), 400),
 ]
 
 
