@@ -325,7 +325,9 @@ def parse(body: Any, headers: dict[str, str], allowed: set[str] = FIELDS
         constraint=Constraint(json_schema=schema, tools=tools, tool_choice=choice,
                               parallel_tool_calls=parallel),
         wait_for_model=headers.get("x-edgeinfer-wait", "true").lower() != "false",
-        **_thinking(b.body.get("thinking")))
+        # clients made for Claude send 32000 or 64000: a cap, as llama-server and Ollama
+        # take it (the answer ends with stop_reason max_tokens when the context is full)
+        max_tokens_is_cap=True, **_thinking(b.body.get("thinking")))
     return req, b.boolean("stream")
 
 

@@ -256,7 +256,7 @@ def _op(summary: str, body_fields: set[str], required: list[str],
                       **{code: {"description": what, **err} for code, what in [
                           ("400", "invalid request"), ("401", "missing or wrong API key"),
                           ("404", "unknown model"), ("429", "queue full; see Retry-After"),
-                          ("503", "model unavailable")]}}}}
+                          ("529", "model unavailable (overloaded_error)")]}}}}
 
 
 def openapi_paths(create_fields: set[str], token_fields: set[str]) -> dict[str, Any]:

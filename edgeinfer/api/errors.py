@@ -34,7 +34,7 @@ _ANTHROPIC_TYPES = {400: "invalid_request_error", 401: "authentication_error",
 
 def shape(exc: APIError, path: str = "") -> dict[str, Any]:
     """The JSON body of ``exc`` for a request to ``path``."""
-    if path == ANTHROPIC_PREFIX or path.startswith(ANTHROPIC_PREFIX + "/"):
+    if _anthropic(path):
         return {"type": "error", "error": {
             "type": _ANTHROPIC_TYPES.get(exc.status, "api_error"), "message": exc.message}}
     if path.startswith(OLLAMA_PREFIX):
@@ -42,8 +42,14 @@ def shape(exc: APIError, path: str = "") -> dict[str, Any]:
     return exc.to_dict()
 
 
+def _anthropic(path: str) -> bool:
+    return path == ANTHROPIC_PREFIX or path.startswith(ANTHROPIC_PREFIX + "/")
+
+
 def error_response(exc: APIError, path: str = "") -> JSONResponse:
-    return JSONResponse(shape(exc, path), status_code=exc.status, headers=exc.headers)
+    """``exc`` in the shape of ``path``'s dialect; Anthropic's overloaded_error is 529."""
+    status = 529 if exc.status == 503 and _anthropic(path) else exc.status
+    return JSONResponse(shape(exc, path), status_code=status, headers=exc.headers)
 
 
 def error_body(exc: APIError, path: str = "") -> bytes:

@@ -197,7 +197,7 @@ def metadata(b: Body) -> dict[str, str]:
 def unsupported(b: Body, names: tuple[str, ...]) -> None:
     for name in names:
         v = b.body.get(name)
-        if v not in (None, False, [], 0):
+        if v not in (None, False, [], 0, ""):
             raise InvalidRequest(f"'{name}' is not supported by this server yet", param=name)
 
 

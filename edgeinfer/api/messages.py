@@ -28,6 +28,10 @@ def _content(msg: dict[str, Any], i: int) -> str:
         raise InvalidRequest(f"'{where}' must be a string or a list of content parts", param=where)
     parts = []
     for j, part in enumerate(content):
+        if (msg.get("role") == "assistant" and isinstance(part, dict)
+                and part.get("type") == "refusal" and isinstance(part.get("refusal"), str)):
+            parts.append(part["refusal"])  # an earlier answer's refusal, as its text
+            continue
         if not isinstance(part, dict) or part.get("type") != "text" or not isinstance(
                 part.get("text"), str):
             raise InvalidRequest(f"'{where}[{j}]': only text content parts are supported",

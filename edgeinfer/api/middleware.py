@@ -71,8 +71,8 @@ _CLIENT_ID = re.compile(rb"[A-Za-z0-9._:-]{1,128}")
 
 class RequestIds(HttpOnly):
     """An ``x-request-id`` header on every response, as OpenAI's API sends (its SDKs show it
-    as ``_request_id``): the client's own when it sent a plain one, else ``req_`` and a
-    random hex."""
+    as ``_request_id``), and the same as ``request-id``, which Anthropic's SDK reads: the
+    client's own when it sent a plain one, else ``req_`` and a random hex."""
 
     async def http(self, scope: Any, receive: Any, send: Any) -> None:
         given = dict(scope.get("headers") or ()).get(b"x-request-id", b"")
@@ -81,7 +81,8 @@ class RequestIds(HttpOnly):
         async def wrapped(message: Any) -> None:
             if message["type"] == "http.response.start":
                 message = {**message, "headers": [*message.get("headers", ()),
-                                                   (b"x-request-id", rid)]}
+                                                   (b"x-request-id", rid),
+                                                   (b"request-id", rid)]}
             await send(message)
 
         await self.app(scope, receive, wrapped)

@@ -28,9 +28,8 @@ answer 501: models come from models.toml (``edgeinfer pull`` installs their file
   ``suffix``, ``context`` or ``images`` is refused; no ``context`` is returned.
   A prompt longer than the context keeps its first ``options.num_keep`` tokens (4) and its
   tail, room left for the answer (``truncate`` false: a 400); ``shift`` is ignored.
-- Unknown body fields are refused (400 naming them). A model name may end in ``:latest``.
-  Errors are ``{"error": "..."}`` (``api.errors``); an unknown model: 404 "model 'x' not
-  found".
+- Unknown body fields are logged and ignored, as Ollama does. A name may end in ``:latest``.
+  Errors: ``{"error": "..."}`` (``api.errors``); an unknown model: 404 "model 'x' not found".
 """
 
 from __future__ import annotations
@@ -90,14 +89,10 @@ async def read_body(request: Request) -> Any:
 
 def model_name(p: ModelPool, name: str) -> str:
     """``name`` as the pool knows it (Ollama's ``:latest`` tag dropped); 404 otherwise."""
-    for candidate in (name, name.removesuffix(":latest")):
-        if candidate == "auto":
-            return candidate
-        try:
-            p.resolve(candidate)
-        except NotFound:
-            continue
-        return candidate
+    if name.removesuffix(":latest") == "auto":
+        return "auto"
+    if p.knows(name):
+        return name
     raise NotFound(f"model '{name}' not found", param="model", code="model_not_found")
 
 
@@ -248,14 +243,30 @@ def _parsed(b: Body, prompt: ChatPrompt | TextPrompts | None, headers: dict[str,
                   keep_alive(b.body.get("keep_alive")), truncate)
 
 
+def known(body: Any, allowed: set[str]) -> Any:
+    """``body`` without the fields Ollama would ignore (unknown ones, logged); ``logprobs``
+    asked for is a 400 (Ollama gives them; this server does not yet)."""
+    if not isinstance(body, dict):
+        return body
+    if body.get("logprobs") or body.get("top_logprobs"):
+        raise InvalidRequest("'logprobs' is not supported by this server's Ollama API yet "
+                             "(its OpenAI API at /v1 gives them)", param="logprobs")
+    if extra := sorted(k for k in body if k not in allowed):
+        log.info("ignored unknown Ollama fields: %s", ", ".join(extra)[:200])
+    return {k: v for k, v in body.items() if k in allowed}
+
+
 def parse_chat(body: Any, headers: dict[str, str]) -> Parsed:
     """A /api/chat body; no messages: a load (or, with keep_alive 0, unload) request."""
-    b = Body(body, CHAT_FIELDS)
+    b = Body(known(body, CHAT_FIELDS), CHAT_FIELDS)
     raw_tools = b.body.get("tools")
     if isinstance(raw_tools, list):  # Ollama's clients may leave out "type"
         raw_tools = [{"type": "function", **t} if isinstance(t, dict) and "type" not in t
                      else t for t in raw_tools]
-    tools = parse_tools(Body({"tools": raw_tools, "tool_choice": b.body.get("tool_choice")},
+    choice = b.body.get("tool_choice")
+    if raw_tools is None and choice in ("auto", "none"):
+        choice = None  # a harmless default without tools
+    tools = parse_tools(Body({"tools": raw_tools, "tool_choice": choice},
                         {"tools", "tool_choice"}))
     msgs = b.body.get("messages")
     return _parsed(b, None if msgs in (None, []) else ChatPrompt(conversation(msgs)), headers,
@@ -264,7 +275,7 @@ def parse_chat(body: Any, headers: dict[str, str]) -> Parsed:
 
 def parse_generate(body: Any, headers: dict[str, str]) -> Parsed:
     """A /api/generate body; an empty prompt: a load (or unload) request."""
-    b = Body(body, GENERATE_FIELDS)
+    b = Body(known(body, GENERATE_FIELDS), GENERATE_FIELDS)
     for names, why in [(("template",), "the model's chat template is used ('raw': no template)"),
                        (("suffix",), "fill-in-the-middle is not available"),
                        (("context",), "none is returned; send the conversation to /api/chat"),

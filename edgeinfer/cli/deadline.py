@@ -6,7 +6,8 @@ more (or sends nothing at all) is held open for good, so enough of them use up t
 process's file descriptors and nobody else gets in (slowloris). With this protocol a
 connection gets ``HEADER_TIMEOUT`` seconds from when it opens, or from the first bytes of
 its next request, to complete that request's headers (``serve --header-timeout``);
-otherwise it is closed, as nginx's ``client_header_timeout`` does. The body has its own
+otherwise it is closed, as nginx's ``client_header_timeout`` does. A request line and
+headers larger than ``MAX_HEAD_BYTES`` get a 431 and the connection is closed. The body has its own
 deadline (``api.body``, ``serve --body-timeout``). The process never holds more than
 ``max_connections`` open ones (``serve --max-connections``; by default the open-file limit
 less a reserve), so it never runs out of file descriptors. At the cap a new connection
@@ -20,6 +21,7 @@ from __future__ import annotations
 
 import asyncio
 import importlib.util
+import json
 import logging
 import resource
 import time
@@ -28,6 +30,8 @@ from typing import Any
 log = logging.getLogger("edgeinfer.http")
 
 HEADER_TIMEOUT = 30.0  # seconds to complete a request's headers (nginx: 60), by default
+MAX_HEAD_BYTES = 64 * 1024  # a request line and headers (nginx: 4 x 8 KiB, Node.js: 16 KiB)
+LINGER = 2.0  # seconds a refused connection's input is read and dropped before the close
 
 
 class HeaderDeadline:
@@ -43,6 +47,8 @@ class HeaderDeadline:
     _deadline: asyncio.TimerHandle | None = None
     _waited_on: Any = None  # the cycle in place when the deadline was armed
     _waiting_since: float = 0.0  # when it began to wait for its next request's headers
+    _head_bytes = 0  # bytes received since then, while its headers are not complete
+    _discarding = False  # answered 431: what comes in is dropped until the close
 
     def connection_made(self, transport: asyncio.Transport) -> None:
         super().connection_made(transport)  # type: ignore[misc]
@@ -67,11 +73,39 @@ class HeaderDeadline:
         return min(idle, key=lambda c: c._waiting_since, default=None)
 
     def data_received(self, data: bytes) -> None:
+        if self._discarding:
+            return
         super().data_received(data)  # type: ignore[misc]
         between = self.cycle is None or self.cycle.response_complete
-        if (between and not self.transport.is_closing()
-                and (self._deadline is None or self._waited_on is not self.cycle)):
+        if not between:
+            self._head_bytes = 0
+            return
+        if self.transport.is_closing():
+            return
+        self._head_bytes += len(data)
+        if self._head_bytes > MAX_HEAD_BYTES:
+            self._refuse_head()
+        elif self._deadline is None or self._waited_on is not self.cycle:
             self._arm()  # the first bytes of a next request, not yet complete
+
+    def _refuse_head(self) -> None:
+        """431 for a request line and headers past MAX_HEAD_BYTES (uvicorn's httptools
+        protocol has no such limit: a 64 MB header line was read whole). What the client
+        still sends is read and dropped for LINGER seconds, then the connection is closed
+        (closed at once, its unread bytes would reset the connection before the client
+        reads the answer)."""
+        log.info("closed a connection whose request headers passed %d bytes", MAX_HEAD_BYTES)
+        body = json.dumps({"error": {
+            "message": f"the request line and headers exceed {MAX_HEAD_BYTES} bytes",
+            "type": "invalid_request_error", "param": None,
+            "code": "request_header_fields_too_large"}}).encode()
+        self.transport.write(b"HTTP/1.1 431 Request Header Fields Too Large\r\n"
+                             b"content-type: application/json\r\nconnection: close\r\n"
+                             b"content-length: " + str(len(body)).encode() + b"\r\n\r\n" + body)
+        self._discarding = True
+        if self.transport.can_write_eof():
+            self.transport.write_eof()
+        self.loop.call_later(LINGER, self.transport.close)
 
     def connection_lost(self, exc: Exception | None) -> None:
         if self._deadline is not None:

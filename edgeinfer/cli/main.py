@@ -258,14 +258,14 @@ def serve(args: argparse.Namespace) -> int:
 
     from edgeinfer.api.app import create_app
     from edgeinfer.cli.deadline import protocol_class
-    from edgeinfer.cli.server import EdgeServer, OneLineStartupFailure
+    from edgeinfer.cli.server import EdgeServer, OneLineStartupFailure, bind
 
     config = _select(load_config(args.config), args)
     if min(args.header_timeout, args.body_timeout, args.max_connections or 1) <= 0:
         raise ConfigError("--header-timeout, --body-timeout and --max-connections must be > 0")
     if args.ray is not None:
         return _serve_on_ray(config, args)
-    app = create_app(config)
+    sock, app = bind(config.host, config.port), create_app(config)  # a port in use: at once
     app.state.body_timeout = args.body_timeout
     now = ", ".join(m.id for i, m in enumerate(config.models) if m.preload or i == 0)
     log.info("edgeinfer %s: serving %s on http://%s:%d%s; loading %s now, others on first use",
@@ -278,7 +278,7 @@ def serve(args: argparse.Namespace) -> int:
                         timeout_graceful_shutdown=int(args.shutdown_grace) + 5)
     server = EdgeServer(uv, app, args.shutdown_grace, args.ready_file, args.parent_pid,
                         drain_delay=args.drain_delay)
-    server.run()
+    server.run(sockets=[sock])
     return 0 if server.started and not server.force_exit else 1  # forced: work was dropped
 
 

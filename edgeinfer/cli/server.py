@@ -14,6 +14,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import socket
 import sys
 import threading
 from pathlib import Path
@@ -24,11 +25,28 @@ import uvicorn
 from sse_starlette.sse import AppStatus
 
 from edgeinfer import __version__
+from edgeinfer.errors import ConfigError
 from edgeinfer.models.pool import ModelState
 
 log = logging.getLogger("edgeinfer")
 
 READY_PREFIX = "EDGEINFER_READY "
+
+
+def bind(host: str, port: int) -> socket.socket:
+    """The listening address, bound before any model loads (as uvicorn binds it), so a
+    port in use is a one-line error at once rather than after minutes of loading."""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        sock.bind((host, port))
+    except OSError as exc:
+        sock.close()
+        raise ConfigError(f"cannot listen on {host}:{port}: {exc.strerror or exc} (another "
+                          "server there? choose another --port)") from None
+    sock.set_inheritable(True)
+    return sock
 
 
 def _summary(app: Any, url: str) -> str:

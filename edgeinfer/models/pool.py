@@ -100,10 +100,14 @@ class ModelPool:
                 if e.state is ModelState.FAILED}
 
     def knows(self, name: str) -> bool:
-        return name in self._names
+        return name in self._names or name.removesuffix(":latest") in self._names
 
     def resolve(self, name: str) -> str:
+        """The id of the model ``name`` (an id or alias; Ollama's ``:latest`` tag may
+        follow it, as Ollama's clients write names in every dialect); 404 for none."""
         model_id = self._names.get(name)
+        if model_id is None and name.endswith(":latest"):
+            model_id = self._names.get(name.removesuffix(":latest"))
         if model_id is None:
             raise NotFound(f"The model '{name}' does not exist. Available: "
                            f"{', '.join(sorted(self._names))}", param="model",

@@ -187,41 +187,73 @@ _Item = tuple[object, str]  # (atom: a rule name, '""' or a group of alternative
 
 
 def _parse(tokens: list[str], i: int) -> tuple[list[list[_Item]], int]:
-    """Alternatives of items from ``tokens[i]`` to the closing parenthesis (or the end)."""
-    alts: list[list[_Item]] = [[]]
-    while i < len(tokens) and tokens[i] != ")":
+    """Alternatives of items from ``tokens[i]`` to the closing parenthesis (or the end).
+    Iterative: a grammar may nest groups deeper than Python's recursion limit."""
+    stack: list[list[list[_Item]]] = [[[]]]  # the open groups, innermost last
+    while i < len(tokens):
         tok = tokens[i]
         if tok == "|":
-            alts.append([])
+            stack[-1].append([])
             i += 1
             continue
-        atom: object = tok
         if tok == "(":
-            atom, i = _parse(tokens, i + 1)
+            stack.append([[]])
+            i += 1
+            continue
+        if tok == ")" and len(stack) == 1:
+            break
+        atom: object = stack.pop() if tok == ")" else tok
         i += 1
         quant = ""
         if i < len(tokens) and (tokens[i] in "?*+" or tokens[i].startswith("{")):
             quant, i = tokens[i], i + 1
-        alts[-1].append((atom, quant))
-    return alts, i
+        stack[-1][-1].append((atom, quant))
+    while len(stack) > 1:  # groups left open at the end
+        group = stack.pop()
+        stack[-1][-1].append((group, ""))
+    return stack[0], i
 
 
-def _nullable(atom: object, quant: str, names: set[str]) -> bool:
-    if quant in ("?", "*") or re.fullmatch(r"\{\s*0\s*(,.*)?\}", quant):
+def _nullable(atom: object, quant: str, names: set[str],
+              known: dict[int, bool] | None = None) -> bool:
+    """Whether ``atom`` with ``quant`` may match nothing (``names``: the rules that may).
+    Groups are judged innermost first, without recursion; ``known`` keeps the verdicts."""
+    if _may_skip(quant):
         return True
-    if isinstance(atom, list):
-        return any(all(_nullable(a, q, names) for a, q in alt) for alt in atom)
-    return atom == "~" or atom in names
+    if not isinstance(atom, list):
+        return atom == "~" or atom in names
+    known = {} if known is None else known
+    todo: list[tuple[list[list[_Item]], bool]] = [(atom, False)]
+    while todo:
+        group, ready = todo.pop()
+        if id(group) in known:
+            continue
+        if not ready:
+            todo.append((group, True))
+            todo.extend((a, False) for alt in group for a, _ in alt
+                        if isinstance(a, list) and id(a) not in known)
+            continue
+        known[id(group)] = any(all(
+            (_may_skip(q) or (known[id(a)] if isinstance(a, list) else a == "~" or a in names))
+            for a, q in alt) for alt in group)
+    return known[id(atom)]
+
+
+def _may_skip(quant: str) -> bool:
+    """A quantifier that lets its atom match nothing."""
+    return quant in ("?", "*") or re.fullmatch(r"\{\s*0\s*(,.*)?\}", quant) is not None
 
 
 def _too_many(alts: list[list[_Item]], names: set[str], param: str) -> None:
     todo = list(alts)
+    known: dict[int, bool] = {}
     while todo:
         for atom, quant in todo.pop():
             if isinstance(atom, list):
                 todo.extend(atom)
             counts = [int(n) for n in re.findall(r"\d+", quant)] if quant[:1] == "{" else []
-            if counts and max(counts) > MAX_NULLABLE_REPEAT and _nullable(atom, "", names):
+            if counts and max(counts) > MAX_NULLABLE_REPEAT and _nullable(atom, "", names,
+                                                                           known):
                 raise InvalidRequest(
                     f"the grammar repeats an element that may match nothing {max(counts)} "
                     f"times; this server allows at most {MAX_NULLABLE_REPEAT} (grammar budget)",

@@ -535,3 +535,14 @@ def test_x_api_key_authenticates(keyed_server: ServerProcess) -> None:
     assert m.usage.output_tokens > 0
     assert good.messages.count_tokens(model="default", messages=HI).input_tokens > 0
     assert "sk-ant-local-42" not in keyed_server.log.read_text()
+
+
+def test_claude_sized_max_tokens_is_a_cap_and_request_ids_reach_the_sdk(
+        ac: anthropic.Anthropic) -> None:
+    """Clients made for Claude send max_tokens 32000 / 64000: more than a local context
+    leaves is a cap (as llama-server and Ollama take it), not a 400; the SDK reads the
+    request id from ``request-id``."""
+    m = ac.messages.create(model="default", max_tokens=64000, stop_sequences=["."],
+                           messages=[{"role": "user", "content": "Say hello."}])
+    assert m.stop_reason in ("end_turn", "stop_sequence", "max_tokens") and m.content
+    assert m._request_id and m._request_id.startswith("req_")  # type: ignore[attr-defined]

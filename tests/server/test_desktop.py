@@ -5,8 +5,10 @@ from __future__ import annotations
 
 import json
 import re
+import socket
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import httpx
@@ -160,3 +162,17 @@ def test_refuses_network_bind_without_keys() -> None:
     r = subprocess.run([sys.executable, "-m", "edgeinfer", "serve", "--host", "0.0.0.0"],
                        capture_output=True, text=True, timeout=60, check=False)
     assert r.returncode == 2 and "without API keys" in r.stderr
+
+
+def test_a_port_in_use_is_one_line_before_any_model_loads() -> None:
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        t0 = time.monotonic()
+        r = subprocess.run([sys.executable, "-m", "edgeinfer", "serve", "--port", str(port)],
+                           capture_output=True, text=True, timeout=60, check=False)
+    assert r.returncode == 2, r.stderr[-2000:]
+    assert f"cannot listen on 127.0.0.1:{port}" in r.stderr
+    assert "Traceback" not in r.stderr and "loading" not in r.stderr.split("cannot listen")[1]
+    assert time.monotonic() - t0 < 20  # no model was loaded first

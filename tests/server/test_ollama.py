@@ -287,7 +287,6 @@ BAD: list[tuple[str, dict[str, Any], str]] = [
      "template"),
     ("/api/generate", {"model": "default", "prompt": "x", "context": [1, 2]}, "context"),
     ("/api/generate", {"model": "default", "prompt": 5}, "prompt"),
-    ("/api/generate", {"model": "default", "prompt": "x", "colour": "red"}, "colour"),
     ("/api/embed", {"model": "default", "input": [1, 2]}, "input"),
     ("/api/embed", {"model": "default", "input": ["ok", ""]}, "input"),
     ("/api/show", {"model": 7}, "model"),
@@ -507,3 +506,20 @@ def test_a_temperature_above_two_is_taken_as_ollama_takes_it() -> None:
         with pytest.raises(InvalidRequest) as info:
             parse_generate({"model": "m", "prompt": "x", "options": {"temperature": bad}}, {})
         assert info.value.param == "options.temperature"
+
+
+def test_fields_ollama_ignores_are_ignored_and_latest_names_work_everywhere(
+        server: ServerProcess) -> None:
+    """Ollama ignores body fields it does not know (clients send OpenAI-style ones); a
+    harmless tool_choice without tools is no 400; ``name:latest`` works on /v1 too."""
+    r = _post(server, "/api/chat", {"model": "default:latest", "stream": False, "n": 1,
+                                    "temperature": 0.2, "logprobs": False,
+                                    "tool_choice": "auto", "options": {"num_predict": 3},
+                                    "messages": [{"role": "user", "content": "hi"}]})
+    assert r.status_code == 200, r.text
+    asked = _post(server, "/api/chat", {"model": "default", "logprobs": True, "messages": [
+        {"role": "user", "content": "hi"}]})
+    assert asked.status_code == 400 and "logprobs" in asked.json()["error"]
+    v1 = _post(server, "/v1/chat/completions", {"model": "default:latest", "max_tokens": 2,
+                                                "messages": [{"role": "user", "content": "hi"}]})
+    assert v1.status_code == 200, v1.text

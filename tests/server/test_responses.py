@@ -391,18 +391,22 @@ def test_bad_requests_are_400(server: ServerProcess, extra: dict[str, Any],
 def test_accepted_and_ignored_fields(client: openai.OpenAI) -> None:
     r = client.responses.create(
         model="default", input="hi", max_output_tokens=2, user="u1", service_tier="auto",
-        reasoning={"effort": "low"}, include=["message.output_text.logprobs"],
+        reasoning={"effort": "low"}, include=["reasoning.encrypted_content"],
         truncation="disabled", parallel_tool_calls=False, top_p=0.9, temperature=0.5,
         extra_body={"seed": 7})
     assert r.status in ("completed", "incomplete") and r.temperature == 0.5 and r.top_p == 0.9
     assert r.truncation == "disabled" and r.parallel_tool_calls is False
+    with pytest.raises(openai.BadRequestError) as err:  # asked for, not given: no silence
+        client.responses.create(model="default", input="hi", max_output_tokens=2,
+                                include=["message.output_text.logprobs"])
+    assert err.value.body["param"] == "include"  # type: ignore[index]
 
 
 HOSTILE = ['"\\ud800"', "NaN", "1e400", "-1", "true", "null", "[]", "{}", '""',
            json.dumps("x" * 100_000), str(10**30)]
 FUZZ_BODY = {
     **BASE, "instructions": "be brief", "metadata": {"k": "v"}, "temperature": 0.5,
-    "previous_response_id": None, "store": False, "include": ["message.output_text.logprobs"],
+    "previous_response_id": None, "store": False, "include": ["reasoning.encrypted_content"],
     "truncation": "disabled", "reasoning": {"effort": "low"}, "tools": [WEATHER],
     "tool_choice": {"type": "function", "name": "get_weather"},
     "text": {"format": {"type": "json_schema", "name": "n", "schema": {"type": "object"}}},

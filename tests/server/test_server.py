@@ -476,3 +476,42 @@ def test_logit_bias_and_penalties_change_the_output(client: openai.OpenAI) -> No
                                           temperature=0, frequency_penalty=2.0,
                                           presence_penalty=2.0)
     assert penalized.choices[0].text != base.choices[0].text
+
+
+def test_what_openai_and_llama_server_clients_send_by_default_is_taken(
+        server: ServerProcess) -> None:
+    """Explicit nulls, Predicted Outputs, cache hints, an earlier refusal part, llama-server's
+    sampler fields and hints: accepted (the samplers change the answer, a seed repeats it);
+    wrong types still get a 400 naming the field."""
+    base = {"model": "default", "max_tokens": 12, "seed": 7, "temperature": 0.9,
+            "messages": [{"role": "user", "content": "Name a colour."},
+                         {"role": "assistant", "content": [{"type": "refusal",
+                                                            "refusal": "I cannot."}]},
+                         {"role": "user", "content": "Name a fruit."}]}
+    extras = {"modalities": None, "audio": None, "functions": None, "function_call": None,
+              "web_search_options": None, "prediction": {"type": "content", "content": "x"},
+              "prompt_cache_options": {"mode": "explicit"}, "metadata": {"k": "v"},
+              "service_tier": "auto", "timings_per_token": True, "id_slot": -1,
+              "samplers": ["top_k", "temperature"], "return_progress": False}
+    url = f"{server.base_url}/v1/chat/completions"
+    plain = httpx.post(url, json={**base, **extras}, timeout=60)
+    assert plain.status_code == 200, plain.text
+    samplers = {"mirostat": 2, "mirostat_tau": 3.0, "typical_p": 0.5, "dry_multiplier": 0.8,
+                "xtc_probability": 0.5, "dynatemp_range": 0.5, "top_n_sigma": 1.0}
+    texts = set()
+    for name, value in samplers.items():
+        r = httpx.post(url, json={**base, name: value}, timeout=60)
+        assert r.status_code == 200, (name, r.text)
+        again = httpx.post(url, json={**base, name: value}, timeout=60)
+        assert again.json()["choices"][0]["message"] == r.json()["choices"][0]["message"]
+        texts.add(r.json()["choices"][0]["message"]["content"])
+    assert len(texts | {plain.json()["choices"][0]["message"]["content"]}) > 1
+    capped = httpx.post(url, json={**base, "max_tokens": None, "n_predict": 3}, timeout=60)
+    assert capped.json()["usage"]["completion_tokens"] <= 3
+    for bad in ({"metadata": {"k": 5}}, {"service_tier": 5}, {"user": 5}, {"store": "yes"},
+                {"prediction": {"type": "other"}}, {"typical_p": 2}, {"id_slot": "x"}):
+        r = httpx.post(url, json={**base, **bad}, timeout=60)
+        assert r.status_code == 400 and r.json()["error"]["param"] == next(iter(bad)), r.text
+    suffix = httpx.post(f"{server.base_url}/v1/completions", json={
+        "model": "default", "prompt": "a", "suffix": "", "max_tokens": 2}, timeout=60)
+    assert suffix.status_code == 200, suffix.text
