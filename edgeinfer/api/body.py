@@ -13,6 +13,7 @@ import asyncio
 import json
 import math
 import re
+import sys
 from typing import Any
 
 from starlette.requests import ClientDisconnect, Request
@@ -109,8 +110,18 @@ def loads(data: bytes | bytearray | str) -> Any:
         value = json.loads(data, parse_constant=_constant, parse_float=_float)
     except _BadNumber:
         raise _bad_number(data) from None
-    except (ValueError, RecursionError):  # JSONDecodeError, UnicodeDecodeError, int limits
-        raise InvalidRequest("the request body is not valid JSON (or nests too deeply)") from None
+    except UnicodeDecodeError:
+        raise InvalidRequest("the request body is not valid UTF-8 text") from None
+    except json.JSONDecodeError as exc:
+        raise InvalidRequest(f"the request body is not valid JSON: {exc.msg} at line "
+                             f"{exc.lineno}, column {exc.colno}") from None
+    except ValueError as exc:  # Python's limit on integer digits
+        if "digits" not in str(exc):
+            raise InvalidRequest("the request body is not valid JSON") from None
+        raise InvalidRequest("the request body holds an integer of more than "
+                             f"{sys.get_int_max_str_digits()} digits") from None
+    except RecursionError:
+        raise InvalidRequest("the request body nests too deeply") from None
     raw = data.encode("utf-8", "surrogatepass") if isinstance(data, str) else bytes(data)
     if _SURROGATE_ESCAPE.search(raw):  # surrogates can only come from \uD800-\uDFFF escapes
         check_strings(value)

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import logging
+from collections.abc import Mapping
 from typing import Any
 
 from starlette.exceptions import HTTPException
@@ -57,13 +58,17 @@ def error_body(exc: APIError, path: str = "") -> bytes:
     return json.dumps(shape(exc, path)).encode()
 
 
-def _dialect_path(request: Request) -> str:
-    """The path whose dialect shapes an error: the model routes, shared by the dialects,
-    answer Anthropic's SDK (which sends ``anthropic-version``) in Anthropic's shape."""
-    path = request.url.path
-    if path.startswith("/v1/models") and "anthropic-version" in request.headers:
+def dialect_path(path: str, headers: Mapping[str, str]) -> str:
+    """The path whose dialect shapes an error: any /v1/ path answers Anthropic's SDK (which
+    sends ``anthropic-version``) in Anthropic's shape (the model routes it shares, routes
+    this server lacks such as /v1/files, a missing API key)."""
+    if path.startswith("/v1/") and "anthropic-version" in headers:
         return ANTHROPIC_PREFIX
     return path
+
+
+def _dialect_path(request: Request) -> str:
+    return dialect_path(request.url.path, request.headers)
 
 
 async def on_api_error(request: Request, exc: Exception) -> Response:

@@ -17,7 +17,7 @@ import re
 from collections.abc import Awaitable, Callable, MutableMapping
 from typing import Any
 
-from edgeinfer.api.errors import error_body
+from edgeinfer.api.errors import dialect_path, error_body
 from edgeinfer.errors import APIError, AuthenticationFailed, PermissionDenied
 
 Scope = MutableMapping[str, Any]
@@ -149,7 +149,7 @@ def front_door(app: ASGIApp, *, api_keys: tuple[str, ...] = (),
 
 
 async def _deny(scope: Scope, send: Send, err: APIError) -> None:
-    body = error_body(err, str(scope.get("path", "")))
+    body = error_body(err, dialect_path(str(scope.get("path", "")), _headers(scope)))
     await send({"type": "http.response.start", "status": err.status, "headers": [
         (b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]})
     await send({"type": "http.response.body", "body": body})

@@ -546,3 +546,10 @@ def test_claude_sized_max_tokens_is_a_cap_and_request_ids_reach_the_sdk(
                            messages=[{"role": "user", "content": "Say hello."}])
     assert m.stop_reason in ("end_turn", "stop_sequence", "max_tokens") and m.content
     assert m._request_id and m._request_id.startswith("req_")  # type: ignore[attr-defined]
+
+
+def test_routes_this_server_lacks_answer_the_anthropic_sdk_in_its_shape(
+        server: ServerProcess) -> None:
+    r = httpx.get(f"{server.base_url}/v1/files", headers={"anthropic-version": "2023-06-01"})
+    anthropic_error(r, 404, "not_found_error")
+    assert httpx.get(f"{server.base_url}/v1/files").json()["error"]["code"] == "not_found"

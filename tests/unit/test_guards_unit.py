@@ -85,7 +85,8 @@ def test_gbnf_budget_ignores_what_is_inside_literals() -> None:
 @pytest.mark.parametrize(("raw", "fragment"), [
     (b'{"a": NaN}', "NaN"), (b'{"a": Infinity}', "Infinity"), (b'{"a": -Infinity}', "Infinity"),
     (b'{"a": 1e400}', "out of range"), (b'{"a": ["x", {"b": "\\ud800"}]}', "a[1].b"),
-    (b'{"\\udfff": 1}', "key"), (b"{oops", "not valid JSON"), (b"\xff", "not valid JSON"),
+    (b'{"\\udfff": 1}', "key"), (b"{oops", "not valid JSON"), (b"\xff", "not valid UTF-8"),
+    (b"{\"a\": " + b"9" * 5000 + b"}", "more than 4300 digits"),
 ])
 def test_bodies_that_are_not_strict_json_are_refused(raw: bytes, fragment: str) -> None:
     with pytest.raises(InvalidRequest) as err:
