@@ -145,17 +145,17 @@ def _ignored(b: Body) -> None:
     if not isinstance(b.body.get("prompt_cache_options", {}), dict):
         raise InvalidRequest("'prompt_cache_options' must be an object",
                              param="prompt_cache_options")
-    _prediction(b.body.get("prediction"))
     if b.body.get("modalities", ["text"]) != ["text"]:
         raise InvalidRequest("'modalities' must be [\"text\"]: this server writes text only",
                              param="modalities")
 
 
-def _prediction(value: Any) -> None:
-    """Predicted Outputs (a hint for speed; the answer is the same without it): checked
-    and not used."""
+def _prediction(value: Any) -> str | None:
+    """Predicted Outputs: the text the answer is expected to repeat (a file being edited).
+    It only speeds the answer up (drafts for speculative decoding): the answer is the same
+    without it."""
     if value is None:
-        return
+        return None
     content = value.get("content") if isinstance(value, dict) else None
     if not isinstance(value, dict) or value.get("type") != "content" or not (
             isinstance(content, str) or isinstance(content, list) and all(
@@ -163,6 +163,7 @@ def _prediction(value: Any) -> None:
                 for p in content)):
         raise InvalidRequest("'prediction' must be {\"type\": \"content\", \"content\": a "
                              "string or text parts}", param="prediction")
+    return content if isinstance(content, str) else "".join(p["text"] for p in content)
 
 
 def legacy_functions(body: Any) -> Any:
@@ -224,7 +225,8 @@ def parse(body: Any, headers: dict[str, str]) -> tuple[GenerateRequest, bool, bo
         cache_prompt=b.boolean("cache_prompt", True),
         wait_for_model=headers.get("x-edgeinfer-wait", "true").lower() != "false",
         reasoning_format=reasoning_format, template_kwargs=template_kwargs,
-        reasoning_budget=b.integer("reasoning_budget", 0, MAX_TOKENS_LIMIT, None))
+        reasoning_budget=b.integer("reasoning_budget", 0, MAX_TOKENS_LIMIT, None),
+        prediction=_prediction(b.body.get("prediction")))
     return req, stream, include_usage
 
 

@@ -85,14 +85,17 @@ class DraftLength:
 
 
 class NgramDrafter(DraftLength):
-    """Prompt-lookup drafts over one sequence's tokens."""
+    """Prompt-lookup drafts over one sequence's tokens, and over the output the request
+    predicted (``Prediction``) when it gave one."""
 
-    def __init__(self, max_len: int, n_max: int = 8, n_min: int = 4, min_len: int = 1) -> None:
+    def __init__(self, max_len: int, n_max: int = 8, n_min: int = 4, min_len: int = 1,
+                 prediction: Sequence[int] = ()) -> None:
         super().__init__(max_len, min_len)
         self.n_max = n_max
         self.n_min = n_min
         self._seen: dict[tuple[int, ...], int] = {}  # n-gram -> position after it, latest
         self._indexed = 0  # n-grams ending before this position are in ``_seen``
+        self.prediction = Prediction(prediction, n_max) if prediction else None
 
     def _index(self, tokens: Sequence[int]) -> None:
         """Index the n-grams that end before the last token (the last one is what is
@@ -110,6 +113,9 @@ class NgramDrafter(DraftLength):
         """Up to ``min(length, limit)`` tokens that may follow ``tokens``, whose first
         ``prompt_len`` are the prompt (None: all of them; empty: no guess)."""
         k = self.wants(limit)
+        if k > 0 and self.prediction is not None and prompt_len is not None:
+            if guess := self.prediction.follow(tokens[prompt_len:], k):
+                return guess
         if k <= 0 or len(tokens) <= self.n_min:
             return []
         self._index(tokens)
@@ -120,6 +126,51 @@ class NgramDrafter(DraftLength):
             if prompt_len is None or pos < prompt_len or n == self.n_max:
                 return list(tokens[pos:pos + k])
         return []
+
+
+class Prediction:
+    """The output a request expects (OpenAI's Predicted Outputs: a file it is editing),
+    followed as the output is written: while the output repeats it, the next predicted
+    tokens are the draft; where the output departs from it (an edit), the output's last
+    tokens are looked up in it (``n_min`` .. ``n_max`` of them, the first occurrence past
+    the point reached so far, else the first) and it is followed from there."""
+
+    n_min = 3
+
+    def __init__(self, tokens: Sequence[int], n_max: int) -> None:
+        self.tokens = tuple(tokens)
+        self.n_max = max(n_max, self.n_min)
+        self._at: int | None = 0  # where the output goes on in ``tokens`` (None: lost)
+        self._reached = 0  # the furthest point followed
+        self._synced = 0  # output tokens accounted for
+        self._where: dict[tuple[int, ...], list[int]] = {}  # n-gram -> positions after it
+        for end in range(self.n_min, len(self.tokens) + 1):
+            for n in range(self.n_min, min(self.n_max, end) + 1):
+                self._where.setdefault(self.tokens[end - n:end], []).append(end)
+
+    def follow(self, output: Sequence[int], k: int) -> list[int]:
+        """Up to ``k`` predicted tokens that may follow ``output`` (empty: no guess)."""
+        for tok in output[self._synced:]:
+            if self._at is not None and self._at < len(self.tokens) \
+                    and self.tokens[self._at] == tok:
+                self._at += 1
+                self._reached = max(self._reached, self._at)
+            else:
+                self._at = None
+        self._synced = len(output)
+        if self._at is None:
+            self._at = self._find(output)
+        if self._at is None:
+            return []
+        self._reached = max(self._reached, self._at)
+        return list(self.tokens[self._at:self._at + k])
+
+    def _find(self, output: Sequence[int]) -> int | None:
+        for n in range(min(self.n_max, len(output)), self.n_min - 1, -1):
+            places = self._where.get(tuple(output[-n:]))
+            if places:
+                return next((p for p in places if p >= self._reached), places[0])
+        return None
 
 
 class SourceDrafter(DraftLength):

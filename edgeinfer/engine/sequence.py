@@ -76,6 +76,8 @@ class SamplingParams:
     logprobs: int | None = None  # None: off; k: the sampled token's and the top k
     grammar: str | None = None  # GBNF constraining the output (root rule "root")
     speculative: bool = True  # drafts may be verified for this request (the model's setting)
+    # the output expected (OpenAI's Predicted Outputs), drafted from where the output is
+    prediction: tuple[int, ...] = ()
     # the output does not depend on other requests (``invariance``); None: the model's setting
     deterministic: bool | None = None
     # lazy grammar: free text until one of these words appears, the grammar from there on

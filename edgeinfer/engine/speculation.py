@@ -27,12 +27,13 @@ def drafter_for(cfg: ModelConfig, memory_kind: str, params: SamplingParams,
     """The drafter of a new request: none when the model's setting or the request says
     no, or when its memory cannot take rejected drafts back (recurrent / hybrid models,
     sliding windows without the full-size cache); with ``speculative = "draft"``, one
-    drafted by ``source`` (the model's draft model)."""
+    drafted by ``source`` (the model's draft model), unless the request predicts its
+    output: prompt lookup over that prediction and its own tokens then."""
     if cfg.speculative == "off" or not params.speculative or memory_kind != "kv":
         return None
-    if cfg.speculative == "draft":
+    if cfg.speculative == "draft" and not params.prediction:
         return SourceDrafter(source, cfg.draft_max) if source is not None else None
-    return NgramDrafter(cfg.draft_max, min_len=cfg.draft_min)
+    return NgramDrafter(cfg.draft_max, min_len=cfg.draft_min, prediction=params.prediction)
 
 
 def verify(scheduler: Scheduler, seq: Sequence, out: Output, runtime: LlamaRuntime,

@@ -97,6 +97,10 @@ async def generate(pool: ModelPool, req: GenerateRequest, leases: list[Lease],
                                       close_marker, fmt)
     if gbnf is not None:
         params = replace(params, grammar=gbnf, grammar_triggers=triggers)
+    if req.prediction and params.speculative:
+        predicted = await served.run(functools.partial(
+            served.runtime.tokenize, req.prediction, add_special=False, parse_special=False))
+        params = replace(params, prediction=tuple(predicted[:served.n_ctx]))
     if close_marker is not None and req.reasoning_budget is not None:
         close = await served.run(functools.partial(
             served.runtime.tokenize, close_marker, add_special=False, parse_special=True))

@@ -75,6 +75,8 @@ class GenerateRequest:
     # a prompt longer than the context keeps its first keep_head tokens and its last ones,
     # with room left for the answer, instead of a 400 (Ollama's truncate and num_keep)
     keep_head: int | None = None
+    # OpenAI's Predicted Outputs: text the answer is expected to repeat (drafts, not output)
+    prediction: str | None = None
 
     @property
     def num_choices(self) -> int:

@@ -515,3 +515,25 @@ def test_what_openai_and_llama_server_clients_send_by_default_is_taken(
     suffix = httpx.post(f"{server.base_url}/v1/completions", json={
         "model": "default", "prompt": "a", "suffix": "", "max_tokens": 2}, timeout=60)
     assert suffix.status_code == 200, suffix.text
+
+
+def test_predicted_outputs_draft_the_answer_and_leave_it_unchanged(
+        client: openai.OpenAI) -> None:
+    """OpenAI's ``prediction``: the expected answer (a file being edited) is drafted from
+    where the output is in it; the answer is the one without it, token for token."""
+    ask = {"model": "default", "temperature": 0, "max_tokens": 64,
+           "messages": [{"role": "user", "content": "Write a short poem about the sea."}]}
+    plain = client.chat.completions.create(**ask, extra_body={"speculative": False})
+    text = plain.choices[0].message.content or ""
+    assert plain.usage is not None and plain.usage.completion_tokens > 20
+    words = text.split(" ")
+    edited = " ".join(words[:3] + ["harbour"] + words[4:])  # a prediction with an edit
+    for predicted in (text, edited):
+        r = client.chat.completions.create(
+            **ask, prediction={"type": "content", "content": predicted})
+        assert r.choices[0].message.content == text
+        timings = (r.model_extra or {}).get("timings") or {}
+        assert timings.get("draft_n_accepted", 0) >= plain.usage.completion_tokens // 2, timings
+    off = client.chat.completions.create(**ask, extra_body={"speculative": False},
+                                         prediction={"type": "content", "content": text})
+    assert "draft_n" not in ((off.model_extra or {}).get("timings") or {})

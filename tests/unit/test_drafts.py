@@ -106,3 +106,22 @@ def test_drafts_that_miss_in_a_row_pause_longer_each_time() -> None:
     d.accepted(3, 1)  # one accepted: the next miss pauses the shortest time again
     d.accepted(3, 0)
     assert [d.propose(tokens, 4) for _ in range(8)] == [[]] * 8 and d.propose(tokens, 4)
+
+
+def test_a_prediction_is_followed_through_an_edit() -> None:
+    """Predicted Outputs: drafts come from the prediction where the output is in it; an
+    edit loses the place, the output's last tokens find it again past what was reached."""
+    prompt = [90, 91, 92]
+    pred = [1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 1, 2, 3, 13]
+    d = NgramDrafter(max_len=4, n_min=4, min_len=1, prediction=pred)
+    d.length = 4
+    assert d.propose(prompt + [1], 8, len(prompt)) == [2, 3, 4, 5]
+    assert d.propose(prompt + [1, 2, 3], 8, len(prompt)) == [4, 5, 6, 7]
+    out = [1, 2, 3, 4, 5, 99]  # an edit: 6 became 99
+    assert d.propose(prompt + out, 8, len(prompt)) == []  # lost, no n-gram to find it by
+    out += [7, 8, 9]  # back on the prediction: found by "7 8 9"
+    assert d.propose(prompt + out, 8, len(prompt)) == [10, 11, 12, 1]
+    out += [10, 11, 12, 1, 2, 3]  # "1 2 3" also starts the prediction: the later one wins
+    assert d.propose(prompt + out, 8, len(prompt)) == [13]
+    plain = NgramDrafter(max_len=4, n_min=4, min_len=1)  # no prediction: prompt lookup only
+    assert plain.propose(prompt + [1, 2, 3], 8, len(prompt)) == []
