@@ -14,6 +14,7 @@ import json
 import math
 import re
 import sys
+from collections import deque
 from typing import Any
 
 from starlette.requests import ClientDisconnect, Request
@@ -61,9 +62,9 @@ def _bad_number(data: bytes | bytearray | str) -> InvalidRequest:
         value = json.loads(data, parse_constant=_NotANumber, parse_float=_marked)
     except (ValueError, RecursionError):  # the body also has a syntax error further on
         return InvalidRequest("the request body is not valid JSON (or nests too deeply)")
-    todo: list[tuple[Any, list[str | int]]] = [(value, [])]
+    todo: deque[tuple[Any, list[str | int]]] = deque([(value, [])])
     while todo:
-        node, path = todo.pop(0)
+        node, path = todo.popleft()
         if isinstance(node, _NotANumber):
             where = _where(path)
             what = (f"{node} is not a JSON number" if node in ("NaN", "Infinity", "-Infinity")

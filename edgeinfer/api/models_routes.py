@@ -10,7 +10,7 @@ from starlette.responses import JSONResponse, Response
 from edgeinfer.api import anthropic_models
 from edgeinfer.api.respond import pool
 from edgeinfer.errors import Conflict, MethodNotAllowed
-from edgeinfer.models.pool import PoolEntry
+from edgeinfer.models.pool import ModelState, PoolEntry
 from edgeinfer.prompt.reasoning import splits
 
 
@@ -65,10 +65,13 @@ async def load_model(request: Request) -> Response:
 
 
 async def unload_model(request: Request) -> Response:
-    """POST /v1/models/{id}/unload: free it; 409 while anything uses it."""
+    """POST /v1/models/{id}/unload: free it; 409 while anything uses it or it loads."""
     p = pool(request)
     model_id = p.resolve(request.path_params["model_id"])
     entry = p.entries[model_id]
+    if entry.state is ModelState.LOADING:
+        raise Conflict(f"the model '{model_id}' is loading; unload it once it has loaded",
+                       code="model_loading")
     if entry.served is not None and not await p.unload(model_id):
         raise Conflict(f"the model '{model_id}' is serving requests", code="model_busy")
     return JSONResponse(model_card(entry))

@@ -34,8 +34,8 @@ RANGES: dict[str, tuple[str, float, float]] = {
     "mirostat": (_INT, 0, 2), "mirostat_tau": (_NUM, 0.0, 100.0),
     "mirostat_eta": (_NUM, 0.0, 10.0),
 }
-MAX_BREAKERS = 16
-MAX_BREAKER_LEN = 64
+MAX_BREAKERS = 8
+MAX_BREAKER_LEN = 16  # a long breaker costs its sampler seconds to build (llama.cpp)
 # accepted and ignored: name -> the JSON types it may have
 HINTS: dict[str, tuple[type, ...]] = {
     "timings_per_token": (bool,), "return_progress": (bool,), "post_sampling_probs": (bool,),

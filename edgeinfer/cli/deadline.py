@@ -68,17 +68,19 @@ class HeaderDeadline:
             and not self.transport.is_closing()
 
     def _longest_idle(self) -> HeaderDeadline | None:
+        """The idle connection to close: one that never completed a request (silent, or
+        its headers still coming) before a keep-alive one, the longest waiting first."""
         idle = [c for c in self.connections
                 if c is not self and isinstance(c, HeaderDeadline) and c._idle()]
-        return min(idle, key=lambda c: c._waiting_since, default=None)
+        return min(idle, key=lambda c: (c.cycle is not None, c._waiting_since), default=None)
 
     def data_received(self, data: bytes) -> None:
         if self._discarding:
             return
         super().data_received(data)  # type: ignore[misc]
         between = self.cycle is None or self.cycle.response_complete
-        if not between:
-            self._head_bytes = 0
+        if not between or self.cycle is not None and self.cycle.more_body:
+            self._head_bytes = 0  # a request, or the rest of an answered one's body
             return
         if self.transport.is_closing():
             return

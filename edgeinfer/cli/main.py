@@ -265,7 +265,7 @@ def serve(args: argparse.Namespace) -> int:
         raise ConfigError("--header-timeout, --body-timeout and --max-connections must be > 0")
     if args.ray is not None:
         return _serve_on_ray(config, args)
-    sock, app = bind(config.host, config.port), create_app(config)  # a port in use: at once
+    socks, app = bind(config.host, config.port), create_app(config)  # a port in use: at once
     app.state.body_timeout = args.body_timeout
     now = ", ".join(m.id for i, m in enumerate(config.models) if m.preload or i == 0)
     log.info("edgeinfer %s: serving %s on http://%s:%d%s; loading %s now, others on first use",
@@ -278,7 +278,7 @@ def serve(args: argparse.Namespace) -> int:
                         timeout_graceful_shutdown=int(args.shutdown_grace) + 5)
     server = EdgeServer(uv, app, args.shutdown_grace, args.ready_file, args.parent_pid,
                         drain_delay=args.drain_delay)
-    server.run(sockets=[sock])
+    server.run(sockets=socks)
     return 0 if server.started and not server.force_exit else 1  # forced: work was dropped
 
 

@@ -11,6 +11,7 @@ server shut down when that process is gone.
 
 from __future__ import annotations
 
+import asyncio
 import json
 import logging
 import os
@@ -33,20 +34,40 @@ log = logging.getLogger("edgeinfer")
 READY_PREFIX = "EDGEINFER_READY "
 
 
-def bind(host: str, port: int) -> socket.socket:
-    """The listening address, bound before any model loads (as uvicorn binds it), so a
-    port in use is a one-line error at once rather than after minutes of loading."""
-    family = socket.AF_INET6 if ":" in host else socket.AF_INET
-    sock = socket.socket(family, socket.SOCK_STREAM)
-    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+def _not_cancelled(record: logging.LogRecord) -> bool:
+    """A log filter: records about a task cancelled at a forced exit are dropped (uvicorn
+    logs the ASGI tasks' and the lifespan's, the latter as traceback text)."""
+    exc = record.exc_info[1] if record.exc_info else None
+    return not isinstance(exc, asyncio.CancelledError) and \
+        "CancelledError" not in record.getMessage()
+
+
+def bind(host: str, port: int) -> list[socket.socket]:
+    """The listening sockets, bound before any model loads, so a port in use is a one-line
+    error at once rather than after minutes of loading. As asyncio binds them: every
+    address ``host`` resolves to ("localhost": 127.0.0.1 and ::1), IPv6 ones IPv6-only;
+    port 0 picks one free port for all."""
     try:
-        sock.bind((host, port))
-    except OSError as exc:
-        sock.close()
-        raise ConfigError(f"cannot listen on {host}:{port}: {exc.strerror or exc} (another "
-                          "server there? choose another --port)") from None
-    sock.set_inheritable(True)
-    return sock
+        infos = socket.getaddrinfo(host or None, port, type=socket.SOCK_STREAM,
+                                   flags=socket.AI_PASSIVE)
+    except socket.gaierror as exc:
+        raise ConfigError(f"cannot listen on {host}: {exc.strerror}") from None
+    socks: list[socket.socket] = []
+    for family, kind, proto, _, addr in dict.fromkeys(infos):
+        sock = socket.socket(family, kind, proto)
+        socks.append(sock)
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        if family == socket.AF_INET6:
+            sock.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 1)
+        try:
+            sock.bind((addr[0], port, *addr[2:]))
+        except OSError as exc:
+            for s in socks:
+                s.close()
+            raise ConfigError(f"cannot listen on {addr[0]}:{port}: {exc.strerror or exc} "
+                              "(another server there? choose another --port)") from None
+        port = port or sock.getsockname()[1]
+    return socks
 
 
 def _summary(app: Any, url: str) -> str:
@@ -158,6 +179,9 @@ class EdgeServer(uvicorn.Server):
     def handle_exit(self, sig: int, frame: Any) -> None:
         if self._signalled:
             log.warning("second signal: exiting now")
+            # the tasks uvicorn cancels now are expected, not "Exception in ASGI application"
+            logging.getLogger("uvicorn.error").addFilter(_not_cancelled)
+            self._end_requests()
             self.should_exit = self.force_exit = True
             return
         self._signalled = True
@@ -182,11 +206,15 @@ class EdgeServer(uvicorn.Server):
         timer.daemon = True
         timer.start()
 
-    def _deadline(self) -> None:
+    def _end_requests(self) -> None:
+        """End every running request with a "shutting down" error."""
         pool = getattr(self.app.state, "pool", None)
         for served in list(pool.models.values()) if pool else []:
             served.engine.fail_all("the server is shutting down")
             served.embedder.cancel_all()
+
+    def _deadline(self) -> None:
+        self._end_requests()
         backstop = threading.Timer(3.0, setattr, (AppStatus, "should_exit", True))
         backstop.daemon = True  # streams still open after their error event: close them
         backstop.start()

@@ -7,21 +7,20 @@ the draft (the longest ``n`` that matches, down to ``n_min``). Text that copies 
 prompt (a rewrite, an extraction, code edits, JSON repeating input fields) is guessed
 well; other text rarely matches, and then nothing is drafted and nothing is spent.
 
-A match whose earlier occurrence lies in the sequence's own output (not its prompt) needs
-all ``n_max`` tokens: short matches inside generated text ("of the", a list's
-punctuation) mostly guess wrong, while text copied from the prompt matches at any ``n``
-(measured on SmolLM2: 4-token matches into the output were 38 % accepted, into the prompt
-90 %).
+For a sequence generating alone, a match whose earlier occurrence lies in its own output
+(not its prompt) needs all ``n_max`` tokens: short matches inside generated text ("of
+the", a list's punctuation) mostly guess wrong (measured on SmolLM2: 4-token matches into
+the output were 38 % accepted, into the prompt 90 %), and a lone stream's extra rows cost
+about a step each. Beside other streams extra rows cost little, and such matches are
+drafted.
 
 The engine decodes the drafts after the sequence's last token in the same batch as the
 other slots, samples the target at every drafted position in order, and keeps drafts
 while they equal what was sampled (see ``speculation``). How many tokens a sequence
-drafts follows how many it had accepted: its first draft is half of ``max_len``, all
-accepted doubles it (up to ``max_len``), a miss shrinks it to one more than were
-accepted, and a draft of which none was accepted halves it and pauses drafting for
-``COOLDOWN`` tokens, twice as long after each such draft in a row (up to ``MAX_PAUSE``;
-on a CPU a step's extra rows cost about a decode step each for a lone stream: drafts that
-miss are a loss, and text that misses once mostly misses again). Pure Python.
+drafts follows how many it had accepted: all accepted doubles it (up to ``max_len``),
+a miss shrinks it to one more than were accepted, and a draft of which none was
+accepted halves it and pauses drafting for ``COOLDOWN`` tokens (on a CPU a verified row
+costs about a third of a decode step: drafts that miss are a loss). Pure Python.
 """
 
 from __future__ import annotations
@@ -30,7 +29,6 @@ from collections.abc import Sequence
 from typing import Protocol
 
 COOLDOWN = 8  # tokens without drafts after a draft of which none was accepted
-MAX_PAUSE = 64  # the longest pause, after several such drafts in a row
 
 
 class DraftSource(Protocol):
@@ -50,9 +48,8 @@ class DraftLength:
         self.max_len = max_len
         self.min_len = min(min_len, max_len)  # shorter drafts are not proposed
         # the current draft length (adapts, see ``accepted``)
-        self.length = max(self.min_len, max_len // 2)
+        self.length = max_len
         self._pause = 0  # proposals left to skip (see COOLDOWN)
-        self._misses = 0  # drafts in a row of which none was accepted
         self.proposed = 0  # counted where drafts are put in a batch (``Scheduler``)
         self.taken = 0
 
@@ -71,12 +68,9 @@ class DraftLength:
             self.length = min(self.max_len, max(1, self.length) * 2)
         elif proposed and not taken:
             self.length = max(self.min_len, self.length // 2)
-            self._pause = min(MAX_PAUSE, COOLDOWN << self._misses)
-            self._misses += 1
+            self._pause = COOLDOWN
         elif proposed:
             self.length = max(self.min_len, taken + 1)
-        if taken:
-            self._misses = 0
 
     @property
     def rate(self) -> float:
@@ -94,10 +88,11 @@ class NgramDrafter(DraftLength):
         self.n_max = n_max
         self.n_min = n_min
         self._seen: dict[tuple[int, ...], int] = {}  # n-gram -> position after it, latest
+        self._in_prompt: dict[tuple[int, ...], int] = {}  # the same, inside the prompt
         self._indexed = 0  # n-grams ending before this position are in ``_seen``
         self.prediction = Prediction(prediction, n_max) if prediction else None
 
-    def _index(self, tokens: Sequence[int]) -> None:
+    def _index(self, tokens: Sequence[int], prompt_len: int) -> None:
         """Index the n-grams that end before the last token (the last one is what is
         looked up, so its own occurrence must not be found)."""
         end = len(tokens) - 1
@@ -105,35 +100,46 @@ class NgramDrafter(DraftLength):
             for n in range(self.n_min, self.n_max + 1):
                 if pos - n < 0:
                     break
-                self._seen[tuple(tokens[pos - n:pos])] = pos
+                gram = tuple(tokens[pos - n:pos])
+                self._seen[gram] = pos
+                if pos < prompt_len:
+                    self._in_prompt[gram] = pos
         self._indexed = max(self._indexed, end + 1)
 
     def propose(self, tokens: Sequence[int], limit: int,
-                prompt_len: int | None = None) -> list[int]:
+                prompt_len: int | None = None, alone: bool = False) -> list[int]:
         """Up to ``min(length, limit)`` tokens that may follow ``tokens``, whose first
-        ``prompt_len`` are the prompt (None: all of them; empty: no guess)."""
+        ``prompt_len`` are the prompt (None: all of them; empty: no guess); ``alone``:
+        no other sequence generates in this step."""
         k = self.wants(limit)
         if k > 0 and self.prediction is not None and prompt_len is not None:
             if guess := self.prediction.follow(tokens[prompt_len:], k):
                 return guess
         if k <= 0 or len(tokens) <= self.n_min:
             return []
-        self._index(tokens)
+        prompt_len = len(tokens) if prompt_len is None else prompt_len
+        self._index(tokens, prompt_len)
         for n in range(min(self.n_max, len(tokens) - 1), self.n_min - 1, -1):
-            pos = self._seen.get(tuple(tokens[-n:]))
-            if pos is None or len(tokens) - pos < self.min_len:
-                continue
-            if prompt_len is None or pos < prompt_len or n == self.n_max:
+            gram = tuple(tokens[-n:])
+            pos = self._seen.get(gram)
+            if alone and pos is not None and pos >= prompt_len and n < self.n_max:
+                pos = self._in_prompt.get(gram)  # a short match: only into the prompt
+            if pos is not None and len(tokens) - pos >= self.min_len:
                 return list(tokens[pos:pos + k])
         return []
+
+
+MAX_PLACES = 256  # places of one n-gram in a prediction weighed when the output is lost
 
 
 class Prediction:
     """The output a request expects (OpenAI's Predicted Outputs: a file it is editing),
     followed as the output is written: while the output repeats it, the next predicted
     tokens are the draft; where the output departs from it (an edit), the output's last
-    tokens are looked up in it (``n_min`` .. ``n_max`` of them, the first occurrence past
-    the point reached so far, else the first) and it is followed from there."""
+    tokens are looked up in it (the places that agree with most of the last ``n_max``, the
+    first past the point reached so far, else the first) and it is followed from there.
+    Its index holds one entry per token, built on the engine thread (the service caps a
+    prediction's length)."""
 
     n_min = 3
 
@@ -143,10 +149,9 @@ class Prediction:
         self._at: int | None = 0  # where the output goes on in ``tokens`` (None: lost)
         self._reached = 0  # the furthest point followed
         self._synced = 0  # output tokens accounted for
-        self._where: dict[tuple[int, ...], list[int]] = {}  # n-gram -> positions after it
+        self._where: dict[tuple[int, ...], list[int]] = {}  # n_min-gram -> positions after
         for end in range(self.n_min, len(self.tokens) + 1):
-            for n in range(self.n_min, min(self.n_max, end) + 1):
-                self._where.setdefault(self.tokens[end - n:end], []).append(end)
+            self._where.setdefault(self.tokens[end - self.n_min:end], []).append(end)
 
     def follow(self, output: Sequence[int], k: int) -> list[int]:
         """Up to ``k`` predicted tokens that may follow ``output`` (empty: no guess)."""
@@ -166,11 +171,25 @@ class Prediction:
         return list(self.tokens[self._at:self._at + k])
 
     def _find(self, output: Sequence[int]) -> int | None:
-        for n in range(min(self.n_max, len(output)), self.n_min - 1, -1):
-            places = self._where.get(tuple(output[-n:]))
-            if places:
-                return next((p for p in places if p >= self._reached), places[0])
-        return None
+        """Where the output's last tokens are in the prediction: the places that agree with
+        the most of them (up to ``n_max``), the first past the point reached, else the
+        first."""
+        if len(output) < self.n_min:
+            return None
+        places = self._where.get(tuple(output[-self.n_min:]), [])[:MAX_PLACES]
+        if not places:
+            return None
+        agree = {p: self._agree(p, output) for p in places}
+        best = max(agree.values())
+        fits = [p for p in places if agree[p] == best]
+        return next((p for p in fits if p >= self._reached), fits[0])
+
+    def _agree(self, place: int, output: Sequence[int]) -> int:
+        n = self.n_min
+        while n < min(self.n_max, place, len(output)) and \
+                self.tokens[place - 1 - n] == output[-1 - n]:
+            n += 1
+        return n
 
 
 class SourceDrafter(DraftLength):

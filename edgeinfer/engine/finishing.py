@@ -50,7 +50,7 @@ def open_output(seq: Sequence, sink: DeltaSink, runtime: LlamaRuntime,
                 eog_bans: tuple[int, ...]) -> Output:
     """A request's Output; ValueError or MemoryError if its sampler cannot be built."""
     sampler = SamplerChain(seq.params, runtime.info.n_vocab, eog_bans, runtime.vocab,
-                           runtime.piece, runtime.info.n_ctx_train)
+                           runtime.piece, runtime.info.n_ctx)
     return Output(sink, sampler, TextStream(seq.params.stop))
 
 

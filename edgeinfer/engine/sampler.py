@@ -21,6 +21,7 @@ from edgeinfer.engine.trigger import TriggerScan, safe_after
 
 LLAMA_DEFAULT_SEED = 0xFFFFFFFF
 SUBSET = 256  # candidates a grammar-constrained step checks before the whole vocabulary
+MAX_BREAKER_BYTES = 40  # llama.cpp's own cut for a DRY sequence breaker
 _TOKEN_DATA = np.dtype([("id", "<i4"), ("logit", "<f4"), ("p", "<f4")])
 assert _TOKEN_DATA.itemsize == ctypes.sizeof(llama_cpp.llama_token_data)
 
@@ -134,7 +135,7 @@ class SamplerChain:
     def _add_dry(self, p: SamplingParams, vocab: VocabPtr, n_ctx: int) -> None:
         """DRY (don't repeat yourself), as llama-server sets it up: a penalty window of
         -1 is the model's training context."""
-        breakers = [b.encode() for b in p.dry_sequence_breakers]
+        breakers = [b.encode()[:MAX_BREAKER_BYTES] for b in p.dry_sequence_breakers]
         arr = (ctypes.c_char_p * max(1, len(breakers)))(*breakers)
         last_n = n_ctx if p.dry_penalty_last_n < 0 else p.dry_penalty_last_n
         self._add(llama_cpp.llama_sampler_init_dry(
@@ -184,11 +185,16 @@ class SamplerChain:
 
     @staticmethod
     def _apply(smpl: Sampler, arr: npt.NDArray[np.void]) -> int:
+        """Apply ``smpl`` to the candidates in ``arr``; the index in ``arr`` of the one it
+        selected (a sampler may move the array's start past candidates it drops, as XTC
+        does, and count ``selected`` from there)."""
+        base = arr.ctypes.data
         cur = llama_cpp.llama_token_data_array(
             data=arr.ctypes.data_as(llama_cpp.llama_token_data_p), size=arr.shape[0],
             selected=-1, sorted=False)
         llama_cpp.llama_sampler_apply(smpl.ptr, ctypes.byref(cur))
-        return int(cur.selected)
+        start = ctypes.cast(cur.data, ctypes.c_void_p).value or base
+        return (start - base) // _TOKEN_DATA.itemsize + int(cur.selected)
 
     def _sample_constrained(self, ctx: ContextPtr, batch_index: int) -> int:
         """llama.cpp's common-sampler recipe, with a cheaper fallback.

@@ -193,7 +193,8 @@ class Scheduler:
             if seq.drafter is None or room <= 0:
                 continue
             if isinstance(seq.drafter, NgramDrafter):
-                added += _extend(chunk, seq.drafter.propose(seq.tokens, room, seq.num_prompt))
+                added += _extend(chunk, seq.drafter.propose(seq.tokens, room, seq.num_prompt,
+                                                            alone=len(chunks) == 1))
             elif (k := seq.drafter.wants(room)) > 0:
                 together.append((chunk, k))
                 added += k  # reserved; what the source does not draft is given back

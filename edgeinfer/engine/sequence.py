@@ -58,7 +58,7 @@ class SamplingParams:
     dry_multiplier: float = 0.0
     dry_base: float = 1.75
     dry_allowed_length: int = 2
-    dry_penalty_last_n: int = -1  # -1: the model's training context
+    dry_penalty_last_n: int = -1  # -1: the whole context
     dry_sequence_breakers: tuple[str, ...] = ("\n", ":", "\"", "*")
     top_n_sigma: float = -1.0
     typical_p: float = 1.0

@@ -52,6 +52,9 @@ class Generation:
     prompt_tokens: int = 0  # of every distinct prompt, before any generation
 
 
+MAX_PREDICTION = 8192  # tokens of a request's prediction that draft (the rest: not used)
+
+
 def failure_error(failure: Failure | None) -> APIError:
     """The API error for a request the engine ended with a failure."""
     f = failure or Failure(FailureCode.INTERNAL, "generation failed")
@@ -100,7 +103,7 @@ async def generate(pool: ModelPool, req: GenerateRequest, leases: list[Lease],
     if req.prediction and params.speculative:
         predicted = await served.run(functools.partial(
             served.runtime.tokenize, req.prediction, add_special=False, parse_special=False))
-        params = replace(params, prediction=tuple(predicted[:served.n_ctx]))
+        params = replace(params, prediction=tuple(predicted[:MAX_PREDICTION]))
     if close_marker is not None and req.reasoning_budget is not None:
         close = await served.run(functools.partial(
             served.runtime.tokenize, close_marker, add_special=False, parse_special=True))

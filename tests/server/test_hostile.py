@@ -437,6 +437,10 @@ def test_request_headers_past_64_kib_get_431(server: ServerProcess) -> None:
     r = httpx.post(f"{server.base_url}/tokenize", json={"model": "default", "content": big},
                    headers={"x-fine": "a" * 30_000}, timeout=60)
     assert r.status_code == 200, r.text[:200]
+    with httpx.Client(base_url=server.base_url, timeout=30) as client:  # one connection
+        for _ in range(3):  # a body answered before it was read is not taken for headers
+            assert client.post("/v1/nowhere", content=b"x" * (300 << 10)).status_code == 404
+            assert client.get("/health").status_code == 200
     alive(server)
 
 

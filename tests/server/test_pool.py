@@ -256,6 +256,9 @@ def test_load_and_unload_endpoints(pool_server: ServerProcess) -> None:
                          "messages": [{"role": "user", "content": "hi"}]})
     assert r.status_code == 503 and r.headers["retry-after"]
     assert r.json()["error"]["code"] in ("model_loading",)
+    during = httpx.post(f"{base}/v1/models/one-slot/unload")  # the load just began
+    assert (during.status_code == 409 and during.json()["error"]["code"] == "model_loading"
+            or during.status_code == 200 and during.json()["state"] == "unloaded"), during.text
 
 
 def test_models_command_lists_three(tmp_path: Path) -> None:

@@ -7,7 +7,6 @@ import asyncio
 import json
 import shutil
 import signal
-import subprocess
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -321,15 +320,22 @@ def test_second_signal_exits_at_once(tmp_path: Path) -> None:
     srv = start_server(tmp_path, "--slots", "2", "--shutdown-grace", "60")
     body = {"model": "default", "messages": HI, "max_tokens": 4000, "ignore_eos": True,
             "stream": True}
-    with httpx.stream("POST", f"{srv.base_url}{CHAT}", json=body, timeout=60) as r:
-        next(r.iter_lines())
-        srv.proc.send_signal(signal.SIGTERM)
-        time.sleep(0.5)
-        t0 = time.monotonic()
-        srv.proc.send_signal(signal.SIGINT)
-        try:
+    try:
+        with httpx.stream("POST", f"{srv.base_url}{CHAT}", json=body, timeout=60) as r:
+            lines = r.iter_lines()  # kept: a dropped iterator closes the stream
+            next(lines)
+            deadline = time.monotonic() + 30
+            while not srv.engine_stats()["slots_busy"]:  # generating, not only accepted
+                assert time.monotonic() < deadline
+                time.sleep(0.05)
+            srv.proc.send_signal(signal.SIGTERM)
+            time.sleep(0.5)
+            t0 = time.monotonic()
+            srv.proc.send_signal(signal.SIGINT)
             srv.proc.wait(20)
-        except subprocess.TimeoutExpired:
-            srv.proc.kill()
-            raise
-    assert time.monotonic() - t0 < 15
+    finally:
+        stop_server(srv)
+    assert time.monotonic() - t0 < 15 and srv.proc.returncode == 1
+    log = srv.log.read_text()
+    assert "second signal: exiting now" in log
+    assert "Exception in ASGI application" not in log and "CancelledError" not in log
