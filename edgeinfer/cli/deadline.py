@@ -12,9 +12,10 @@ deadline (``api.body``, ``serve --body-timeout``). The process never holds more 
 ``max_connections`` open ones (``serve --max-connections``; by default the open-file limit
 less a reserve), so it never runs out of file descriptors. At the cap a new connection
 takes the place of the one that has waited longest without a request in progress (idle
-keep-alive, or headers still coming, as nginx reuses idle keep-alive connections), so a
-client holding many idle connections cannot lock others out; only when every connection
-has a request in progress is the new one closed as it opens.
+keep-alive, or headers still coming, as nginx reuses idle keep-alive connections), else
+of the one whose request body has been coming longest, so a client holding many idle or
+trickling connections cannot lock others out; only when every connection has a complete
+request being answered is the new one closed as it opens.
 """
 
 from __future__ import annotations
@@ -68,11 +69,17 @@ class HeaderDeadline:
             and not self.transport.is_closing()
 
     def _longest_idle(self) -> HeaderDeadline | None:
-        """The idle connection to close: one that never completed a request (silent, or
-        its headers still coming) before a keep-alive one, the longest waiting first."""
-        idle = [c for c in self.connections
-                if c is not self and isinstance(c, HeaderDeadline) and c._idle()]
-        return min(idle, key=lambda c: (c.cycle is not None, c._waiting_since), default=None)
+        """The connection to close for a new one: an idle one (one that never completed a
+        request, silent or its headers still coming, before a keep-alive one), else one
+        whose request body is still coming; the longest waiting first. None: every
+        connection's request is complete and being answered."""
+        others = [c for c in self.connections if c is not self and isinstance(
+            c, HeaderDeadline) and not c.transport.is_closing()]
+        idle = [c for c in others if c._idle()]
+        if idle:
+            return min(idle, key=lambda c: (c.cycle is not None, c._waiting_since))
+        sending = [c for c in others if c.cycle is not None and c.cycle.more_body]
+        return min(sending, key=lambda c: c._waiting_since, default=None)
 
     def data_received(self, data: bytes) -> None:
         if self._discarding:
@@ -145,13 +152,13 @@ def _once_a_minute(what: str, message: str, cap: int) -> None:
 
 
 def _refused(cap: int) -> None:
-    _once_a_minute("refused", "refusing connections past %d open ones, all with a request "
-                   "in progress (--max-connections)", cap)
+    _once_a_minute("refused", "refusing connections past %d open ones, all being answered "
+                   "(--max-connections)", cap)
 
 
 def _evicted(cap: int) -> None:
     _once_a_minute("evicted", "at %d open connections (--max-connections): closing the "
-                   "longest idle one for each new one", cap)
+                   "longest idle one (or slowest upload) for each new one", cap)
 
 
 def default_max_connections() -> int:

@@ -379,32 +379,48 @@ def test_connections_that_never_finish_their_headers_are_closed(
 
 
 def test_connections_past_the_cap_never_lock_a_client_out(tmp_path: Path) -> None:
-    """--max-connections: at that many open connections a new one takes the place of the
-    longest idle one (so idle connections cannot lock others out); when every connection
-    has a request in progress (here: bodies still coming), a new one is closed as it opens."""
+    """--max-connections: at that many open connections a new one takes the place of an
+    idle one, else of one whose body is still trickling in (so neither can lock others
+    out); when every connection has a complete request being answered (here: streams), a
+    new one is closed as it opens."""
     srv = start_server(tmp_path, "--max-connections", "4", "--slots", "1", "--context", "1024")
     try:
         idle = [socket.create_connection(("127.0.0.1", srv.port)) for _ in range(4)]
         time.sleep(0.3)  # the server has seen them
         with httpx.Client(base_url=srv.base_url, timeout=5) as client:
             assert client.get("/health").status_code == 200
-        busy = []
-        for sock in idle[1:]:
+        for sock in idle:
             sock.close()
+        trickling = []
         for _ in range(4):
             sock = socket.create_connection(("127.0.0.1", srv.port))
             sock.sendall(b"POST /v1/chat/completions HTTP/1.1\r\nHost: 127.0.0.1\r\n"
                          b"Content-Type: application/json\r\nContent-Length: 100\r\n\r\n{")
-            busy.append(sock)
+            trickling.append(sock)
         time.sleep(0.5)  # the closes and the four requests reach the server
+        with httpx.Client(base_url=srv.base_url, timeout=5) as client:
+            assert client.get("/health").status_code == 200
+        for sock in trickling:
+            sock.close()
+        time.sleep(0.5)
+        body = json.dumps({"model": "default", "max_tokens": 900, "ignore_eos": True,
+                           "stream": True, "messages": [{"role": "user", "content": "hi"}]})
+        streams = []
+        for _ in range(4):  # one generates, three wait in the queue: all being answered
+            sock = socket.create_connection(("127.0.0.1", srv.port))
+            sock.sendall(b"POST /v1/chat/completions HTTP/1.1\r\nHost: 127.0.0.1\r\n"
+                         b"Content-Type: application/json\r\nContent-Length: "
+                         + str(len(body)).encode() + b"\r\n\r\n" + body.encode())
+            streams.append(sock)
+        time.sleep(0.5)
         extra = socket.create_connection(("127.0.0.1", srv.port))
         t0 = time.monotonic()
         with extra:
             assert _closed_within(extra, 5) == b""
         assert time.monotonic() - t0 < 2
-        for sock in busy:
+        for sock in streams:
             sock.close()
-        deadline = time.monotonic() + 5
+        deadline = time.monotonic() + 10
         while True:  # the server sees the closes shortly
             try:
                 if httpx.get(f"{srv.base_url}/health", timeout=2).status_code == 200:
@@ -414,8 +430,8 @@ def test_connections_past_the_cap_never_lock_a_client_out(tmp_path: Path) -> Non
             assert time.monotonic() < deadline
             time.sleep(0.1)
         log_text = srv.log.read_text()
-        assert "closing the longest idle one" in log_text
-        assert "refusing connections past 4 open ones, all with a request" in log_text
+        assert "closing the longest idle one (or slowest upload)" in log_text
+        assert "refusing connections past 4 open ones, all being answered" in log_text
     finally:
         stop_server(srv)
 
