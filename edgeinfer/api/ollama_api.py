@@ -141,8 +141,7 @@ def sampling(b: Body) -> SamplingParams:
     if hot is not None:  # checked as OpenAI's highest, then taken as sent
         body = {**body, "temperature": 2.0}
     try:
-        opts = Body(body, SAMPLING_OPTIONS)
-        params = replace(fields.sampling_params(opts, max_tokens), **samplers.params(opts))
+        params = samplers.sampling_params(Body(body, SAMPLING_OPTIONS), max_tokens)
         return replace(params, temperature=float(hot)) if hot is not None else params
     except InvalidRequest as exc:
         name = exc.param or ""

@@ -8,7 +8,6 @@ renders the events as a chat.completion body or chat.completion.chunk events.
 from __future__ import annotations
 
 import re
-from dataclasses import replace
 from typing import Any
 
 from starlette.requests import Request
@@ -217,7 +216,7 @@ def parse(body: Any, headers: dict[str, str]) -> tuple[GenerateRequest, bool, bo
     reasoning_format, template_kwargs = reasoning(b)
     req = GenerateRequest(
         model, ChatPrompt(msgs),
-        replace(fields.sampling_params(b, max_tokens, logprobs), **samplers.params(b)),
+        samplers.sampling_params(b, max_tokens, logprobs),
         n=int(b.integer("n", 1, MAX_CHOICES, 1) or 1),
         priority=fields.priority(b.body.get("priority"), headers.get("x-priority")),
         constraint=Constraint(grammar=grammar, json_schema=json_schema, json_object=json_object,

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-from dataclasses import replace
 from typing import Any
 
 from starlette.requests import Request
@@ -44,7 +43,7 @@ def parse(body: Any, headers: dict[str, str]) -> tuple[GenerateRequest, bool, bo
                              param="n")
     req = GenerateRequest(
         model, TextPrompts(prompts),
-        replace(fields.sampling_params(b, max_tokens, logprobs), **samplers.params(b)), n=n,
+        samplers.sampling_params(b, max_tokens, logprobs), n=n,
         priority=fields.priority(b.body.get("priority"), headers.get("x-priority")),
         constraint=Constraint(grammar=b.string("grammar")),
         cache_prompt=b.boolean("cache_prompt", True),

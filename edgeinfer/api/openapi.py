@@ -106,7 +106,8 @@ def _chat_fields() -> dict[str, Any]:
             "prompt_cache_key": _STR, "prompt_cache_retention": _STR, "safety_identifier": _STR,
             "verbosity": _STR, "modalities": {"type": "array", "items": {"const": "text"}},
             "prompt_cache_options": {"type": "object"},
-            "prediction": {"type": "object", "description": "checked, not used"}}
+            "prediction": {"type": "object", "description": "drafts the answer (speculative "
+                           "decoding); the answer is the same without it"}}
 
 
 def openapi_spec() -> dict[str, Any]:

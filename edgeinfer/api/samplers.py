@@ -17,9 +17,12 @@ other llama.cpp clients send them to /v1/chat/completions and /v1/completions.
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Any
 
+from edgeinfer.api import fields
 from edgeinfer.api.fields import MAX_TOKENS_LIMIT, Body
+from edgeinfer.engine.sequence import SamplingParams
 from edgeinfer.errors import InvalidRequest
 
 _NUM = "number"
@@ -71,6 +74,12 @@ def params(b: Body) -> dict[str, Any]:
                                 str: "a string"}[k] for k in kinds)
             raise InvalidRequest(f"'{name}' must be {what}", param=name)
     return out
+
+
+def sampling_params(b: Body, max_tokens: int | None,
+                    logprobs: int | None = None) -> SamplingParams:
+    """``fields.sampling_params`` with these samplers (for the bodies that allow them)."""
+    return replace(fields.sampling_params(b, max_tokens, logprobs), **params(b))
 
 
 def n_predict(b: Body, default: int | None) -> int | None:

@@ -22,11 +22,13 @@ from __future__ import annotations
 
 import asyncio
 import importlib.util
-import json
 import logging
 import resource
 import time
 from typing import Any
+
+from edgeinfer.api.errors import error_body
+from edgeinfer.errors import InvalidRequest
 
 log = logging.getLogger("edgeinfer.http")
 
@@ -65,8 +67,7 @@ class HeaderDeadline:
 
     def _idle(self) -> bool:
         """No request in progress: between requests or its headers not complete."""
-        return (self.cycle is None or self.cycle.response_complete) \
-            and not self.transport.is_closing()
+        return self.cycle is None or self.cycle.response_complete
 
     def _longest_idle(self) -> HeaderDeadline | None:
         """The connection to close for a new one: an idle one (one that never completed a
@@ -104,10 +105,9 @@ class HeaderDeadline:
         (closed at once, its unread bytes would reset the connection before the client
         reads the answer)."""
         log.info("closed a connection whose request headers passed %d bytes", MAX_HEAD_BYTES)
-        body = json.dumps({"error": {
-            "message": f"the request line and headers exceed {MAX_HEAD_BYTES} bytes",
-            "type": "invalid_request_error", "param": None,
-            "code": "request_header_fields_too_large"}}).encode()
+        body = error_body(InvalidRequest(
+            f"the request line and headers exceed {MAX_HEAD_BYTES} bytes",
+            code="request_header_fields_too_large"))
         self.transport.write(b"HTTP/1.1 431 Request Header Fields Too Large\r\n"
                              b"content-type: application/json\r\nconnection: close\r\n"
                              b"content-length: " + str(len(body)).encode() + b"\r\n\r\n" + body)

@@ -47,8 +47,7 @@ class DraftLength:
     def __init__(self, max_len: int, min_len: int = 1) -> None:
         self.max_len = max_len
         self.min_len = min(min_len, max_len)  # shorter drafts are not proposed
-        # the current draft length (adapts, see ``accepted``)
-        self.length = max_len
+        self.length = max_len  # the current draft length (adapts, see ``accepted``)
         self._pause = 0  # proposals left to skip (see COOLDOWN)
         self.proposed = 0  # counted where drafts are put in a batch (``Scheduler``)
         self.taken = 0

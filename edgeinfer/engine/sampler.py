@@ -134,7 +134,7 @@ class SamplerChain:
 
     def _add_dry(self, p: SamplingParams, vocab: VocabPtr, n_ctx: int) -> None:
         """DRY (don't repeat yourself), as llama-server sets it up: a penalty window of
-        -1 is the model's training context."""
+        -1 is the whole context."""
         breakers = [b.encode()[:MAX_BREAKER_BYTES] for b in p.dry_sequence_breakers]
         arr = (ctypes.c_char_p * max(1, len(breakers)))(*breakers)
         last_n = n_ctx if p.dry_penalty_last_n < 0 else p.dry_penalty_last_n
