@@ -35,8 +35,8 @@ def _grammar(vocab: Any, c: Constraint, fmt: ToolFormat) -> tuple[str | None, tu
         return answer, ()
     named = [t for t in c.tools if t.name == c.tool_choice]
     chosen = named or list(c.tools)
-    # parallel: at most one call per tool (a small model repeats a lone call endlessly)
-    calls = min(MAX_PARALLEL_CALLS, len(chosen)) if c.parallel_tool_calls and not named else 1
+    # parallel: the same tool may be called again (calls that repeat are dropped as read)
+    calls = MAX_PARALLEL_CALLS if c.parallel_tool_calls and not named else 1
     gbnf = tool_calls_gbnf([(t.name, t.parameters) for t in chosen], calls, fmt=fmt)
     check_generated(vocab, gbnf, "tools")
     if c.tool_choice != "auto":  # a forced call: the answer's format is for a later turn

@@ -273,8 +273,8 @@ async def to_events(merged: AsyncIterator[tuple[int, Delta]], prompt_of: list[in
                 p = prompt_of[i]
                 cached[p] = min(cached.get(p, d.cached_tokens), d.cached_tokens)
                 reason = d.finish_reason
-                if readers[i].num_calls and reason == "stop":
-                    reason = "tool_calls"
+                if readers[i].num_calls and (reason == "stop" or readers[i].cut_repeat):
+                    reason = "tool_calls"  # (cut inside a repeated call: the calls are whole)
                 word = None if d.stop_word in implicit else d.stop_word
                 yield Finish(i, reason, d.completion_tokens, d.timings, word)
         yield UsageReport(sum(prompt_lengths), completion, sum(cached.values()))

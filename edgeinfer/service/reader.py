@@ -11,6 +11,7 @@ from edgeinfer.engine.delta import Delta
 from edgeinfer.prompt.callparser import CallArgs, CallOpen, Content
 from edgeinfer.prompt.harmony import HarmonyParser
 from edgeinfer.prompt.reasoning import Markers, ReasoningSplit, Thought
+from edgeinfer.prompt.repeats import RepeatFilter
 from edgeinfer.prompt.toolformat import ToolFormat
 from edgeinfer.prompt.tools import call_parser
 from edgeinfer.service.events import Event, ReasoningDelta, TextDelta, ToolCallDelta
@@ -59,6 +60,7 @@ class ChoiceReader:
         self.thoughts = r.harmony_thoughts
         tools = None if r.harmony else r.tools
         self.calls = call_parser(tools, r.types) if tools is not None else None
+        self.repeats = RepeatFilter()
         self.split = (ReasoningSplit(r.in_thought, r.markers)
                       if r.markers is not None and not r.harmony else None)
 
@@ -66,7 +68,12 @@ class ChoiceReader:
     def num_calls(self) -> int:
         if self.harmony is not None:
             return self.harmony.num_calls
-        return self.calls.num_calls if self.calls is not None else 0
+        return self.repeats.num_calls
+
+    @property
+    def cut_repeat(self) -> bool:
+        """The output ran out inside a call that repeats an earlier one (left out)."""
+        return self.repeats.cut_repeat
 
     def read(self, d: Delta) -> list[Event]:
         final = d.finish_reason is not None
@@ -91,5 +98,8 @@ class ChoiceReader:
             return out
         calls = self.calls.feed(answer) if answer else []
         if final:
-            calls += self.calls.finish(cut=d.finish_reason == "length")
+            cut = d.finish_reason == "length"
+            calls = self.repeats.finish(calls + self.calls.finish(cut=cut), cut)
+        else:
+            calls = self.repeats.feed(calls)
         return out + [_event(self.choice, e, True) for e in calls]

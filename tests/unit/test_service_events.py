@@ -173,3 +173,43 @@ def test_a_base_models_answer_cut_inside_its_chatml_marker_leaves_the_marker_out
 
     assert asyncio.run(main(("<|im_end|>", "<|im_start|>"))) == "Hello "
     assert asyncio.run(main(())) == "Hello <|im"
+
+
+def _calls(events: list[Event]) -> list[tuple[int, str, str]]:
+    out: dict[int, list[str]] = {}
+    for e in events:
+        if isinstance(e, ToolCallDelta):
+            out.setdefault(e.index, [e.name or "", ""])[1] += e.arguments
+    return [(k, *v) for k, v in sorted(out.items())]
+
+
+def _call(city: str, space: str = " ") -> str:
+    call = f'{{"name": "get_weather", "arguments": {{"city":{space}"{city}"}}}}'
+    return f"<tool_call>{call}</tool_call>"
+
+
+def test_parallel_calls_to_one_tool_pass_and_repeats_are_dropped() -> None:
+    """Two cities are two calls; a call written again (same name, same arguments, however
+    spaced) is dropped and the calls after it renumbered, streamed in any pieces."""
+    text = _call("Paris") + _call("Paris", "") + _call("Oslo") + _call("Paris")
+    for size in (1, 7, len(text)):
+        pieces = [text[k:k + size] for k in range(0, len(text), size)]
+        events = run([fake(*(Delta(p) for p in pieces), end("stop", 40))], [0], [4],
+                     tools=True)
+        assert _calls(events) == [(0, "get_weather", '{"city": "Paris"}'),
+                                  (1, "get_weather", '{"city": "Oslo"}')]
+        assert [e.reason for e in events if isinstance(e, Finish)] == ["tool_calls"]
+        assert not "".join(e.text for e in events if isinstance(e, TextDelta))
+
+
+def test_output_cut_inside_a_repeated_call_ends_with_the_whole_calls() -> None:
+    cut_repeat = _call("Oslo") + _call("Rome") + _call("Oslo")
+    cut_repeat = cut_repeat[:cut_repeat.rindex("Oslo") + 2]
+    events = run([fake(Delta(cut_repeat), end("length", 40))], [0], [4], tools=True)
+    assert [c[2] for c in _calls(events)] == ['{"city": "Oslo"}', '{"city": "Rome"}']
+    assert [e.reason for e in events if isinstance(e, Finish)] == ["tool_calls"]
+    cut_new = _call("Oslo") + _call("Bergen")
+    cut_new = cut_new[:cut_new.index("Bergen") + 2]
+    events = run([fake(Delta(cut_new), end("length", 40))], [0], [4], tools=True)
+    assert [c[2] for c in _calls(events)] == ['{"city": "Oslo"}', '{"city": "Be']
+    assert [e.reason for e in events if isinstance(e, Finish)] == ["length"]
