@@ -85,6 +85,40 @@ def logprobs_body(meta: CompletionMeta, items: list[TokenLogprob],
     }
 
 
+class HeldLogprobs:
+    """A streamed choice's token logprobs, each held until the text it wrote has been
+    sent: text that might start a stop string is held back, and a stop string's tokens
+    are not part of the answer (as in a whole answer, and in llama-server's stream)."""
+
+    def __init__(self, piece: Callable[[int], bytes]) -> None:
+        self.piece = piece
+        self.offset = 0  # characters of text the tokens sent so far wrote
+        self._pending: list[TokenLogprob] = []
+        self._room = 0  # bytes of text sent that no token sent so far accounts for
+
+    def add(self, text: str, logprob: TokenLogprob | None) -> list[TokenLogprob]:
+        """The tokens to send with ``text`` (which may be "" while text is held)."""
+        if logprob is not None:
+            self._pending.append(logprob)
+        self._room += len(text.encode())
+        out: list[TokenLogprob] = []
+        while self._pending and len(self.piece(self._pending[0].token)) <= self._room:
+            lp = self._pending.pop(0)
+            self._room -= len(self.piece(lp.token))
+            out.append(lp)
+        self._sent(out)
+        return out
+
+    def finish(self, stopped: bool) -> list[TokenLogprob]:
+        """The tokens still held: none when a stop string ended the text."""
+        out, self._pending = ([] if stopped else self._pending), []
+        self._sent(out)
+        return out
+
+    def _sent(self, items: list[TokenLogprob]) -> None:
+        self.offset += sum(len(self.piece(lp.token).decode("utf-8", "replace")) for lp in items)
+
+
 def _delta(e: TextDelta | ToolCallDelta | ReasoningDelta, functions: bool = False
            ) -> dict[str, Any]:
     if isinstance(e, TextDelta):
@@ -122,16 +156,22 @@ async def sse_chunks(meta: CompletionMeta, events: AsyncIterator[Event], num_cho
     if meta.kind == "chat":
         for i in range(num_choices):
             yield event(_choice(meta, i, {"role": "assistant", "content": ""}, None))
-    offsets = [0] * num_choices
+    held = [HeldLogprobs(meta.piece) for _ in range(num_choices)]
     # blank text is held until what follows shows whether it is content: before a tool
     # call, or after calls at the end, it is not (as the whole answer strips it)
     blanks: list[list[TextDelta]] = [[] for _ in range(num_choices)]
     called = [False] * num_choices
 
-    def text(e: TextDelta) -> dict[str, str]:
-        lps = logprobs_body(meta, [e.logprob] if e.logprob else [], offsets[e.choice])
-        offsets[e.choice] += len(e.text)
-        return event(_choice(meta, e.choice, _delta(e), None, lps))
+    def text(e: TextDelta) -> list[dict[str, str]]:
+        at = held[e.choice].offset
+        lps = logprobs_body(meta, held[e.choice].add(e.text, e.logprob), at)
+        return [event(_choice(meta, e.choice, _delta(e), None, lps))] if e.text or lps else []
+
+    def rest(f: Finish) -> list[dict[str, str]]:
+        """The tokens of text released at the end; none of a stop string's."""
+        at = held[f.choice].offset
+        lps = logprobs_body(meta, held[f.choice].finish(f.stop_word is not None), at)
+        return [event(_choice(meta, f.choice, {"content": ""}, None, lps))] if lps else []
 
     try:
         async for e in events:
@@ -141,17 +181,18 @@ async def sse_chunks(meta: CompletionMeta, events: AsyncIterator[Event], num_cho
             if isinstance(e, TextDelta) and meta.kind == "chat" and not e.text.strip():
                 blanks[e.choice].append(e)
             elif isinstance(e, TextDelta):
-                for held in blanks[e.choice]:
-                    yield text(held)
+                for t in [*blanks[e.choice], e]:
+                    for chunk in text(t):
+                        yield chunk
                 blanks[e.choice] = []
-                yield text(e)
             elif isinstance(e, ToolCallDelta | ReasoningDelta):
                 if isinstance(e, ToolCallDelta):
                     called[e.choice], blanks[e.choice] = True, []
                 yield event(_choice(meta, e.choice, _delta(e, meta.functions), None))
             elif isinstance(e, Finish):
-                for held in [] if called[e.choice] else blanks[e.choice]:
-                    yield text(held)
+                last = [] if called[e.choice] else blanks[e.choice]
+                for chunk in [c for t in last for c in text(t)] + rest(e):
+                    yield chunk
                 extra = {"timings": e.timings} if e.timings else {}
                 yield event(_choice(meta, e.choice, {}, _reason(meta, e.reason)), **extra)
             elif include_usage:

@@ -350,6 +350,38 @@ def test_logprobs_chat_and_completions(client: openai.OpenAI) -> None:
                                                                                  tokens)
 
 
+def test_streamed_logprobs_are_the_streamed_texts_tokens(client: openai.OpenAI) -> None:
+    """Streamed, each token's logprob comes once its text is sent, and a stop string's
+    tokens never come: the tokens join up to the content, and completions' text_offset
+    are the whole answer's."""
+    ask = [{"role": "user", "content": "Count from 1 to 10 separated by commas"}]
+    for stop in (["4."], [", 4"], "\n", None):
+        kw = {"stop": stop} if stop else {}
+        chunks = list(client.chat.completions.create(
+            model="default", temperature=0, max_tokens=30, logprobs=True, top_logprobs=1,
+            messages=ask, stream=True, **kw))  # type: ignore[call-overload]
+        text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+        items = [i for c in chunks if c.choices and c.choices[0].logprobs
+                 for i in c.choices[0].logprobs.content or []]
+        assert "".join(i.token for i in items) == text, (stop, text)
+        whole = client.chat.completions.create(model="default", temperature=0, max_tokens=30,
+                                               logprobs=True, messages=ask, **kw)
+        assert whole.choices[0].message.content == text
+        prompt = "1, 2, 3,"
+        parts = list(client.completions.create(model="default", prompt=prompt, max_tokens=20,
+                                               temperature=0, logprobs=1, stream=True, **kw))
+        once = client.completions.create(model="default", prompt=prompt, max_tokens=20,
+                                         temperature=0, logprobs=1, **kw)
+        tokens = [t for p in parts if p.choices[0].logprobs
+                  for t in p.choices[0].logprobs.tokens or []]
+        offsets = [o for p in parts if p.choices[0].logprobs
+                   for o in p.choices[0].logprobs.text_offset or []]
+        assert once.choices[0].logprobs is not None
+        assert tokens == once.choices[0].logprobs.tokens, stop
+        assert offsets == once.choices[0].logprobs.text_offset, stop
+        assert "".join(tokens) == "".join(p.choices[0].text for p in parts)
+
+
 def test_n_choices_share_one_prompt_computation(client: openai.OpenAI,
                                                 server: ServerProcess) -> None:
     messages = [{"role": "user", "content": "Invent a name for a cat. " + "x" * 40}]
