@@ -64,10 +64,19 @@ async def tokenize(request: Request) -> Response:
         if len(tokens) > MAX_PIECES:
             raise InvalidRequest(f"'with_pieces' is allowed for at most {MAX_PIECES} tokens; "
                                  f"this text has {len(tokens)}", param="with_pieces")
-        pieces = [{"id": t, "piece": rt.piece(t).decode("utf-8", "replace")} for t in tokens]
+        pieces = [{"id": t, "piece": _piece(rt.piece(t))} for t in tokens]
         return _json_bytes({"tokens": pieces, "model": served.cfg.id})
 
     return Response(await served.run(work), media_type="application/json")
+
+
+def _piece(raw: bytes) -> str | list[int]:
+    """A token's text, or its bytes when they are not whole UTF-8 (part of a character),
+    as llama-server answers: a client joins the bytes of consecutive pieces."""
+    try:
+        return raw.decode("utf-8")
+    except UnicodeDecodeError:
+        return list(raw)
 
 
 async def detokenize(request: Request) -> Response:

@@ -443,6 +443,14 @@ def test_tokenize_and_detokenize(server: ServerProcess) -> None:
     pieces = httpx.post(f"{server.base_url}/tokenize",
                         json={"content": "Hello world", "with_pieces": True}).json()["tokens"]
     assert "".join(p["piece"] for p in pieces) == "Hello world"
+    # a piece that is part of a character comes as its bytes, as llama-server gives it
+    text = "媽🤗 ok"
+    pieces = httpx.post(f"{server.base_url}/tokenize",
+                        json={"content": text, "with_pieces": True}).json()["tokens"]
+    assert any(isinstance(p["piece"], list) for p in pieces)
+    raw = b"".join(bytes(p["piece"]) if isinstance(p["piece"], list) else p["piece"].encode()
+                   for p in pieces)
+    assert raw.decode() == text
     bad = httpx.post(f"{server.base_url}/detokenize", json={"tokens": [-1]})
     assert bad.status_code == 400 and bad.json()["error"]["param"] == "tokens"
 
