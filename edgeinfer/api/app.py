@@ -59,6 +59,11 @@ ROUTES = [
     Route("/v1/chat/completions", chat_completions, methods=["POST"]),
     Route("/v1/completions", completions, methods=["POST"]),
     Route("/v1/embeddings", embeddings, methods=["POST"]),
+    # llama-server's paths without /v1 (a client given the bare address)
+    Route("/models", models_routes.list_models, methods=["GET"]),
+    Route("/chat/completions", chat_completions, methods=["POST"]),
+    Route("/completions", completions, methods=["POST"]),
+    Route("/embeddings", embeddings, methods=["POST"]),
     Route("/tokenize", tokens.tokenize, methods=["POST"]),
     Route("/detokenize", tokens.detokenize, methods=["POST"]),
     Route("/apply-template", apply_template, methods=["POST"]),

@@ -29,7 +29,7 @@ FIELDS = {
     "n", "logit_bias", "user", "ignore_eos", "metadata", "store", "service_tier", "cache_prompt",
     "speculative", "deterministic",
     "priority", "messages", "max_completion_tokens", "response_format", "logprobs",
-    "top_logprobs", "tools", "tool_choice", "parallel_tool_calls", "grammar",
+    "top_logprobs", "tools", "tool_choice", "parallel_tool_calls", "grammar", "json_schema",
     "reasoning_format", "chat_template_kwargs", "reasoning_effort", "reasoning_budget",
     "modalities",  # must ask for text
     "functions", "function_call",  # deprecated by OpenAI, still accepted: tools underneath
@@ -91,23 +91,43 @@ def parse_tools(b: Body) -> tuple[tuple[ToolSpec, ...], str, bool]:
     return tuple(tools), choice, b.boolean("parallel_tool_calls", True)
 
 
+_FORMAT_KEYS = {"text": {"type"}, "json_object": {"type", "schema"},
+                "json_schema": {"type", "json_schema"}}
+
+
 def _response_format(b: Body) -> tuple[dict[str, Any] | None, bool]:
+    """(JSON schema, any JSON object) from ``response_format``, or from llama-server's
+    ``json_schema`` field and ``json_object`` with a ``schema``."""
     rf = b.body.get("response_format")
+    top = b.body.get("json_schema")
+    if top is not None:
+        if rf is not None or not isinstance(top, dict):
+            raise InvalidRequest("'json_schema' must be a JSON schema object, without "
+                                 "'response_format'", param="json_schema")
+        return top, False
     if rf is None:
         return None, False
     kind = rf.get("type") if isinstance(rf, dict) else None
-    if kind == "text":
-        return None, False
+    if not isinstance(kind, str) or kind not in _FORMAT_KEYS:
+        raise InvalidRequest("'response_format.type' must be 'text', 'json_object' or "
+                             "'json_schema'", param="response_format")
+    for key in rf:
+        if key not in _FORMAT_KEYS[kind] and rf[key] is not None:
+            raise InvalidRequest(f"'response_format.{key}': unrecognized field for type "
+                                 f"'{kind}'", param=f"response_format.{key}")
     if kind == "json_object":
-        return None, True
+        schema = rf.get("schema")
+        if schema is not None and not isinstance(schema, dict):
+            raise InvalidRequest("'response_format.schema' must be a JSON schema object",
+                                 param="response_format.schema")
+        return (schema, False) if schema is not None else (None, True)
     if kind == "json_schema":
         js = rf.get("json_schema")
         if not isinstance(js, dict) or not isinstance(js.get("schema"), dict):
             raise InvalidRequest("'response_format.json_schema.schema' must be a JSON schema "
                                  "object", param="response_format.json_schema.schema")
         return js["schema"], False
-    raise InvalidRequest("'response_format.type' must be 'text', 'json_object' or 'json_schema'",
-                         param="response_format")
+    return None, False
 
 
 def reasoning(b: Body) -> tuple[str | None, dict[str, Any]]:

@@ -153,9 +153,17 @@ async def sse_chunks(meta: CompletionMeta, events: AsyncIterator[Event], num_cho
             body["usage"] = None
         return {"data": json.dumps(body, ensure_ascii=False)}
 
-    if meta.kind == "chat":
-        for i in range(num_choices):
-            yield event(_choice(meta, i, {"role": "assistant", "content": ""}, None))
+    # a chat choice's first chunk has the role, and content "" (null before a tool call,
+    # as OpenAI streams calls): sent with the choice's first event
+    opened = [meta.kind != "chat"] * num_choices
+
+    def role(i: int, e: Event) -> list[dict[str, str]]:
+        if opened[i]:
+            return []
+        opened[i] = True
+        first = None if isinstance(e, ToolCallDelta) else ""
+        return [event(_choice(meta, i, {"role": "assistant", "content": first}, None))]
+
     held = [HeldLogprobs(meta.piece) for _ in range(num_choices)]
     # blank text is held until what follows shows whether it is content: before a tool
     # call, or after calls at the end, it is not (as the whole answer strips it)
@@ -165,7 +173,9 @@ async def sse_chunks(meta: CompletionMeta, events: AsyncIterator[Event], num_cho
     def text(e: TextDelta) -> list[dict[str, str]]:
         at = held[e.choice].offset
         lps = logprobs_body(meta, held[e.choice].add(e.text, e.logprob), at)
-        return [event(_choice(meta, e.choice, _delta(e), None, lps))] if e.text or lps else []
+        if not e.text and not lps:
+            return []
+        return [*role(e.choice, e), event(_choice(meta, e.choice, _delta(e), None, lps))]
 
     def rest(f: Finish) -> list[dict[str, str]]:
         """The tokens of text released at the end; none of a stop string's."""
@@ -188,10 +198,12 @@ async def sse_chunks(meta: CompletionMeta, events: AsyncIterator[Event], num_cho
             elif isinstance(e, ToolCallDelta | ReasoningDelta):
                 if isinstance(e, ToolCallDelta):
                     called[e.choice], blanks[e.choice] = True, []
+                for chunk in role(e.choice, e):
+                    yield chunk
                 yield event(_choice(meta, e.choice, _delta(e, meta.functions), None))
             elif isinstance(e, Finish):
                 last = [] if called[e.choice] else blanks[e.choice]
-                for chunk in [c for t in last for c in text(t)] + rest(e):
+                for chunk in role(e.choice, e) + [c for t in last for c in text(t)] + rest(e):
                     yield chunk
                 extra = {"timings": e.timings} if e.timings else {}
                 yield event(_choice(meta, e.choice, {}, _reason(meta, e.reason)), **extra)

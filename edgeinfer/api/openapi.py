@@ -95,6 +95,8 @@ def _chat_fields() -> dict[str, Any]:
             "logprobs": _BOOL, "top_logprobs": {"type": "integer", "minimum": 0, "maximum": 20},
             "response_format": {"type": "object"}, "tools": {"type": "array"},
             "tool_choice": {}, "parallel_tool_calls": _BOOL, "grammar": _STR,
+            "json_schema": {"type": "object", "description": "llama-server's: a JSON schema "
+                            "the answer follows (as response_format json_schema)"},
             "reasoning_format": {"enum": ["auto", "deepseek", "none"]},
             "chat_template_kwargs": {"type": "object"},
             "reasoning_budget": {"type": "integer", "minimum": 0},

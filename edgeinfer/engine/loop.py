@@ -85,8 +85,8 @@ class Engine:
     def submit(self, seq: Sequence, sink: DeltaSink) -> None:
         self._inbox.put(Submit(seq, sink))
 
-    def abort(self, request_id: str) -> None:
-        self._inbox.put(Abort(request_id))
+    def abort(self, request_id: str, stop: bool = False) -> None:  # stop: see _drain
+        self._inbox.put(Abort(request_id, stop))
 
     def fail_all(self, reason: str) -> None:
         """End every running and waiting request with an error (shutdown deadline)."""
@@ -128,8 +128,7 @@ class Engine:
         try:
             while True:
                 delta = await sink.get()
-                if delta.finish_reason is not None:
-                    done = True
+                done = delta.finish_reason is not None
                 yield delta
                 if done:
                     return
@@ -196,9 +195,11 @@ class Engine:
                 self._call(msg)
             elif isinstance(msg, Abort):
                 seq = self.scheduler.find(msg.request_id)
-                if seq is not None:
-                    log.info("request %s aborted by client (slot %s)", seq.request_id, seq.slot)
-                    self._finish(seq, SequenceStatus.FINISHED_ABORTED)
+                if seq is not None:  # stop: finished early, as a stop (its last delta sent)
+                    log.info("request %s %s (slot %s)", seq.request_id,
+                             "ended early" if msg.stop else "aborted by client", seq.slot)
+                    self._finish(seq, SequenceStatus.FINISHED_STOPPED if msg.stop
+                                 else SequenceStatus.FINISHED_ABORTED)
             try:
                 msg = self._inbox.get_nowait()
             except queue.Empty:

@@ -19,6 +19,7 @@ class Submit:
 @dataclass(frozen=True, slots=True)
 class Abort:
     request_id: str
+    stop: bool = False  # finish it as stopped (its last delta is sent), not aborted
 
 
 @dataclass(frozen=True, slots=True)

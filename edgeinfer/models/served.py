@@ -138,6 +138,10 @@ class ServedModel:
         self.admit(n)
         return Places(self, n)
 
+    def finish_early(self, request_id: str) -> None:
+        """End a running request now, as a stop: its finishing delta still comes."""
+        self.engine.abort(request_id, stop=True)
+
     async def generate(self, request_id: str, prompt: list[int], params: SamplingParams,
                        places: Places | None = None, **kw: Any) -> AsyncIterator[Delta]:
         """engine.generate, counted for admission control (taking one of ``places``)."""

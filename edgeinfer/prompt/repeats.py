@@ -1,12 +1,13 @@
 """Parallel tool calls without repeats: a call with the same name and the same arguments
-as an earlier call of the same answer is dropped.
+as an earlier call of the same answer ends the answer, and is left out.
 
 A small model asked for parallel calls often writes its one call again and again; run
 twice, a call with side effects would act twice. The first call streams as it is parsed
 (``edgeinfer.prompt.callparser``); each later call is held until it is complete, then
-passed on, renumbered, only when it is new. A later call cut off by the end of the output
-(``max_tokens``) is passed on as far as it was written, unless what was written starts an
-earlier call again.
+passed on, renumbered, only when it is new. After a repeat nothing more of the output is
+passed on (``ended``: the caller may stop generating). A later call cut off by the end of
+the output (``max_tokens``) is passed on as far as it was written, unless what was written
+starts an earlier call again. Blank text around calls is not content.
 """
 
 from __future__ import annotations
@@ -22,53 +23,82 @@ Part = Content | CallOpen | CallArgs
 @dataclass(slots=True)
 class _Call:
     name: str
-    held: list[Part] = field(default_factory=list)  # empty once passed on
+    held: list[Part] = field(default_factory=list)
     args: str = ""
     passing: bool = False  # streamed as it comes (the answer's first call)
 
 
-def _same_args(a: str, b: str) -> bool:
+def _json(text: str) -> object:
     try:
-        return bool(json.loads(a or "{}") == json.loads(b or "{}"))
+        return json.loads(text or "{}")
     except ValueError:
-        return a.strip() == b.strip()
+        return None
+
+
+def _same_args(a: str, b: str) -> bool:
+    x, y = _json(a), _json(b)
+    return x == y if x is not None and y is not None else a.strip() == b.strip()
 
 
 class RepeatFilter:
     """Feed it a call parser's events (``feed``, then ``finish`` at the end of the output);
-    it returns them less repeated calls, with the calls numbered 0, 1, ... as passed on."""
+    it returns them less repeated calls and blank text beside calls, with the calls
+    numbered 0, 1, ... as passed on."""
 
     def __init__(self) -> None:
         self.num_calls = 0  # calls passed on
-        self.repeats = 0  # calls dropped
-        self.cut_repeat = False  # the output ended inside a repeat (dropped)
+        self.ended = False  # a repeat was found: nothing after it is passed on
+        self.whole = False  # (after finish) the output passed on ends with a whole call
         self._done: list[tuple[str, str]] = []  # (name, arguments) of the calls passed on
         self._call: _Call | None = None
+        self._blank = ""  # blank text held: content only if more text follows
+        self._text_after = False  # text was passed on after the last call
 
     def feed(self, events: list[Part]) -> list[Part]:
         out: list[Part] = []
         for e in events:
+            if self.ended:
+                break
             if isinstance(e, CallArgs) and self._call is not None:
                 self._call.args += e.text
                 if self._call.passing:
-                    out.append(replace(e, index=self.num_calls - 1))
+                    out.append(replace(e, index=0))
                 else:
                     self._call.held.append(e)
                 continue
             self._close(out)
             if isinstance(e, CallOpen):
+                self._blank = ""
                 self._open(e, out)
-            else:
-                out.append(e)
+            elif isinstance(e, Content):
+                self._content(e, out)
         return out
 
     def finish(self, events: list[Part], cut: bool) -> list[Part]:
         """The last events; ``cut``: the output ran out (a call may be incomplete)."""
         out = self.feed(events)
-        self._close(out, cut)
+        last = self._call
+        if not self.ended:
+            self._close(out, cut)
+        if self.ended:
+            self.whole = self.num_calls > 0
+        elif self.num_calls and not self._text_after:
+            self.whole = last is None or _json(last.args) is not None or not cut
+        if self._blank and not self.num_calls and not self.ended:
+            out.append(Content(self._blank))  # an answer of blanks alone: as written
+        self._blank = ""
         return out
 
+    def _content(self, e: Content, out: list[Part]) -> None:
+        if not e.text.strip():
+            self._blank += e.text
+            return
+        out.append(Content(self._blank + e.text) if self._blank else e)
+        self._blank = ""
+        self._text_after = self.num_calls > 0
+
     def _open(self, e: CallOpen, out: list[Part]) -> None:
+        self._text_after = False
         if self.num_calls == 0:
             self._call = _Call(e.name, passing=True)
             self.num_calls += 1
@@ -83,12 +113,9 @@ class RepeatFilter:
         if c.passing:
             self._done.append((c.name, c.args))
             return
-        if cut and self._starts_again(c):
-            self.repeats += 1
-            self.cut_repeat = True
-            return
-        if not cut and any(n == c.name and _same_args(a, c.args) for n, a in self._done):
-            self.repeats += 1
+        if cut and self._starts_again(c) or not cut and any(
+                n == c.name and _same_args(a, c.args) for n, a in self._done):
+            self.ended = True
             return
         index = self.num_calls
         self.num_calls += 1

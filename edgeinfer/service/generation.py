@@ -120,7 +120,7 @@ async def generate(pool: ModelPool, req: GenerateRequest, leases: list[Lease],
                                group=request_id)
                for k, (_, prompt, p) in enumerate(jobs)]
     events = to_events(merge(streams), [pi for pi, _, _ in jobs], [len(p) for p in prompts],
-                       reading, implicit)
+                       reading, implicit, lambda k: served.finish_early(f"{request_id}-{k}"))
     return Generation(served.cfg.id, len(jobs), served.runtime.piece, events,
                       sum(len(p) for p in prompts))
 
@@ -251,12 +251,15 @@ async def merge(gens: list[AsyncIterator[Delta]]) -> AsyncIterator[tuple[int, De
 
 async def to_events(merged: AsyncIterator[tuple[int, Delta]], prompt_of: list[int],
                     prompt_lengths: list[int], reading: Reading | None = None,
-                    implicit: tuple[str, ...] = ()) -> AsyncIterator[Event]:
+                    implicit: tuple[str, ...] = (), end: Callable[[int], None] | None = None
+                    ) -> AsyncIterator[Event]:
     """Engine deltas -> events; ends with UsageReport, or with one ErrorEvent.
     ``reading``: how the text is read (tool calls, reasoning; ``reader.Reading``);
     ``implicit``: stop strings the server added (an end of generation, not the request's
-    stop string, when one of them ends a choice)."""
+    stop string, when one of them ends a choice); ``end(i)``: asks the engine to finish
+    choice i now (its finishing delta still comes)."""
     readers = [ChoiceReader(i, reading) for i in range(len(prompt_of))]
+    ended: set[int] = set()
     completion = 0
     cached: dict[int, int] = {}  # prompt index -> fewest cached tokens among its choices
     try:
@@ -268,13 +271,16 @@ async def to_events(merged: AsyncIterator[tuple[int, Delta]], prompt_of: list[in
                 d = replace(d, text=_without_marker_start(d.text, implicit))
             for e in readers[i].read(d):
                 yield e
+            if readers[i].repeated and i not in ended and end is not None:
+                ended.add(i)
+                end(i)  # a repeated tool call: the answer is complete without the rest
             if d.finish_reason is not None:
                 completion += d.completion_tokens
                 p = prompt_of[i]
                 cached[p] = min(cached.get(p, d.cached_tokens), d.cached_tokens)
                 reason = d.finish_reason
-                if readers[i].num_calls and (reason == "stop" or readers[i].cut_repeat):
-                    reason = "tool_calls"  # (cut inside a repeated call: the calls are whole)
+                if readers[i].num_calls and (reason == "stop" or readers[i].whole_calls):
+                    reason = "tool_calls"
                 word = None if d.stop_word in implicit else d.stop_word
                 yield Finish(i, reason, d.completion_tokens, d.timings, word)
         yield UsageReport(sum(prompt_lengths), completion, sum(cached.values()))

@@ -71,9 +71,15 @@ class ChoiceReader:
         return self.repeats.num_calls
 
     @property
-    def cut_repeat(self) -> bool:
-        """The output ran out inside a call that repeats an earlier one (left out)."""
-        return self.repeats.cut_repeat
+    def repeated(self) -> bool:
+        """A tool call repeated an earlier one: the rest of the output is left out."""
+        return self.repeats.ended
+
+    @property
+    def whole_calls(self) -> bool:
+        """(At the end) the answer passed on ends with a whole call: finished by its calls
+        even when the output ran on (a repeat, or the start of one, cut off)."""
+        return self.repeats.whole
 
     def read(self, d: Delta) -> list[Event]:
         final = d.finish_reason is not None

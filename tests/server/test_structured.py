@@ -286,6 +286,8 @@ def test_streamed_tool_call_deltas_have_the_openai_shape(server: ServerProcess) 
                       timeout=60) as r:
         chunks = [json.loads(ln[6:]) for ln in r.iter_lines()
                   if ln.startswith("data: ") and ln != "data: [DONE]"]
+    # the role comes first, with content null before a call (as OpenAI streams calls)
+    assert chunks[0]["choices"][0]["delta"] == {"role": "assistant", "content": None}
     calls = [c["choices"][0]["delta"]["tool_calls"][0] for c in chunks
              if c["choices"] and c["choices"][0]["delta"].get("tool_calls")]
     first, rest = calls[0], calls[1:]
@@ -296,6 +298,30 @@ def test_streamed_tool_call_deltas_have_the_openai_shape(server: ServerProcess) 
     args = json.loads("".join(c["function"]["arguments"] for c in calls))
     jsonschema.validate(args, SCHEMAS["send_email"])
     assert chunks[-1]["choices"][0]["finish_reason"] == "tool_calls"
+
+
+def test_parallel_calls_may_repeat_a_tool_but_never_a_call(client: openai.OpenAI) -> None:
+    """Two cities, one tool: calls of the same tool, none with the same arguments; a
+    small model's repeated call ends the answer as "tool_calls", even when max_tokens
+    runs out in the repeat (the SDK's parse() then raises nothing)."""
+    tool = {"type": "function", "function": {
+        "name": "get_weather", "strict": True, "parameters": {
+            "type": "object", "properties": {"city": {"type": "string"}},
+            "required": ["city"], "additionalProperties": False}}}
+    seen: set[int] = set()
+    for ask in ("What is the weather in Paris and in London?", "Weather in Paris?"):
+        for max_tokens in (45, 300):
+            r = client.chat.completions.parse(
+                model="default", messages=[{"role": "user", "content": ask}], tools=[tool],
+                tool_choice="required", max_tokens=max_tokens, temperature=0)
+            choice = r.choices[0]
+            assert choice.finish_reason == "tool_calls", (ask, max_tokens)
+            calls = [(c.function.name, json.loads(c.function.arguments))  # type: ignore
+                     for c in choice.message.tool_calls or []]
+            assert calls and all(name == "get_weather" for name, _ in calls)
+            assert len({json.dumps(a, sort_keys=True) for _, a in calls}) == len(calls)
+            seen.add(len(calls))
+    assert max(seen) > 1  # the same tool called twice in one answer
 
 
 def test_round_trip_call_result_answer(client: openai.OpenAI) -> None:
@@ -386,6 +412,13 @@ def test_patterns_with_shorthand_classes_constrain_answers_and_calls(
     ({"tools": [WEATHER], "tool_choice": {"type": "function", "function": {"name": "nope"}}},
      "tool_choice"),
     ({"response_format": {"type": "xml"}}, "response_format"),
+    ({"response_format": {"type": "json_object", "schema": {"type": "hiccup"}}},
+     "response_format.json_schema.schema"),
+    ({"response_format": {"type": "json_object", "schema": 123}}, "response_format.schema"),
+    ({"response_format": {"type": "json_object", "foo": 1}}, "response_format.foo"),
+    ({"response_format": {"type": "text", "schema": {}}}, "response_format.schema"),
+    ({"response_format": {"type": 123}}, "response_format"),
+    ({"json_schema": {"type": "object"}, "response_format": {"type": "text"}}, "json_schema"),
 ])
 def test_bad_constraints_get_a_quick_400(server: ServerProcess, extra: dict[str, object],
                                          param: str) -> None:
@@ -396,6 +429,17 @@ def test_bad_constraints_get_a_quick_400(server: ServerProcess, extra: dict[str,
     assert r.json()["error"]["param"] == param
     assert time.monotonic() - t0 < 5
     assert server.health()["status"] == "ok"
+
+
+def test_llama_servers_schema_fields_constrain_the_answer(server: ServerProcess) -> None:
+    """llama-server's forms: ``json_object`` with a ``schema``, and a ``json_schema`` field."""
+    for extra in ({"response_format": {"type": "json_object", "schema": {"const": "42"}}},
+                  {"json_schema": {"const": "42"}}):
+        body = {"model": "default", "max_tokens": 6, "temperature": 0,
+                "messages": [{"role": "user", "content": "Write an example"}], **extra}
+        r = httpx.post(f"{server.base_url}/v1/chat/completions", json=body, timeout=60)
+        assert r.status_code == 200, r.text
+        assert r.json()["choices"][0]["message"]["content"] == '"42"', extra
 
 
 def test_deeply_nested_schema_is_refused(server: ServerProcess) -> None:

@@ -188,28 +188,43 @@ def _call(city: str, space: str = " ") -> str:
     return f"<tool_call>{call}</tool_call>"
 
 
-def test_parallel_calls_to_one_tool_pass_and_repeats_are_dropped() -> None:
+def test_parallel_calls_to_one_tool_pass_and_a_repeat_ends_the_answer() -> None:
     """Two cities are two calls; a call written again (same name, same arguments, however
-    spaced) is dropped and the calls after it renumbered, streamed in any pieces."""
-    text = _call("Paris") + _call("Paris", "") + _call("Oslo") + _call("Paris")
+    spaced) ends the answer: it and all after it are left out, the engine is asked to
+    stop, and blanks between calls are not content; streamed in any pieces."""
+    text = (_call("Paris") + "\n" + _call("Oslo") + "\n" + _call("Paris", "") + "\n"
+            + _call("Rome") + "\nTrailing words")
     for size in (1, 7, len(text)):
         pieces = [text[k:k + size] for k in range(0, len(text), size)]
-        events = run([fake(*(Delta(p) for p in pieces), end("stop", 40))], [0], [4],
-                     tools=True)
+        ended: list[int] = []
+
+        async def main(pieces: list[str], ended: list[int]) -> list[Event]:
+            streams = [fake(*(Delta(p) for p in pieces), end("stop", 40))]
+            return [e async for e in to_events(merge(streams), [0], [4], Reading(tools=GENERIC),
+                                               end=ended.append)]
+        events = asyncio.run(main(pieces, ended))
         assert _calls(events) == [(0, "get_weather", '{"city": "Paris"}'),
                                   (1, "get_weather", '{"city": "Oslo"}')]
+        assert ended == [0]
         assert [e.reason for e in events if isinstance(e, Finish)] == ["tool_calls"]
-        assert not "".join(e.text for e in events if isinstance(e, TextDelta))
+        assert not [e for e in events if isinstance(e, TextDelta)]
 
 
-def test_output_cut_inside_a_repeated_call_ends_with_the_whole_calls() -> None:
-    cut_repeat = _call("Oslo") + _call("Rome") + _call("Oslo")
-    cut_repeat = cut_repeat[:cut_repeat.rindex("Oslo") + 2]
-    events = run([fake(Delta(cut_repeat), end("length", 40))], [0], [4], tools=True)
-    assert [c[2] for c in _calls(events)] == ['{"city": "Oslo"}', '{"city": "Rome"}']
-    assert [e.reason for e in events if isinstance(e, Finish)] == ["tool_calls"]
-    cut_new = _call("Oslo") + _call("Bergen")
-    cut_new = cut_new[:cut_new.index("Bergen") + 2]
-    events = run([fake(Delta(cut_new), end("length", 40))], [0], [4], tools=True)
-    assert [c[2] for c in _calls(events)] == ['{"city": "Oslo"}', '{"city": "Be']
-    assert [e.reason for e in events if isinstance(e, Finish)] == ["length"]
+def test_output_cut_after_whole_calls_ends_with_tool_calls() -> None:
+    """max_tokens ran out inside a repeat, between calls, or inside a call's closing
+    marker: the calls passed on are whole, so the answer ends as "tool_calls"; cut inside
+    a new call (or in text after the calls), it is "length"."""
+    two = _call("Oslo") + "\n" + _call("Rome") + "\n"
+    full = two + _call("Oslo")
+    cases = [(full[:full.rindex("Oslo") + 2], ['{"city": "Oslo"}', '{"city": "Rome"}'],
+              "tool_calls"),
+             (two + "<tool_c", ['{"city": "Oslo"}', '{"city": "Rome"}'], "tool_calls"),
+             (two[:-len("</tool_call>\n") + 3], ['{"city": "Oslo"}', '{"city": "Rome"}'],
+              "tool_calls"),
+             ((two + _call("Bergen"))[:len(two) + two.index("Oslo") + 2],
+              ['{"city": "Oslo"}', '{"city": "Rome"}', '{"city": "Be'], "length"),
+             (two + "It is", ['{"city": "Oslo"}', '{"city": "Rome"}'], "length")]
+    for text, calls, reason in cases:
+        events = run([fake(Delta(text), end("length", 40))], [0], [4], tools=True)
+        assert [c[2] for c in _calls(events)] == calls, text
+        assert [e.reason for e in events if isinstance(e, Finish)] == [reason], text
