@@ -142,74 +142,79 @@ def _choice(meta: CompletionMeta, index: int, delta: dict[str, Any], finish: str
             "finish_reason": finish}
 
 
-async def sse_chunks(meta: CompletionMeta, events: AsyncIterator[Event], num_choices: int,
-                     include_usage: bool) -> AsyncIterator[dict[str, str]]:
-    """The SSE events of a streamed response, ending with ``[DONE]``."""
-    obj = meta.chunk_object
+class _Chunks:
+    """The chunks of one streamed response, choice by choice: a chat choice's first chunk
+    has the role and content "" (null before a tool call, as OpenAI streams calls); blank
+    text is held until what follows shows whether it is content (before a tool call, or
+    after calls at the end, it is not, as the whole answer strips it); token logprobs come
+    with the text they wrote (``HeldLogprobs``)."""
 
-    def event(choice: dict[str, Any], **extra: Any) -> dict[str, str]:
-        body = {**meta.base(obj), "choices": [choice], **extra}
-        if include_usage:
+    def __init__(self, meta: CompletionMeta, num_choices: int, include_usage: bool) -> None:
+        self.meta, self.include_usage = meta, include_usage
+        self.opened = [meta.kind != "chat"] * num_choices
+        self.held = [HeldLogprobs(meta.piece) for _ in range(num_choices)]
+        self.blanks: list[list[TextDelta]] = [[] for _ in range(num_choices)]
+        self.called = [False] * num_choices
+
+    def event(self, choice: dict[str, Any], **extra: Any) -> dict[str, str]:
+        body = {**self.meta.base(self.meta.chunk_object), "choices": [choice], **extra}
+        if self.include_usage:
             body["usage"] = None
         return {"data": json.dumps(body, ensure_ascii=False)}
 
-    # a chat choice's first chunk has the role, and content "" (null before a tool call,
-    # as OpenAI streams calls): sent with the choice's first event
-    opened = [meta.kind != "chat"] * num_choices
-
-    def role(i: int, e: Event) -> list[dict[str, str]]:
-        if opened[i]:
+    def role(self, i: int, e: Event) -> list[dict[str, str]]:
+        if self.opened[i]:
             return []
-        opened[i] = True
+        self.opened[i] = True
         first = None if isinstance(e, ToolCallDelta) else ""
-        return [event(_choice(meta, i, {"role": "assistant", "content": first}, None))]
+        return [self.event(_choice(self.meta, i, {"role": "assistant", "content": first}, None))]
 
-    held = [HeldLogprobs(meta.piece) for _ in range(num_choices)]
-    # blank text is held until what follows shows whether it is content: before a tool
-    # call, or after calls at the end, it is not (as the whole answer strips it)
-    blanks: list[list[TextDelta]] = [[] for _ in range(num_choices)]
-    called = [False] * num_choices
-
-    def text(e: TextDelta) -> list[dict[str, str]]:
-        at = held[e.choice].offset
-        lps = logprobs_body(meta, held[e.choice].add(e.text, e.logprob), at)
+    def text(self, e: TextDelta) -> list[dict[str, str]]:
+        at = self.held[e.choice].offset
+        lps = logprobs_body(self.meta, self.held[e.choice].add(e.text, e.logprob), at)
         if not e.text and not lps:
             return []
-        return [*role(e.choice, e), event(_choice(meta, e.choice, _delta(e), None, lps))]
+        return [*self.role(e.choice, e),
+                self.event(_choice(self.meta, e.choice, _delta(e), None, lps))]
 
-    def rest(f: Finish) -> list[dict[str, str]]:
-        """The tokens of text released at the end; none of a stop string's."""
-        at = held[f.choice].offset
-        lps = logprobs_body(meta, held[f.choice].finish(f.stop_word is not None), at)
-        return [event(_choice(meta, f.choice, {"content": ""}, None, lps))] if lps else []
+    def of(self, e: TextDelta | ToolCallDelta | ReasoningDelta | Finish) -> list[dict[str, str]]:
+        i, meta = e.choice, self.meta
+        if isinstance(e, TextDelta) and meta.kind == "chat" and not e.text.strip():
+            self.blanks[i].append(e)
+            return []
+        if isinstance(e, TextDelta):
+            texts, self.blanks[i] = [*self.blanks[i], e], []
+            return [c for t in texts for c in self.text(t)]
+        if isinstance(e, ToolCallDelta | ReasoningDelta):
+            if isinstance(e, ToolCallDelta):
+                self.called[i], self.blanks[i] = True, []
+            return [*self.role(i, e), self.event(_choice(meta, i, _delta(e, meta.functions), None))]
+        out = self.role(i, e) + [c for t in ([] if self.called[i] else self.blanks[i])
+                                 for c in self.text(t)]
+        at = self.held[i].offset  # the tokens of text released at the end (not a stop's)
+        lps = logprobs_body(meta, self.held[i].finish(e.stop_word is not None), at)
+        if lps:
+            out.append(self.event(_choice(meta, i, {"content": ""}, None, lps)))
+        extra = {"timings": e.timings} if e.timings else {}
+        return [*out, self.event(_choice(meta, i, {}, _reason(meta, e.reason)), **extra)]
 
+
+async def sse_chunks(meta: CompletionMeta, events: AsyncIterator[Event], num_choices: int,
+                     include_usage: bool) -> AsyncIterator[dict[str, str]]:
+    """The SSE events of a streamed response, ending with ``[DONE]``."""
+    chunks = _Chunks(meta, num_choices, include_usage)
     try:
         async for e in events:
             if isinstance(e, ErrorEvent):
                 yield {"data": json.dumps(e.error.to_dict())}
                 break
-            if isinstance(e, TextDelta) and meta.kind == "chat" and not e.text.strip():
-                blanks[e.choice].append(e)
-            elif isinstance(e, TextDelta):
-                for t in [*blanks[e.choice], e]:
-                    for chunk in text(t):
-                        yield chunk
-                blanks[e.choice] = []
-            elif isinstance(e, ToolCallDelta | ReasoningDelta):
-                if isinstance(e, ToolCallDelta):
-                    called[e.choice], blanks[e.choice] = True, []
-                for chunk in role(e.choice, e):
-                    yield chunk
-                yield event(_choice(meta, e.choice, _delta(e, meta.functions), None))
-            elif isinstance(e, Finish):
-                last = [] if called[e.choice] else blanks[e.choice]
-                for chunk in role(e.choice, e) + [c for t in last for c in text(t)] + rest(e):
-                    yield chunk
-                extra = {"timings": e.timings} if e.timings else {}
-                yield event(_choice(meta, e.choice, {}, _reason(meta, e.reason)), **extra)
-            elif include_usage:
-                yield {"data": json.dumps({**meta.base(obj), "choices": [],
-                                           "usage": usage_body(e)})}
+            if isinstance(e, UsageReport):
+                if include_usage:
+                    yield {"data": json.dumps({**meta.base(meta.chunk_object), "choices": [],
+                                               "usage": usage_body(e)})}
+                continue
+            for chunk in chunks.of(e):
+                yield chunk
     finally:
         await events.aclose()  # type: ignore[attr-defined]
     yield {"data": "[DONE]"}
