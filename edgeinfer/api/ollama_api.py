@@ -77,10 +77,11 @@ MESSAGE_KEYS = {"role", "content", "images", "tool_calls", "tool_name", "thinkin
 
 
 async def read_body(request: Request) -> Any:
-    """The JSON body. ``curl -d`` (as in Ollama's docs) labels it form data: that label
-    and text/plain are read as JSON too (cross-site browsers are kept out by the guard)."""
+    """The JSON body, whatever its label, as Ollama reads it: ``curl -d`` (as in Ollama's
+    docs) labels it form data, litellm's async client application/octet-stream
+    (cross-site browsers are kept out by the guard)."""
     ctype = request.headers.get("content-type", "").split(";")[0].strip().lower()
-    if ctype in ("application/x-www-form-urlencoded", "text/plain"):
+    if ctype not in ("application/json", ""):
         scope = {**request.scope, "headers": [
             (k, v) for k, v in request.scope["headers"] if k.lower() != b"content-type"]}
         request = Request(scope, request.receive)

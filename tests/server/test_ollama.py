@@ -307,12 +307,14 @@ def test_bodies_that_are_not_json_objects(server: ServerProcess) -> None:
         r = httpx.post(f"{server.base_url}/api/chat", content=content,
                        headers={"content-type": "application/json"})
         assert r.status_code == 400 and set(r.json()) == {"error"}
-    # curl -d labels JSON as a form, as in Ollama's docs: read as JSON all the same
+    # curl -d labels JSON as a form, as in Ollama's docs, litellm's async client as bytes:
+    # read as JSON all the same, as Ollama reads any body
     body = json.dumps({"model": "default", "prompt": "Hi", "stream": False,
                        "options": {"num_predict": 2}})
-    r = httpx.post(f"{server.base_url}/api/generate", content=body,
-                   headers={"content-type": "application/x-www-form-urlencoded"})
-    assert r.status_code == 200 and r.json()["done"] is True
+    for label in ("application/x-www-form-urlencoded", "application/octet-stream"):
+        r = httpx.post(f"{server.base_url}/api/generate", content=body,
+                       headers={"content-type": label})
+        assert r.status_code == 200 and r.json()["done"] is True
 
 
 def test_think_and_ignored_options_are_accepted(oc: ollama.Client) -> None:
