@@ -14,14 +14,14 @@ from edgeinfer.api.body import read_json
 from edgeinfer.api.fields import Body
 from edgeinfer.api.respond import CLIENT_GONE, leases, pool, unless_disconnected
 from edgeinfer.errors import InvalidRequest
-from edgeinfer.service.embedding import embed
+from edgeinfer.service.embedding import embed, shortened
 from edgeinfer.service.request import EmbedRequest
 
 MAX_EMBED_INPUTS = 256
 
 
-def parse(body: Any) -> tuple[EmbedRequest, bool]:
-    """(request, base64 output) from an embeddings body."""
+def parse(body: Any) -> tuple[EmbedRequest, bool, int | None]:
+    """(request, base64 output, dimensions) from an embeddings body."""
     b = Body(body, {"model", "input", "encoding_format", "dimensions", "user"})
     model = b.string("model", required=True)
     assert model is not None
@@ -30,19 +30,22 @@ def parse(body: Any) -> tuple[EmbedRequest, bool]:
     if fmt not in ("float", "base64"):
         raise InvalidRequest("'encoding_format' must be 'float' or 'base64'",
                              param="encoding_format")
-    if b.present("dimensions"):
-        raise InvalidRequest("'dimensions' is not supported: embeddings have the model's size",
-                             param="dimensions")
-    return EmbedRequest(model, items), fmt == "base64"
+    return EmbedRequest(model, items), fmt == "base64", b.integer("dimensions", 1, 1 << 20, None)
 
 
 async def embeddings(request: Request) -> Response:
-    req, as_base64 = parse(await read_json(request))
+    req, as_base64, dimensions = parse(await read_json(request))
     result = await unless_disconnected(request, embed(pool(request), req, leases(request)))
     if result is None:  # the client left: its work was stopped
         return Response(status_code=CLIENT_GONE)
+    vectors = result.vectors
+    if dimensions is not None and vectors:
+        if dimensions > len(vectors[0]):
+            raise InvalidRequest(f"'dimensions' must be at most this model's size, "
+                                 f"{len(vectors[0])}", param="dimensions")
+        vectors = shortened(vectors, dimensions)
     data = []
-    for i, v in enumerate(result.vectors):
+    for i, v in enumerate(vectors):
         emb: object = v
         if as_base64:
             emb = base64.b64encode(np.asarray(v, dtype="<f4").tobytes()).decode("ascii")

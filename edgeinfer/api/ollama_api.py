@@ -306,7 +306,7 @@ async def generate(request: Request) -> Response:
 
 async def embed(request: Request) -> Response:
     """POST /api/embed {model, input: text or texts, truncate (default true), options,
-    keep_alive, dimensions (only the model's own)}; no input: loads the model."""
+    keep_alive, dimensions (vectors shortened)}; no input: loads the model."""
     b = Body(await read_body(request), {"model", "input", "truncate", "options", "keep_alive",
                                         "dimensions"})
     name = str(b.string("model", required=True))

@@ -45,8 +45,19 @@ class FileFacts:
     def details(self) -> dict[str, Any]:
         return {"parent_model": "", "format": "gguf", "family": self.arch,
                 "families": [self.arch] if self.arch else [],
-                "parameter_size": str(self.meta.get("general.size_label") or ""),
+                "parameter_size": str(self.meta.get("general.size_label") or _size(
+                    self.meta.get("general.parameter_count"))),
                 "quantization_level": self.quant}
+
+
+def _size(count: object) -> str:
+    """A parameter count as Ollama writes it: 134.52M, 7.62B."""
+    if not isinstance(count, int) or count <= 0:
+        return ""
+    for unit, scale in (("B", 1e9), ("M", 1e6), ("K", 1e3)):
+        if count >= scale:
+            return f"{count / scale:.2f}{unit}"
+    return str(count)
 
 
 @functools.lru_cache(maxsize=32)

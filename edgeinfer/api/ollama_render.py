@@ -40,7 +40,7 @@ from edgeinfer.api.respond import (
 from edgeinfer.errors import Conflict, InvalidRequest
 from edgeinfer.models.pool import ModelPool, ModelState
 from edgeinfer.service import events as ev
-from edgeinfer.service.embedding import embed
+from edgeinfer.service.embedding import embed, shortened
 from edgeinfer.service.generation import Generation
 from edgeinfer.service.outcome import CallOutcome, gather
 from edgeinfer.service.request import ChatPrompt, EmbedRequest, GenerateRequest
@@ -313,9 +313,8 @@ async def embeddings_answer(request: Request, asked: str, name: str, texts: list
         if result is None:  # the client left: its work was stopped
             return Response(status_code=CLIENT_GONE)
     vectors = result.vectors if result else []
-    if dimensions is not None and vectors and dimensions != len(vectors[0]):
-        raise InvalidRequest(f"'dimensions' must be this model's size, {len(vectors[0])}",
-                             param="dimensions")
+    if dimensions is not None:
+        vectors = shortened(vectors, dimensions)
     if legacy:
         return JSONResponse({"embedding": vectors[0] if vectors else []})
     return JSONResponse({"model": asked, "embeddings": vectors, "load_duration": load_ns,

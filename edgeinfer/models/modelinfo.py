@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import math
 import mmap
 import re
 import struct
@@ -48,7 +49,7 @@ def gguf_metadata(path: Path) -> dict[str, Any]:
     (seconds). ValueError for a file that is not a little-endian GGUF v2 or v3."""
     with path.open("rb") as f, mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as m:
         try:
-            magic, version, _, n_kv = struct.unpack_from("<4sIQQ", m, 0)
+            magic, version, n_tensors, n_kv = struct.unpack_from("<4sIQQ", m, 0)
             if magic != b"GGUF" or version not in (2, 3):
                 raise ValueError(f"{path} is not a GGUF v2/v3 file")
             out: dict[str, Any] = {}
@@ -57,9 +58,23 @@ def gguf_metadata(path: Path) -> dict[str, Any]:
                 key, pos = _gguf_string(m, pos)
                 (vtype,) = struct.unpack_from("<I", m, pos)
                 out[key], pos = _gguf_value(m, pos + 4, vtype)
+            if "general.parameter_count" not in out:  # the tensors' sizes, from their infos
+                out["general.parameter_count"] = _parameters(m, pos, n_tensors)
             return out
         except (struct.error, UnicodeDecodeError) as exc:
             raise ValueError(f"{path}: broken GGUF metadata ({exc})") from None
+
+
+def _parameters(m: mmap.mmap, pos: int, n_tensors: int) -> int:
+    """The number of weights in the tensor infos at ``pos``."""
+    total = 0
+    for _ in range(n_tensors):
+        _, pos = _gguf_string(m, pos)
+        (n_dims,) = struct.unpack_from("<I", m, pos)
+        dims = struct.unpack_from(f"<{n_dims}Q", m, pos + 4)
+        total += math.prod(dims)
+        pos += 4 + 8 * n_dims + 4 + 8  # dims, then the type and the offset
+    return total
 
 
 def _gguf_string(m: mmap.mmap, pos: int) -> tuple[str, int]:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 from edgeinfer.errors import InvalidRequest
@@ -28,3 +29,18 @@ async def embed(pool: ModelPool, req: EmbedRequest, leases: list[Lease]) -> Embe
         inputs.append(await served.run(served.tokenize_text, x) if isinstance(x, str) else x)
     vectors = await served.embedder.embed(inputs)
     return Embeddings(served.cfg.id, vectors, sum(len(t) for t in inputs))
+
+
+def shortened(vectors: list[list[float]], dimensions: int) -> list[list[float]]:
+    """The first ``dimensions`` numbers of each vector, L2-normalised again, as OpenAI's
+    ``dimensions`` and Ollama's shorten embeddings (meaningful for models trained for it,
+    Matryoshka style; a vector no longer than that is returned as it is)."""
+    out = []
+    for v in vectors:
+        if len(v) <= dimensions:
+            out.append(v)
+            continue
+        head = v[:dimensions]
+        norm = math.sqrt(sum(x * x for x in head))
+        out.append([x / norm for x in head] if norm > 0 else head)
+    return out

@@ -432,6 +432,10 @@ def test_embeddings(client: openai.OpenAI, aclient: openai.AsyncOpenAI) -> None:
     vecs = [d.embedding for d in r.data]
     assert [d.index for d in r.data] == [0, 1, 2] and len(vecs[0]) == 576
     assert all(abs(sum(x * x for x in v) - 1) < 1e-6 for v in vecs)  # unit length
+    short = client.embeddings.create(model="default", input=texts[0], dimensions=64).data[0]
+    assert len(short.embedding) == 64 and abs(sum(x * x for x in short.embedding) - 1) < 1e-6
+    with pytest.raises(openai.BadRequestError):
+        client.embeddings.create(model="default", input="x", dimensions=577)
 
     def cos(a: list[float], b: list[float]) -> float:
         return sum(x * y for x, y in zip(a, b, strict=True))
