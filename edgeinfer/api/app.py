@@ -23,6 +23,7 @@ from starlette.routing import Route
 from edgeinfer.api import (
     anthropic_messages,
     cache_routes,
+    llama_native,
     models_routes,
     ollama_api,
     openai_responses,
@@ -59,11 +60,11 @@ ROUTES = [
     Route("/v1/chat/completions", chat_completions, methods=["POST"]),
     Route("/v1/completions", completions, methods=["POST"]),
     Route("/v1/embeddings", embeddings, methods=["POST"]),
-    # llama-server's paths without /v1 (a client given the bare address)
+    # llama-server's paths without /v1: OpenAI's chat and models, and its own completion
     Route("/models", models_routes.list_models, methods=["GET"]),
     Route("/chat/completions", chat_completions, methods=["POST"]),
-    Route("/completions", completions, methods=["POST"]),
-    Route("/embeddings", embeddings, methods=["POST"]),
+    Route("/completion", llama_native.completion, methods=["POST"]),
+    Route("/completions", llama_native.completion, methods=["POST"]),
     Route("/tokenize", tokens.tokenize, methods=["POST"]),
     Route("/detokenize", tokens.detokenize, methods=["POST"]),
     Route("/apply-template", apply_template, methods=["POST"]),

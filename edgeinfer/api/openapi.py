@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from edgeinfer import __version__
-from edgeinfer.api import anthropic_messages, ollama_api, openai_responses, samplers
+from edgeinfer.api import anthropic_messages, llama_native, ollama_api, openai_responses, samplers
 
 _INT = {"type": "integer"}
 _STR = {"type": "string"}
@@ -119,6 +119,10 @@ def openapi_spec() -> dict[str, Any]:
         "logprobs": {"type": "integer", "minimum": 0, "maximum": 20}, "echo": _BOOL,
         "best_of": {"type": "integer", "minimum": 1, "maximum": 1}, "suffix": _STR,
         "grammar": _STR}
+    native = {**{k: v for k, v in _SAMPLING.items() if k in llama_native.FIELDS},
+              "prompt": {"oneOf": [_STR, _TOKENS]}, "grammar": _STR,
+              "n_probs": {"type": "integer", "minimum": 0, "maximum": 20},
+              "json_schema": {"type": "object"}}
     embed = {"model": _STR, "input": {"oneOf": [_STR, _TOKENS, {"type": "array", "items": {
         "oneOf": [_STR, _TOKENS]}, "minItems": 1}]},
         "encoding_format": {"enum": ["float", "base64"]}, "dimensions": _INT, "user": _STR}
@@ -132,6 +136,8 @@ def openapi_spec() -> dict[str, Any]:
             "/v1/completions": _post("Text completion", _body(completion, ["model", "prompt"]),
                                      stream=True),
             "/v1/embeddings": _post("Embeddings", _body(embed, ["model", "input"])),
+            "/completion": _post("llama-server's own completion (also /completions)", _body(
+                native, ["prompt"]), stream=True),
             "/v1/models": _get("List the models"),
             "/v1/models/{model_id}": {"get": {
                 "summary": "One model", "parameters": [{"name": "model_id", "in": "path",

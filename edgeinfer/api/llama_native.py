@@ -1,0 +1,145 @@
+"""llama-server's own completion endpoint: POST /completion and /completions, in its
+native shape (``content``, ``stop``, ``stop_type``, ``tokens_predicted``, ...), as
+llama.cpp's tools, SillyTavern's llama.cpp source and scripts written for llama-server
+call it.
+
+The body takes what /v1/completions takes (``n_predict``, llama-server's samplers and
+hints, ``grammar``) plus its ``json_schema`` and ``n_probs`` (each token's top
+probabilities as ``completion_probabilities``); ``model`` may be left out (the first
+configured model). One prompt: a string or token ids. Streamed, each event is a
+``data:`` line with a piece of ``content``; the last has ``stop: true`` and the totals
+(no ``[DONE]``, as llama-server streams it).
+"""
+
+from __future__ import annotations
+
+import json
+import uuid
+from collections.abc import AsyncIterator, Callable
+from typing import Any
+
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response
+
+from edgeinfer.api import fields, samplers
+from edgeinfer.api.body import read_json
+from edgeinfer.api.fields import MAX_TOKENS_LIMIT, Body
+from edgeinfer.api.openai_render import HeldLogprobs
+from edgeinfer.api.respond import CLIENT_GONE, pool, sse, start, unless_disconnected
+from edgeinfer.engine.logprobs import TokenLogprob
+from edgeinfer.errors import InvalidRequest
+from edgeinfer.service import events as ev
+from edgeinfer.service.outcome import ChoiceOutcome, gather
+from edgeinfer.service.request import Constraint, GenerateRequest, TextPrompts
+
+FIELDS = {
+    "model", "prompt", "stream", "max_tokens", "temperature", "top_p", "top_k", "min_p",
+    "presence_penalty", "frequency_penalty", "repeat_penalty", "repeat_last_n", "seed", "stop",
+    "logit_bias", "ignore_eos", "cache_prompt", "speculative", "deterministic", "priority",
+    "grammar", "json_schema", "n_probs", "return_tokens", "response_fields", "t_max_predict_ms",
+    "n_keep", "n_discard", "n_indent", "post_sampling_probs", "lora", "user",
+} | samplers.NAMES
+STOP_TYPES = {"stop": "eos", "length": "limit"}
+
+
+def parse(body: Any, default_model: str) -> tuple[GenerateRequest, bool, int]:
+    """(request, stream, n_probs) from a /completion body."""
+    b = Body(body, FIELDS)
+    prompts = fields.texts_or_tokens(b.body.get("prompt"), "prompt", 1)
+    n_probs = int(b.integer("n_probs", 0, 20, 0) or 0)
+    max_tokens = b.integer("max_tokens", 1, MAX_TOKENS_LIMIT, None)
+    if max_tokens is None:
+        max_tokens = samplers.n_predict(b, None)
+    schema = b.body.get("json_schema")
+    if schema is not None and not isinstance(schema, dict):
+        raise InvalidRequest("'json_schema' must be a JSON schema object", param="json_schema")
+    grammar = b.string("grammar")
+    if grammar is not None and schema is not None:
+        raise InvalidRequest("use 'grammar' or 'json_schema', not both", param="grammar")
+    req = GenerateRequest(
+        b.string("model") or default_model, TextPrompts(prompts),
+        samplers.sampling_params(b, max_tokens, n_probs or None),
+        priority=fields.priority(b.body.get("priority"), None),
+        constraint=Constraint(grammar=grammar, json_schema=schema),
+        cache_prompt=b.boolean("cache_prompt", True))
+    return req, b.boolean("stream", False), n_probs
+
+
+def _probs(piece: Callable[[int], bytes], items: list[TokenLogprob]) -> list[dict[str, Any]]:
+    """llama-server's ``completion_probabilities``: each token and its top alternatives."""
+    def one(token: int, logprob: float) -> dict[str, Any]:
+        raw = piece(token)
+        return {"id": token, "token": raw.decode("utf-8", "replace"), "bytes": list(raw),
+                "logprob": logprob}
+    return [{**one(lp.token, lp.logprob), "top_logprobs": [one(t, v) for t, v in lp.top]}
+            for lp in items]
+
+
+def _final(model: str, fin: ev.Finish | None, usage: ev.UsageReport, content: str,
+           settings: dict[str, Any]) -> dict[str, Any]:
+    reason = fin.reason if fin is not None else "stop"
+    word = fin.stop_word if fin is not None else None
+    return {"index": 0, "content": content, "tokens": [], "id_slot": -1, "stop": True,
+            "model": model, "tokens_predicted": usage.completion_tokens,
+            "tokens_evaluated": usage.prompt_tokens, "generation_settings": settings,
+            "prompt": "", "has_new_line": "\n" in content, "truncated": False,
+            "stop_type": "word" if word else STOP_TYPES.get(reason, "none"),
+            "stopping_word": word or "", "tokens_cached": usage.cached_tokens,
+            "timings": (fin.timings if fin is not None else None) or {}}
+
+
+async def _stream(model: str, piece: Callable[[int], bytes], events: AsyncIterator[ev.Event],
+                  prompt_tokens: int, n_probs: int, settings: dict[str, Any]
+                  ) -> AsyncIterator[dict[str, str]]:
+    held, made, fin = HeldLogprobs(piece), 0, None
+    try:
+        async for e in events:
+            if isinstance(e, ev.ErrorEvent):
+                yield {"data": json.dumps(e.error.to_dict())}
+                return
+            if isinstance(e, ev.TextDelta):
+                made += 1 if e.logprob is not None or e.text else 0
+                out: dict[str, Any] = {
+                    "index": 0, "content": e.text, "tokens": [], "stop": False, "id_slot": -1,
+                    "tokens_predicted": made, "tokens_evaluated": prompt_tokens}
+                if n_probs:
+                    out["completion_probabilities"] = _probs(piece, held.add(e.text, e.logprob))
+                yield {"data": json.dumps(out, ensure_ascii=False)}
+            elif isinstance(e, ev.Finish):
+                fin = e
+            elif isinstance(e, ev.UsageReport):
+                yield {"data": json.dumps(_final(model, fin, e, "", settings), ensure_ascii=False)}
+    finally:
+        await events.aclose()  # type: ignore[attr-defined]
+
+
+async def completion(request: Request) -> Response:
+    p = pool(request)
+    req, stream, n_probs = parse(await read_json(request), p.config.models[0].id)
+    gen = await start(request, req, f"cmpl-{uuid.uuid4().hex[:24]}")
+    settings = {"n_predict": req.params.max_tokens or -1, "temperature": req.params.temperature,
+                "top_k": req.params.top_k, "top_p": req.params.top_p,
+                "min_p": req.params.min_p, "seed": req.params.seed,
+                "stop": list(req.params.stop), "n_probs": n_probs}
+    if stream:
+        return sse(request, _stream(gen.model, gen.piece, gen.events, gen.prompt_tokens,
+                                    n_probs, settings))
+    out = await unless_disconnected(request, gather(gen.events, 1))
+    if out is None:
+        return Response(status_code=CLIENT_GONE)
+    c = out.choices[0]
+    fin = ev.Finish(0, c.finish, c.completion_tokens, out.timings, c.stop_word)
+    body = _final(gen.model, fin, out.usage, c.text, settings)
+    if n_probs:
+        body["completion_probabilities"] = _probs(gen.piece, _kept(gen.piece, c))
+    return JSONResponse(body)
+
+
+def _kept(piece: Callable[[int], bytes], c: ChoiceOutcome) -> list[TokenLogprob]:
+    """The tokens of the text returned (a stop string's left out)."""
+    if not c.stop_word:
+        return list(c.logprobs)
+    held = HeldLogprobs(piece)
+    for lp in c.logprobs:
+        held.add("", lp)
+    return held.add(c.text, None)

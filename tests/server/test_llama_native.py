@@ -1,0 +1,62 @@
+"""llama-server's own completion endpoint (/completion, /completions), in its native
+shape, as its tools and SillyTavern's llama.cpp source call it."""
+
+from __future__ import annotations
+
+import json
+import math
+
+import httpx
+from serverproc import ServerProcess
+
+
+def _post(server: ServerProcess, body: dict[str, object], path: str = "/completion"
+          ) -> httpx.Response:
+    return httpx.post(f"{server.base_url}{path}", json=body, timeout=60)
+
+
+def test_whole_answer_has_llama_servers_fields(server: ServerProcess) -> None:
+    r = _post(server, {"prompt": "Once upon a time", "n_predict": 8, "temperature": 0,
+                       "n_probs": 2})  # no model: the first configured one
+    assert r.status_code == 200, r.text
+    body = r.json()
+    assert body["stop"] is True and body["stop_type"] == "limit"
+    assert body["tokens_predicted"] == 8 and body["tokens_evaluated"] > 0
+    assert body["content"] and body["timings"]["predicted_n"] == 8
+    probs = body["completion_probabilities"]
+    assert len(probs) == 8 and "".join(p["token"] for p in probs) == body["content"]
+    for p in probs:
+        assert len(p["top_logprobs"]) == 2 and p["top_logprobs"][0]["logprob"] == p["logprob"]
+        assert sum(math.exp(t["logprob"]) for t in p["top_logprobs"]) <= 1 + 1e-6
+        assert bytes(p["bytes"]).decode() == p["token"]
+    same = _post(server, {"model": "default", "prompt": "Once upon a time", "n_predict": 8,
+                          "temperature": 0}, "/completions").json()
+    assert same["content"] == body["content"] and "completion_probabilities" not in same
+
+
+def test_stream_stop_word_and_schema(server: ServerProcess) -> None:
+    body = {"prompt": "1, 2, 3,", "n_predict": 30, "temperature": 0, "stream": True,
+            "stop": [", 7"]}
+    with httpx.stream("POST", f"{server.base_url}/completion", json=body, timeout=60) as r:
+        events = [json.loads(ln[6:]) for ln in r.iter_lines() if ln.startswith("data: ")]
+    assert all(not e["stop"] for e in events[:-1]) and events[-1]["stop"] is True
+    text = "".join(e["content"] for e in events)
+    whole = _post(server, {**body, "stream": False}).json()
+    assert text == whole["content"] and ", 7" not in text
+    assert whole["stop_type"] == events[-1]["stop_type"] == "word"
+    assert whole["stopping_word"] == ", 7"
+    typed = _post(server, {"prompt": "A city record:", "n_predict": 60, "temperature": 0,
+                           "json_schema": {"type": "object", "properties": {
+                               "name": {"type": "string", "maxLength": 20}},
+                               "required": ["name"]}}).json()
+    assert isinstance(json.loads(typed["content"])["name"], str)
+
+
+def test_bad_bodies_are_a_400(server: ServerProcess) -> None:
+    for body, param in (({"prompt": "x", "n_predict": "many"}, "n_predict"),
+                        ({"prompt": "x", "json_schema": 3}, "json_schema"),
+                        ({"prompt": ["a", "b"]}, "prompt"),
+                        ({"prompt": "x", "nonsense": 1}, "nonsense")):
+        r = _post(server, body)
+        assert r.status_code == 400 and r.json()["error"]["param"] == param, (body, r.text)
+    assert server.health()["status"] == "ok"
