@@ -65,6 +65,7 @@ ROUTES = [
     Route("/chat/completions", chat_completions, methods=["POST"]),
     Route("/completion", llama_native.completion, methods=["POST"]),
     Route("/completions", llama_native.completion, methods=["POST"]),
+    Route("/props", llama_native.props, methods=["GET"]),
     Route("/tokenize", tokens.tokenize, methods=["POST"]),
     Route("/detokenize", tokens.detokenize, methods=["POST"]),
     Route("/apply-template", apply_template, methods=["POST"]),

@@ -8,7 +8,7 @@ hints, ``grammar``) plus its ``json_schema`` and ``n_probs`` (each token's top
 probabilities as ``completion_probabilities``); ``model`` may be left out (the first
 configured model). One prompt: a string or token ids. Streamed, each event is a
 ``data:`` line with a piece of ``content``; the last has ``stop: true`` and the totals
-(no ``[DONE]``, as llama-server streams it).
+(no ``[DONE]``, as llama-server streams it). GET /props describes the model.
 """
 
 from __future__ import annotations
@@ -21,16 +21,19 @@ from typing import Any
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
+from edgeinfer import __version__
 from edgeinfer.api import fields, samplers
 from edgeinfer.api.body import read_json
 from edgeinfer.api.fields import MAX_TOKENS_LIMIT, Body
 from edgeinfer.api.openai_render import HeldLogprobs
-from edgeinfer.api.respond import CLIENT_GONE, pool, sse, start, unless_disconnected
+from edgeinfer.api.respond import CLIENT_GONE, leases, pool, sse, start, unless_disconnected
 from edgeinfer.engine.logprobs import TokenLogprob
+from edgeinfer.engine.sequence import SamplingParams
 from edgeinfer.errors import InvalidRequest
 from edgeinfer.service import events as ev
 from edgeinfer.service.outcome import ChoiceOutcome, gather
 from edgeinfer.service.request import Constraint, GenerateRequest, TextPrompts
+from edgeinfer.service.selection import model_named
 
 FIELDS = {
     "model", "prompt", "stream", "max_tokens", "temperature", "top_p", "top_k", "min_p",
@@ -143,3 +146,22 @@ def _kept(piece: Callable[[int], bytes], c: ChoiceOutcome) -> list[TokenLogprob]
     for lp in c.logprobs:
         held.add("", lp)
     return held.add(c.text, None)
+
+
+async def props(request: Request) -> Response:
+    """GET /props: llama-server's description of the model it serves (``?model=`` picks
+    one, else the first configured), as the llama.cpp web UI and tools read it."""
+    name = request.query_params.get("model") or None
+    served = await model_named(pool(request), name, leases(request))
+    d, cfg = SamplingParams(), served.cfg
+    params = {"n_predict": cfg.max_tokens or -1, "temperature": d.temperature,
+              "top_k": d.top_k, "top_p": d.top_p, "min_p": d.min_p, "seed": -1}
+    return JSONResponse({
+        "default_generation_settings": {"n_ctx": served.n_ctx, "params": params},
+        "total_slots": cfg.slots, "model_alias": cfg.id,
+        "model_path": str(served.runtime.path),
+        "modalities": {"vision": False, "video": False, "audio": False},
+        "endpoint_slots": True, "endpoint_props": False, "endpoint_metrics": True,
+        "chat_template": served.template.source, "bos_token": served.template.bos_token,
+        "eos_token": served.template.eos_token, "build_info": f"edgeinfer {__version__}",
+        "is_sleeping": False})

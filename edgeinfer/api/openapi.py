@@ -139,6 +139,7 @@ def openapi_spec() -> dict[str, Any]:
             "/completion": _post("llama-server's own completion (also /completions)", _body(
                 native, ["prompt"]), stream=True),
             "/v1/models": _get("List the models"),
+            "/props": _get("llama-server's description of a model (?model=, else the first)"),
             "/v1/models/{model_id}": {"get": {
                 "summary": "One model", "parameters": [{"name": "model_id", "in": "path",
                                                         "required": True, "schema": _STR}],

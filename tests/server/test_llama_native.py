@@ -60,3 +60,13 @@ def test_bad_bodies_are_a_400(server: ServerProcess) -> None:
         r = _post(server, body)
         assert r.status_code == 400 and r.json()["error"]["param"] == param, (body, r.text)
     assert server.health()["status"] == "ok"
+
+
+def test_props_describe_the_model(server: ServerProcess) -> None:
+    props = httpx.get(f"{server.base_url}/props", timeout=30).json()
+    assert props["default_generation_settings"]["n_ctx"] > 0 and props["total_slots"] >= 1
+    assert "<|im_start|>" in props["chat_template"] and props["model_path"].endswith(".gguf")
+    assert props["modalities"] == {"vision": False, "video": False, "audio": False}
+    named = httpx.get(f"{server.base_url}/props", params={"model": "default"}, timeout=30)
+    assert named.json()["model_alias"] == props["model_alias"]
+    assert httpx.get(f"{server.base_url}/props", params={"model": "nope"}).status_code == 404
