@@ -65,12 +65,11 @@ TOKEN_FIELDS = {"model", "input", "instructions", "tools", "tool_choice", "paral
 IGNORED = {"user": str, "service_tier": str, "safety_identifier": str, "prompt_cache_key": str,
            "prompt_cache_retention": str, "prompt_cache_options": dict, "stream_options": dict,
            "reasoning": dict}
-UNSUPPORTED = ("background", "conversation", "prompt", "max_tool_calls", "top_logprobs",
-               "context_management")
+UNSUPPORTED = ("background", "conversation", "prompt", "max_tool_calls", "context_management")
 FIELDS = TOKEN_FIELDS | set(IGNORED) | set(UNSUPPORTED) | {
     "stream", "store", "metadata", "max_output_tokens", "temperature", "top_p", "include",
     "seed", "top_k", "min_p", "presence_penalty", "frequency_penalty", "repeat_penalty",
-    "stop", "priority", "reasoning_format", "chat_template_kwargs"}
+    "stop", "priority", "reasoning_format", "chat_template_kwargs", "top_logprobs"}
 INCLUDABLE = {"file_search_call.results", "web_search_call.results", "reasoning.encrypted_content",
               "web_search_call.action.sources", "message.input_image.image_url",
               "computer_call_output.output.image_url", "code_interpreter_call.outputs",
@@ -197,12 +196,17 @@ def _accepted(b: Body) -> None:
     if not isinstance(include, list) or not all(isinstance(i, str) and i in INCLUDABLE
                                                 for i in include):
         raise _bad("include", f"must be a list of {sorted(INCLUDABLE)}")
-    if "message.output_text.logprobs" in include:
-        raise _bad("include", "'message.output_text.logprobs' is not supported by this "
-                   "server yet (chat completions give logprobs)")
     if b.body.get("truncation") not in (None, "auto", "disabled"):
         raise _bad("truncation", "must be 'auto' or 'disabled'")
     fields.unsupported(b, UNSUPPORTED)
+
+
+def _logprobs(b: Body) -> int | None:
+    """Alternatives per token when the output text's logprobs are asked for (``include``
+    "message.output_text.logprobs", or ``top_logprobs``); None when they are not."""
+    top = b.integer("top_logprobs", 0, 20, 0) or 0
+    wanted = "message.output_text.logprobs" in (b.body.get("include") or [])
+    return top if wanted or top else None
 
 
 def parse(body: Any, headers: dict[str, str], allowed: set[str]) -> Draft:
@@ -215,7 +219,7 @@ def parse(body: Any, headers: dict[str, str], allowed: set[str]) -> Draft:
     choice, choice_echo = _tool_choice(b, tools)
     schema, json_object, text_echo = _text_format(b)
     max_tokens = b.integer("max_output_tokens", 1, MAX_TOKENS_LIMIT, None)
-    params = fields.sampling_params(b, max_tokens)
+    params = fields.sampling_params(b, max_tokens, _logprobs(b))
     parallel = b.boolean("parallel_tool_calls", True)
     instructions, previous = b.string("instructions"), b.string("previous_response_id")
     store = b.boolean("store", True)
@@ -225,7 +229,8 @@ def parse(body: Any, headers: dict[str, str], allowed: set[str]) -> Draft:
             "max_output_tokens": max_tokens, "previous_response_id": previous,
             "store": store, "truncation": b.body.get("truncation") or "disabled",
             "reasoning": {"effort": None, "summary": None}, "user": b.string("user"),
-            "service_tier": "default", "background": False, "top_logprobs": 0,
+            "service_tier": "default", "background": False,
+            "top_logprobs": b.integer("top_logprobs", 0, 20, 0),
             "prompt_cache_key": b.string("prompt_cache_key")}
     constraint = Constraint(json_schema=schema, json_object=json_object, tools=tools,
                             tool_choice=choice, parallel_tool_calls=parallel)
@@ -288,6 +293,8 @@ async def create_response(request: Request) -> Response:
     meta = ResponseMeta("", d.echo)
     gen = await _start(request, d, conversation, meta.id)
     meta.model = gen.model
+    if d.params.logprobs is not None:
+        meta.piece = gen.piece
 
     async def save(body: dict[str, Any]) -> None:
         if d.store:

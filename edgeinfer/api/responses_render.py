@@ -29,6 +29,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from edgeinfer.api.errors import shape
+from edgeinfer.engine.logprobs import TokenLogprob
 from edgeinfer.errors import APIError, InvalidRequest, Overloaded
 from edgeinfer.service.events import (
     ErrorEvent,
@@ -54,6 +55,19 @@ class ResponseMeta:
     echo: dict[str, Any]
     id: str = field(default_factory=lambda: new_id("resp"))
     created_at: int = field(default_factory=lambda: int(time.time()))
+    piece: Callable[[int], bytes] | None = None  # set: the output text's logprobs are asked
+
+
+def logprob_entries(piece: Callable[[int], bytes], lp: TokenLogprob | None
+                    ) -> list[dict[str, Any]]:
+    """An output_text token's logprob and its top alternatives, as Responses gives them."""
+    if lp is None:
+        return []
+
+    def one(token: int, logprob: float) -> dict[str, Any]:
+        raw = piece(token)
+        return {"token": raw.decode("utf-8", "replace"), "logprob": logprob, "bytes": list(raw)}
+    return [{**one(lp.token, lp.logprob), "top_logprobs": [one(t, v) for t, v in lp.top]}]
 
 
 def usage_body(u: UsageReport) -> dict[str, Any]:
@@ -81,19 +95,24 @@ def response_body(meta: ResponseMeta, status: str, output: list[dict[str, Any]],
     }
 
 
-def _part(text: str) -> dict[str, Any]:
-    return {"type": "output_text", "text": text, "annotations": []}
+def _part(text: str, logprobs: list[dict[str, Any]] | None = None) -> dict[str, Any]:
+    part: dict[str, Any] = {"type": "output_text", "text": text, "annotations": []}
+    if logprobs is not None:
+        part["logprobs"] = logprobs
+    return part
 
 
 class OutputBuilder:
     """Output items from the events of one generation (one choice), and the stream events
     that build them (dicts with ``type``, without ``sequence_number``)."""
 
-    def __init__(self) -> None:
+    def __init__(self, piece: Callable[[int], bytes] | None = None) -> None:
         self.items: list[dict[str, Any]] = []
         self.open: dict[str, Any] | None = None  # the item being written
         self.pending = ""  # whitespace not yet given to a message
         self.text: list[str] = []  # the open message's text so far
+        self.piece = piece  # set: token logprobs go with the text
+        self.lps: list[dict[str, Any]] = []  # the open message's (or pending text's)
         self.finish = ""
         self.usage: UsageReport | None = None
 
@@ -103,7 +122,7 @@ class OutputBuilder:
 
     def feed(self, e: Event) -> list[dict[str, Any]]:
         if isinstance(e, TextDelta):
-            return self._text(e.text)
+            return self._text(e.text, e.logprob)
         if isinstance(e, ReasoningDelta):
             return self._reasoning(e.text)
         if isinstance(e, ToolCallDelta):
@@ -112,7 +131,7 @@ class OutputBuilder:
             self.finish = e.reason
             out = self._close()
             if not self.items:
-                out = self._open_message() + self._text(self.pending) + self._close()
+                out = self._open_message() + self._text(self.pending, None) + self._close()
             return out
         if isinstance(e, UsageReport):
             self.usage = e
@@ -126,25 +145,29 @@ class OutputBuilder:
         return [{"type": "response.output_item.added", "output_index": self.index,
                  "item": copy.deepcopy(item)},
                 {"type": "response.content_part.added", "item_id": item["id"],
-                 "output_index": self.index, "content_index": 0, "part": _part("")},
+                 "output_index": self.index, "content_index": 0,
+                 "part": _part("", [] if self.piece else None)},
                 ]
 
-    def _text(self, text: str) -> list[dict[str, Any]]:
+    def _text(self, text: str, logprob: TokenLogprob | None) -> list[dict[str, Any]]:
         out: list[dict[str, Any]] = []
         if self.open is not None and self.open["type"] != "message":
             out += self._close()
+        lps = logprob_entries(self.piece, logprob) if self.piece else []
         if self.open is None:
             if not text.strip():
                 self.pending += text
+                self.lps += lps
                 return out
             out += self._open_message()
-            text, self.pending = self.pending + text, ""
+            text, self.pending, lps, self.lps = self.pending + text, "", self.lps + lps, []
         assert self.open is not None
         self.text.append(text)
-        if text:
+        self.lps += lps
+        if text or lps:
             out.append({"type": "response.output_text.delta", "item_id": self.open["id"],
                         "output_index": self.index, "content_index": 0, "delta": text,
-                        "logprobs": []})
+                        "logprobs": lps})
         return out
 
     def _reasoning(self, text: str) -> list[dict[str, Any]]:
@@ -168,7 +191,7 @@ class OutputBuilder:
         out: list[dict[str, Any]] = []
         if e.name is not None:
             out += self._close()
-            self.pending = ""
+            self.pending, self.lps = "", []
             item = {"id": new_id("fc"), "type": "function_call", "call_id": e.id or new_id("call"),
                     "name": e.name, "arguments": "", "status": "in_progress"}
             self.items.append(item)
@@ -194,12 +217,13 @@ class OutputBuilder:
             out = [{"type": "response.reasoning_text.done", **where, "content_index": 0,
                     "text": text}]
         elif item["type"] == "message":
-            text = "".join(self.text)
-            item.update(status=status, content=[_part(text)])
+            text, lps = "".join(self.text), (self.lps if self.piece else None)
+            self.lps = []
+            item.update(status=status, content=[_part(text, lps)])
             out = [{"type": "response.output_text.done", **where, "content_index": 0,
-                    "text": text, "logprobs": []},
+                    "text": text, "logprobs": lps or []},
                    {"type": "response.content_part.done", **where, "content_index": 0,
-                    "part": _part(text)}]
+                    "part": _part(text, lps)}]
         else:
             item["status"] = status if _parses(item["arguments"]) else "incomplete"
             out = [{"type": "response.function_call_arguments.done", **where,
@@ -264,7 +288,7 @@ async def sse_events(meta: ResponseMeta, events: AsyncIterator[Event], save: Sav
     start = response_body(meta, "in_progress", [])
     yield sse({"type": "response.created", "response": start})
     yield sse({"type": "response.in_progress", "response": start})
-    b = OutputBuilder()
+    b = OutputBuilder(meta.piece)
     try:
         async for e in events:
             if isinstance(e, ErrorEvent):
@@ -286,7 +310,7 @@ async def sse_events(meta: ResponseMeta, events: AsyncIterator[Event], save: Sav
 
 async def collect(meta: ResponseMeta, events: AsyncIterator[Event]) -> dict[str, Any]:
     """The whole response object; raises the APIError of an ErrorEvent."""
-    b = OutputBuilder()
+    b = OutputBuilder(meta.piece)
     try:
         async for e in events:
             if isinstance(e, ErrorEvent):

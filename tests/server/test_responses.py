@@ -396,10 +396,27 @@ def test_accepted_and_ignored_fields(client: openai.OpenAI) -> None:
         extra_body={"seed": 7})
     assert r.status in ("completed", "incomplete") and r.temperature == 0.5 and r.top_p == 0.9
     assert r.truncation == "disabled" and r.parallel_tool_calls is False
-    with pytest.raises(openai.BadRequestError) as err:  # asked for, not given: no silence
-        client.responses.create(model="default", input="hi", max_output_tokens=2,
+
+
+def test_output_text_logprobs(client: openai.OpenAI) -> None:
+    """include message.output_text.logprobs: each token's logprob and top_logprobs
+    alternatives, whole and streamed, joining up to the text."""
+    r = client.responses.create(model="default", input="Say hello", max_output_tokens=12,
+                                temperature=0, top_logprobs=3,
                                 include=["message.output_text.logprobs"])
-    assert err.value.body["param"] == "include"  # type: ignore[index]
+    part = r.output[0].content[0]  # type: ignore[union-attr]
+    assert part.type == "output_text" and part.logprobs and r.top_logprobs == 3
+    assert "".join(lp.token for lp in part.logprobs) == part.text
+    for lp in part.logprobs:
+        assert len(lp.top_logprobs) == 3 and lp.top_logprobs[0].logprob == lp.logprob
+    streamed = list(client.responses.create(
+        model="default", input="Say hello", max_output_tokens=12, temperature=0,
+        top_logprobs=3, include=["message.output_text.logprobs"], stream=True))
+    deltas = [e for e in streamed if e.type == "response.output_text.delta"]
+    tokens = [lp.token for e in deltas for lp in e.logprobs or []]  # type: ignore[union-attr]
+    assert "".join(tokens) == part.text == "".join(e.delta for e in deltas)  # type: ignore
+    plain = client.responses.create(model="default", input="Say hello", max_output_tokens=4)
+    assert not getattr(plain.output[0].content[0], "logprobs", None)  # type: ignore
 
 
 HOSTILE = ['"\\ud800"', "NaN", "1e400", "-1", "true", "null", "[]", "{}", '""',
