@@ -13,6 +13,7 @@ configured model). One prompt: a string or token ids. Streamed, each event is a
 
 from __future__ import annotations
 
+import asyncio
 import json
 import uuid
 from collections.abc import AsyncIterator, Callable
@@ -25,15 +26,17 @@ from edgeinfer import __version__
 from edgeinfer.api import fields, samplers
 from edgeinfer.api.body import read_json
 from edgeinfer.api.fields import MAX_TOKENS_LIMIT, Body
+from edgeinfer.api.ollama_models import file_facts
 from edgeinfer.api.openai_render import HeldLogprobs
-from edgeinfer.api.respond import CLIENT_GONE, leases, pool, sse, start, unless_disconnected
+from edgeinfer.api.respond import CLIENT_GONE, pool, sse, start, unless_disconnected
+from edgeinfer.config import ModelConfig
 from edgeinfer.engine.logprobs import TokenLogprob
 from edgeinfer.engine.sequence import SamplingParams
 from edgeinfer.errors import InvalidRequest
+from edgeinfer.models.pool import PoolEntry
 from edgeinfer.service import events as ev
 from edgeinfer.service.outcome import ChoiceOutcome, gather
 from edgeinfer.service.request import Constraint, GenerateRequest, TextPrompts
-from edgeinfer.service.selection import model_named
 
 FIELDS = {
     "model", "prompt", "stream", "max_tokens", "temperature", "top_p", "top_k", "min_p",
@@ -48,6 +51,11 @@ STOP_TYPES = {"stop": "eos", "length": "limit"}
 def parse(body: Any, default_model: str) -> tuple[GenerateRequest, bool, int]:
     """(request, stream, n_probs) from a /completion body."""
     b = Body(body, FIELDS)
+    for name, why in (("post_sampling_probs", "probabilities are given before sampling"),
+                      ("return_tokens", "token ids are not returned"),
+                      ("lora", "LoRA adapters are not served")):
+        if b.body.get(name) not in (None, False, []):
+            raise InvalidRequest(f"'{name}' is not supported: {why}", param=name)
     prompts = fields.texts_or_tokens(b.body.get("prompt"), "prompt", 1)
     n_probs = int(b.integer("n_probs", 0, 20, 0) or 0)
     max_tokens = b.integer("max_tokens", 1, MAX_TOKENS_LIMIT, None)
@@ -109,7 +117,12 @@ async def _stream(model: str, piece: Callable[[int], bytes], events: AsyncIterat
                     out["completion_probabilities"] = _probs(piece, held.add(e.text, e.logprob))
                 yield {"data": json.dumps(out, ensure_ascii=False)}
             elif isinstance(e, ev.Finish):
-                fin = e
+                fin, rest = e, held.finish(e.stopped)
+                if n_probs and rest:  # the tokens of text released at the end
+                    yield {"data": json.dumps({
+                        "index": 0, "content": "", "tokens": [], "stop": False, "id_slot": -1,
+                        "tokens_predicted": made, "tokens_evaluated": prompt_tokens,
+                        "completion_probabilities": _probs(piece, rest)}, ensure_ascii=False)}
             elif isinstance(e, ev.UsageReport):
                 yield {"data": json.dumps(_final(model, fin, e, "", settings), ensure_ascii=False)}
     finally:
@@ -131,7 +144,7 @@ async def completion(request: Request) -> Response:
     if out is None:
         return Response(status_code=CLIENT_GONE)
     c = out.choices[0]
-    fin = ev.Finish(0, c.finish, c.completion_tokens, out.timings, c.stop_word)
+    fin = ev.Finish(0, c.finish, c.completion_tokens, out.timings, c.stop_word, c.stopped)
     body = _final(gen.model, fin, out.usage, c.text, settings)
     if n_probs:
         body["completion_probabilities"] = _probs(gen.piece, _kept(gen.piece, c))
@@ -140,7 +153,7 @@ async def completion(request: Request) -> Response:
 
 def _kept(piece: Callable[[int], bytes], c: ChoiceOutcome) -> list[TokenLogprob]:
     """The tokens of the text returned (a stop string's left out)."""
-    if not c.stop_word:
+    if not c.stopped:
         return list(c.logprobs)
     held = HeldLogprobs(piece)
     for lp in c.logprobs:
@@ -149,19 +162,33 @@ def _kept(piece: Callable[[int], bytes], c: ChoiceOutcome) -> list[TokenLogprob]
 
 
 async def props(request: Request) -> Response:
-    """GET /props: llama-server's description of the model it serves (``?model=`` picks
-    one, else the first configured), as the llama.cpp web UI and tools read it."""
-    name = request.query_params.get("model") or None
-    served = await model_named(pool(request), name, leases(request))
-    d, cfg = SamplingParams(), served.cfg
+    """GET /props: llama-server's description of a model (``?model=`` picks one, else the
+    first configured), as the llama.cpp web UI and tools read it; from the model when it
+    is loaded, else from models.toml and the GGUF header (nothing is loaded for it)."""
+    p = pool(request)
+    entry = p.entries[p.resolve(request.query_params.get("model") or p.config.models[0].id)]
+    return JSONResponse(await asyncio.to_thread(_props, entry,
+                                                {e.cfg.id: e.cfg for e in p.entries.values()}))
+
+
+def _props(entry: PoolEntry, configs: dict[str, ModelConfig]) -> dict[str, Any]:
+    d, cfg, served = SamplingParams(), entry.cfg, entry.served
+    facts = file_facts(entry, configs)
+    meta = facts.meta
+    source: str | None
+    if served is not None:
+        n_ctx, source = served.n_ctx, served.template.source
+        bos, eos = served.template.bos_token, served.template.eos_token
+    else:
+        n_ctx = cfg.context or meta.get(f"{facts.arch}.context_length") or 0
+        source, bos, eos = cfg.chat_template or meta.get("tokenizer.chat_template"), "", ""
     params = {"n_predict": cfg.max_tokens or -1, "temperature": d.temperature,
               "top_k": d.top_k, "top_p": d.top_p, "min_p": d.min_p, "seed": -1}
-    return JSONResponse({
-        "default_generation_settings": {"n_ctx": served.n_ctx, "params": params},
+    return {
+        "default_generation_settings": {"n_ctx": n_ctx, "params": params},
         "total_slots": cfg.slots, "model_alias": cfg.id,
-        "model_path": str(served.runtime.path),
+        "model_path": str(facts.path or ""), "loaded": served is not None,
         "modalities": {"vision": False, "video": False, "audio": False},
         "endpoint_slots": True, "endpoint_props": False, "endpoint_metrics": True,
-        "chat_template": served.template.source, "bos_token": served.template.bos_token,
-        "eos_token": served.template.eos_token, "build_info": f"edgeinfer {__version__}",
-        "is_sleeping": False})
+        "chat_template": source or "", "bos_token": bos, "eos_token": eos,
+        "build_info": f"edgeinfer {__version__}", "is_sleeping": served is None}

@@ -320,7 +320,7 @@ async def embed(request: Request) -> Response:
     keep_alive(b.body.get("keep_alive"))
     return await embeddings_answer(
         request, name, model_name(pool(request), name), texts, b.boolean("truncate", True),
-        b.integer("dimensions", 1, 1 << 20, None))
+        b.integer("dimensions", 0, 1 << 20, None) or None)
 
 
 async def embeddings(request: Request) -> Response:

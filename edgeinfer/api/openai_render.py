@@ -192,7 +192,7 @@ class _Chunks:
         out = self.role(i, e) + [c for t in ([] if self.called[i] else self.blanks[i])
                                  for c in self.text(t)]
         at = self.held[i].offset  # the tokens of text released at the end (not a stop's)
-        lps = logprobs_body(meta, self.held[i].finish(e.stop_word is not None), at)
+        lps = logprobs_body(meta, self.held[i].finish(e.stopped), at)
         if lps:
             out.append(self.event(_choice(meta, i, {"content": ""}, None, lps)))
         extra = {"timings": e.timings} if e.timings else {}
@@ -249,7 +249,7 @@ def _within(meta: CompletionMeta, items: list[TokenLogprob], text: str) -> list[
 
 
 def _body_choice(meta: CompletionMeta, i: int, c: ChoiceOutcome) -> dict[str, Any]:
-    lps = logprobs_body(meta, _within(meta, c.logprobs, c.text) if c.stop_word else c.logprobs)
+    lps = logprobs_body(meta, _within(meta, c.logprobs, c.text) if c.stopped else c.logprobs)
     if meta.kind != "chat":
         return {"index": i, "text": c.text, "logprobs": lps, "finish_reason": c.finish}
     message: dict[str, Any] = {"role": "assistant", "content": c.text}

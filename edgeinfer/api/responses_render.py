@@ -29,6 +29,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from edgeinfer.api.errors import shape
+from edgeinfer.api.openai_render import HeldLogprobs
 from edgeinfer.engine.logprobs import TokenLogprob
 from edgeinfer.errors import APIError, InvalidRequest, Overloaded
 from edgeinfer.service.events import (
@@ -58,16 +59,14 @@ class ResponseMeta:
     piece: Callable[[int], bytes] | None = None  # set: the output text's logprobs are asked
 
 
-def logprob_entries(piece: Callable[[int], bytes], lp: TokenLogprob | None
+def logprob_entries(piece: Callable[[int], bytes], items: list[TokenLogprob]
                     ) -> list[dict[str, Any]]:
-    """An output_text token's logprob and its top alternatives, as Responses gives them."""
-    if lp is None:
-        return []
-
+    """Output_text tokens' logprobs and their top alternatives, as Responses gives them."""
     def one(token: int, logprob: float) -> dict[str, Any]:
         raw = piece(token)
         return {"token": raw.decode("utf-8", "replace"), "logprob": logprob, "bytes": list(raw)}
-    return [{**one(lp.token, lp.logprob), "top_logprobs": [one(t, v) for t, v in lp.top]}]
+    return [{**one(lp.token, lp.logprob), "top_logprobs": [one(t, v) for t, v in lp.top]}
+            for lp in items]
 
 
 def usage_body(u: UsageReport) -> dict[str, Any]:
@@ -111,7 +110,8 @@ class OutputBuilder:
         self.open: dict[str, Any] | None = None  # the item being written
         self.pending = ""  # whitespace not yet given to a message
         self.text: list[str] = []  # the open message's text so far
-        self.piece = piece  # set: token logprobs go with the text
+        self.piece = piece  # set: token logprobs go with the text they wrote
+        self.held = HeldLogprobs(piece) if piece is not None else None
         self.lps: list[dict[str, Any]] = []  # the open message's (or pending text's)
         self.finish = ""
         self.usage: UsageReport | None = None
@@ -129,7 +129,7 @@ class OutputBuilder:
             return self._call(e)
         if isinstance(e, Finish):
             self.finish = e.reason
-            out = self._close()
+            out = self._last_logprobs(e.stopped) + self._close()
             if not self.items:
                 out = self._open_message() + self._text(self.pending, None) + self._close()
             return out
@@ -153,7 +153,8 @@ class OutputBuilder:
         out: list[dict[str, Any]] = []
         if self.open is not None and self.open["type"] != "message":
             out += self._close()
-        lps = logprob_entries(self.piece, logprob) if self.piece else []
+        lps = ([] if self.piece is None or self.held is None
+               else logprob_entries(self.piece, self.held.add(text, logprob)))
         if self.open is None:
             if not text.strip():
                 self.pending += text
@@ -169,6 +170,18 @@ class OutputBuilder:
                         "output_index": self.index, "content_index": 0, "delta": text,
                         "logprobs": lps})
         return out
+
+    def _last_logprobs(self, stopped: bool) -> list[dict[str, Any]]:
+        """The tokens of text released at the end (none of a stop string's)."""
+        if self.held is None or self.piece is None:
+            return []
+        lps = logprob_entries(self.piece, self.held.finish(stopped))
+        if not lps or self.open is None or self.open["type"] != "message":
+            self.lps += lps  # (before any message: go with the pending text)
+            return []
+        self.lps += lps
+        return [{"type": "response.output_text.delta", "item_id": self.open["id"],
+                 "output_index": self.index, "content_index": 0, "delta": "", "logprobs": lps}]
 
     def _reasoning(self, text: str) -> list[dict[str, Any]]:
         """Reasoning text: a ``reasoning`` item with ``reasoning_text`` content."""

@@ -28,9 +28,10 @@ class _Call:
     passing: bool = False  # streamed as it comes (the answer's first call)
 
 
-def _json(text: str) -> object:
+def _json(text: str) -> str | None:
+    """``text`` as canonical JSON (keys sorted, no spaces), None when it does not parse."""
     try:
-        return json.loads(text or "{}")
+        return json.dumps(json.loads(text or "{}"), sort_keys=True)
     except ValueError:
         return None
 
@@ -67,6 +68,8 @@ class RepeatFilter:
                     self._call.held.append(e)
                 continue
             self._close(out)
+            if self.ended:
+                break
             if isinstance(e, CallOpen):
                 self._blank = ""
                 self._open(e, out)

@@ -49,6 +49,7 @@ class Finish:
     completion_tokens: int
     timings: dict[str, float] | None = None
     stop_word: str | None = None  # the request's stop string that ended it, if one did
+    stopped: bool = False  # a stop string ended it (the request's, or one the server added)
 
 
 @dataclass(frozen=True, slots=True)

@@ -282,7 +282,8 @@ async def to_events(merged: AsyncIterator[tuple[int, Delta]], prompt_of: list[in
                 if readers[i].num_calls and (reason == "stop" or readers[i].whole_calls):
                     reason = "tool_calls"
                 word = None if d.stop_word in implicit else d.stop_word
-                yield Finish(i, reason, d.completion_tokens, d.timings, word)
+                yield Finish(i, reason, d.completion_tokens, d.timings, word,
+                             d.stop_word is not None)
         yield UsageReport(sum(prompt_lengths), completion, sum(cached.values()))
     finally:
         await merged.aclose()  # type: ignore[attr-defined]

@@ -35,6 +35,7 @@ class ChoiceOutcome:
     finish: str = ""  # "stop", "length" or "tool_calls"
     completion_tokens: int = 0
     stop_word: str | None = None  # the stop string that ended it, if one did
+    stopped: bool = False  # a stop string ended it (the request's or the server's)
     logprobs: list[TokenLogprob] = field(default_factory=list)
 
 
@@ -85,6 +86,7 @@ async def gather(events: AsyncIterator[Event], num_choices: int) -> Outcome:
                 choices[e.choice].finish = e.reason
                 choices[e.choice].completion_tokens = e.completion_tokens
                 choices[e.choice].stop_word = e.stop_word
+                choices[e.choice].stopped = e.stopped
                 timings = timings or e.timings
     finally:
         await events.aclose()  # type: ignore[attr-defined]

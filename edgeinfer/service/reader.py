@@ -97,8 +97,8 @@ class ChoiceReader:
             answer = "".join(p.text for p in pieces if not isinstance(p, Thought))
             answering = bool(answer) or self.split.in_answer
         out: list[Event] = [ReasoningDelta(self.choice, t) for t in thoughts]
-        if self.calls is None:
-            logprob = d.logprob if answering else None
+        if self.calls is None:  # a token whose text the split took (a marker) has none
+            logprob = d.logprob if answering and (answer or not d.text) else None
             if answer or logprob:
                 out.append(TextDelta(self.choice, answer, logprob))
             return out

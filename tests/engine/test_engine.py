@@ -62,6 +62,37 @@ def test_full_kv_cache_stops_only_the_newest_request(small: ServedModel) -> None
     assert generated[-1] == room
 
 
+def test_a_request_ended_early_finishes_as_a_stop_with_its_last_delta(
+        small: ServedModel) -> None:
+    """abort(stop=True) (a repeated tool call ends the answer) finishes the request as
+    a stop: its finishing delta comes, with the counts, and frees the slot; a plain
+    abort sends nothing more."""
+    prompt = small.tokenize_chat(small.template.render(
+        [{"role": "user", "content": "Count to one thousand."}]))
+    params = SamplingParams(temperature=0, ignore_eos=True, max_tokens=200)
+
+    async def main() -> tuple[list[Delta], int]:
+        small.engine.start(asyncio.get_running_loop())
+        try:
+            got: list[Delta] = []
+            async for d in small.engine.generate("early", prompt, params):
+                got.append(d)
+                if len(got) == 3:
+                    small.engine.abort("early", stop=True)
+            small.engine.abort("early", stop=True)  # after the end: nothing happens
+            _, after = await _run(small, "next", prompt, SamplingParams(max_tokens=2))
+            assert after.finish_reason == "length"
+            return got, len(small.engine.scheduler.running)
+        finally:
+            small.engine.stop()
+
+    got, running = asyncio.run(main())
+    last = got[-1]
+    assert last.finish_reason == "stop" and last.stop_word is None
+    assert 3 <= last.completion_tokens < 200 and last.prompt_tokens == len(prompt)
+    assert all(d.finish_reason is None for d in got[:-1]) and running == 0
+
+
 def test_format_markers_that_are_special_tokens_show_in_the_output() -> None:
     """A format's markers that the model has as control tokens render as their text (as
     llama-server's preserved tokens do); other control tokens and end-of-generation stay

@@ -54,6 +54,8 @@ def test_stream_stop_word_and_schema(server: ServerProcess) -> None:
 
 def test_bad_bodies_are_a_400(server: ServerProcess) -> None:
     for body, param in (({"prompt": "x", "n_predict": "many"}, "n_predict"),
+                        ({"prompt": "x", "post_sampling_probs": True}, "post_sampling_probs"),
+                        ({"prompt": "x", "return_tokens": True}, "return_tokens"),
                         ({"prompt": "x", "json_schema": 3}, "json_schema"),
                         ({"prompt": ["a", "b"]}, "prompt"),
                         ({"prompt": "x", "nonsense": 1}, "nonsense")):
@@ -70,3 +72,9 @@ def test_props_describe_the_model(server: ServerProcess) -> None:
     named = httpx.get(f"{server.base_url}/props", params={"model": "default"}, timeout=30)
     assert named.json()["model_alias"] == props["model_alias"]
     assert httpx.get(f"{server.base_url}/props", params={"model": "nope"}).status_code == 404
+    # a model not loaded is described from models.toml and its file, and stays unloaded
+    running = {m["model"] for m in httpx.get(f"{server.base_url}/api/ps").json()["models"]}
+    other = httpx.get(f"{server.base_url}/props", params={"model": "gemma3"}, timeout=30).json()
+    assert other["model_alias"] == "gemma-3-270m" and other["default_generation_settings"]
+    assert other["loaded"] == ("gemma-3-270m" in running)
+    assert {m["model"] for m in httpx.get(f"{server.base_url}/api/ps").json()["models"]} == running

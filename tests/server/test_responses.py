@@ -415,6 +415,11 @@ def test_output_text_logprobs(client: openai.OpenAI) -> None:
     deltas = [e for e in streamed if e.type == "response.output_text.delta"]
     tokens = [lp.token for e in deltas for lp in e.logprobs or []]  # type: ignore[union-attr]
     assert "".join(tokens) == part.text == "".join(e.delta for e in deltas)  # type: ignore
+    cut = client.responses.create(model="default", input="Say hello", max_output_tokens=12,
+                                  temperature=0, include=["message.output_text.logprobs"],
+                                  extra_body={"stop": [" "]})  # a stop string's tokens: none
+    first = cut.output[0].content[0]  # type: ignore[union-attr]
+    assert first.text and "".join(lp.token for lp in first.logprobs or []) == first.text
     plain = client.responses.create(model="default", input="Say hello", max_output_tokens=4)
     assert not getattr(plain.output[0].content[0], "logprobs", None)  # type: ignore
 

@@ -210,6 +210,19 @@ def test_parallel_calls_to_one_tool_pass_and_a_repeat_ends_the_answer() -> None:
         assert not [e for e in events if isinstance(e, TextDelta)]
 
 
+def test_nothing_after_a_repeat_is_passed_on() -> None:
+    """Text right after a repeated call (no blank between), and a call whose arguments
+    differ only in JSON types (true is not 1), are told apart from a repeat."""
+    text = (_call("Oslo") + _call("Oslo") + "I called it twice.")
+    events = run([fake(Delta(text), end("stop", 40))], [0], [4], tools=True)
+    assert [c[2] for c in _calls(events)] == ['{"city": "Oslo"}']
+    assert not [e for e in events if isinstance(e, TextDelta)]
+    one = '<tool_call>{"name": "f", "arguments": {"n": 1}}</tool_call>'
+    events = run([fake(Delta(one + one.replace("1", "true")), end("stop", 40))], [0], [4],
+                 tools=True)
+    assert [c[2] for c in _calls(events)] == ['{"n": 1}', '{"n": true}']
+
+
 def test_output_cut_after_whole_calls_ends_with_tool_calls() -> None:
     """max_tokens ran out inside a repeat, between calls, or inside a call's closing
     marker: the calls passed on are whole, so the answer ends as "tool_calls"; cut inside
@@ -228,3 +241,16 @@ def test_output_cut_after_whole_calls_ends_with_tool_calls() -> None:
         events = run([fake(Delta(text), end("length", 40))], [0], [4], tools=True)
         assert [c[2] for c in _calls(events)] == calls, text
         assert [e.reason for e in events if isinstance(e, Finish)] == [reason], text
+
+
+def test_a_reasoning_markers_tokens_carry_no_answer_logprob() -> None:
+    """Only tokens whose text is the answer's come with a logprob: not the reasoning's,
+    not the marker that ends it, not the blank the split trims after it."""
+    from edgeinfer.engine.logprobs import TokenLogprob
+
+    pieces = ["<think>", "hmm", "</think>", "\n\n", "Hello", " world", "!"]
+    deltas = [Delta(p, (k,), logprob=TokenLogprob(k, -0.5, ())) for k, p in enumerate(pieces)]
+    events = run([fake(*deltas, end("stop", 7))], [0], [4], reasoning=True)
+    texts = [e for e in events if isinstance(e, TextDelta)]
+    assert "".join(e.text for e in texts) == "Hello world!"
+    assert [e.logprob.token for e in texts if e.logprob] == [4, 5, 6]
