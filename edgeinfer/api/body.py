@@ -173,3 +173,15 @@ async def read_json(request: Request) -> Any:
     if len(body) > THREAD_PARSE_BYTES:
         return await asyncio.to_thread(loads, body)
     return loads(body)
+
+
+async def read_json_any(request: Request) -> Any:
+    """``read_json`` whatever the body's label, as Ollama and llama-server read bodies:
+    ``curl -d`` labels JSON form data, litellm's async Ollama client octet-stream
+    (cross-site browsers are kept out by the guard, which checks every request's origin)."""
+    ctype = request.headers.get("content-type", "").split(";")[0].strip().lower()
+    if ctype not in ("application/json", ""):
+        scope = {**request.scope, "headers": [
+            (k, v) for k, v in request.scope["headers"] if k.lower() != b"content-type"]}
+        request = Request(scope, request.receive)
+    return await read_json(request)

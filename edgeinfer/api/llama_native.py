@@ -24,7 +24,7 @@ from starlette.responses import JSONResponse, Response
 
 from edgeinfer import __version__
 from edgeinfer.api import fields, samplers
-from edgeinfer.api.body import read_json
+from edgeinfer.api.body import read_json_any
 from edgeinfer.api.fields import MAX_TOKENS_LIMIT, Body
 from edgeinfer.api.ollama_models import file_facts
 from edgeinfer.api.openai_render import HeldLogprobs
@@ -44,6 +44,7 @@ FIELDS = {
     "logit_bias", "ignore_eos", "cache_prompt", "speculative", "deterministic", "priority",
     "grammar", "json_schema", "n_probs", "return_tokens", "response_fields", "t_max_predict_ms",
     "n_keep", "n_discard", "n_indent", "post_sampling_probs", "lora", "user",
+    "min_keep", "tfs_z", "penalize_nl",  # older llama-server's, sent by SillyTavern: ignored
 } | samplers.NAMES
 STOP_TYPES = {"stop": "eos", "length": "limit"}
 
@@ -58,9 +59,8 @@ def parse(body: Any, default_model: str) -> tuple[GenerateRequest, bool, int]:
             raise InvalidRequest(f"'{name}' is not supported: {why}", param=name)
     prompts = fields.texts_or_tokens(b.body.get("prompt"), "prompt", 1)
     n_probs = int(b.integer("n_probs", 0, 20, 0) or 0)
-    max_tokens = b.integer("max_tokens", 1, MAX_TOKENS_LIMIT, None)
-    if max_tokens is None:
-        max_tokens = samplers.n_predict(b, None)
+    max_tokens = (samplers.n_predict(b, None) if b.present("n_predict")  # llama-server's own
+                  else b.integer("max_tokens", 1, MAX_TOKENS_LIMIT, None))
     schema = b.body.get("json_schema")
     if schema is not None and not isinstance(schema, dict):
         raise InvalidRequest("'json_schema' must be a JSON schema object", param="json_schema")
@@ -71,7 +71,7 @@ def parse(body: Any, default_model: str) -> tuple[GenerateRequest, bool, int]:
         b.string("model") or default_model, TextPrompts(prompts),
         samplers.sampling_params(b, max_tokens, n_probs or None),
         priority=fields.priority(b.body.get("priority"), None),
-        constraint=Constraint(grammar=grammar, json_schema=schema),
+        constraint=Constraint(grammar=grammar, json_schema=schema, schema_param="json_schema"),
         cache_prompt=b.boolean("cache_prompt", True))
     return req, b.boolean("stream", False), n_probs
 
@@ -131,11 +131,12 @@ async def _stream(model: str, piece: Callable[[int], bytes], events: AsyncIterat
 
 async def completion(request: Request) -> Response:
     p = pool(request)
-    req, stream, n_probs = parse(await read_json(request), p.config.models[0].id)
+    req, stream, n_probs = parse(await read_json_any(request), p.config.models[0].id)
     gen = await start(request, req, f"cmpl-{uuid.uuid4().hex[:24]}")
     settings = {"n_predict": req.params.max_tokens or -1, "temperature": req.params.temperature,
                 "top_k": req.params.top_k, "top_p": req.params.top_p,
-                "min_p": req.params.min_p, "seed": req.params.seed,
+                "min_p": req.params.min_p,
+                "seed": -1 if req.params.seed is None else req.params.seed,
                 "stop": list(req.params.stop), "n_probs": n_probs}
     if stream:
         return sse(request, _stream(gen.model, gen.piece, gen.events, gen.prompt_tokens,

@@ -46,7 +46,7 @@ from starlette.routing import Route
 
 from edgeinfer import __version__
 from edgeinfer.api import fields, ollama_models, ollama_render, samplers
-from edgeinfer.api.body import read_json
+from edgeinfer.api.body import read_json_any
 from edgeinfer.api.embeddings import MAX_EMBED_INPUTS
 from edgeinfer.api.fields import MAX_TOKENS_LIMIT, Body
 from edgeinfer.api.messages import messages
@@ -74,18 +74,6 @@ IGNORED_OPTIONS = {
     "embedding_only", "penalize_newline", "tfs_z"}
 MESSAGE_KEYS = {"role", "content", "images", "tool_calls", "tool_name", "thinking",
                 "tool_call_id"}
-
-
-async def read_body(request: Request) -> Any:
-    """The JSON body, whatever its label, as Ollama reads it: ``curl -d`` (as in Ollama's
-    docs) labels it form data, litellm's async client application/octet-stream
-    (cross-site browsers are kept out by the guard)."""
-    ctype = request.headers.get("content-type", "").split(";")[0].strip().lower()
-    if ctype not in ("application/json", ""):
-        scope = {**request.scope, "headers": [
-            (k, v) for k, v in request.scope["headers"] if k.lower() != b"content-type"]}
-        request = Request(scope, request.receive)
-    return await read_json(request)
 
 
 def model_name(p: ModelPool, name: str) -> str:
@@ -295,19 +283,19 @@ def parse_generate(body: Any, headers: dict[str, str]) -> Parsed:
 
 # -- handlers --------------------------------------------------------------------------
 async def chat(request: Request) -> Response:
-    parsed = parse_chat(await read_body(request), dict(request.headers))
+    parsed = parse_chat(await read_json_any(request), dict(request.headers))
     return await answer(request, parsed, model_name(pool(request), parsed.model), chat=True)
 
 
 async def generate(request: Request) -> Response:
-    parsed = parse_generate(await read_body(request), dict(request.headers))
+    parsed = parse_generate(await read_json_any(request), dict(request.headers))
     return await answer(request, parsed, model_name(pool(request), parsed.model), chat=False)
 
 
 async def embed(request: Request) -> Response:
     """POST /api/embed {model, input: text or texts, truncate (default true), options,
     keep_alive, dimensions (vectors shortened)}; no input: loads the model."""
-    b = Body(await read_body(request), {"model", "input", "truncate", "options", "keep_alive",
+    b = Body(await read_json_any(request), {"model", "input", "truncate", "options", "keep_alive",
                                         "dimensions"})
     name = str(b.string("model", required=True))
     raw = b.body.get("input")
@@ -325,7 +313,7 @@ async def embed(request: Request) -> Response:
 
 async def embeddings(request: Request) -> Response:
     """POST /api/embeddings {model, prompt, options, keep_alive} -> {embedding} (older)."""
-    b = Body(await read_body(request), {"model", "prompt", "options", "keep_alive"})
+    b = Body(await read_json_any(request), {"model", "prompt", "options", "keep_alive"})
     name, prompt = str(b.string("model", required=True)), b.string("prompt") or ""
     _options(b)
     keep_alive(b.body.get("keep_alive"))
@@ -351,7 +339,7 @@ async def ps(request: Request) -> Response:
 
 async def show(request: Request) -> Response:
     """POST /api/show {model (or the older "name"), verbose (ignored)}."""
-    b = Body(await read_body(request), {"model", "name", "verbose", "options"})
+    b = Body(await read_json_any(request), {"model", "name", "verbose", "options"})
     asked = b.string("model") or b.string("name")
     if not asked:
         raise InvalidRequest("'model' is required", param="model")

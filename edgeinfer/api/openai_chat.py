@@ -95,18 +95,18 @@ _FORMAT_KEYS = {"text": {"type"}, "json_object": {"type", "schema"},
                 "json_schema": {"type", "json_schema"}}
 
 
-def _response_format(b: Body) -> tuple[dict[str, Any] | None, bool]:
-    """(JSON schema, any JSON object) from ``response_format``, or from llama-server's
-    ``json_schema`` field and ``json_object`` with a ``schema``."""
+def _response_format(b: Body) -> tuple[dict[str, Any] | None, bool, str]:
+    """(JSON schema, any JSON object, where the schema is) from ``response_format``, or
+    from llama-server's ``json_schema`` field and ``json_object`` with a ``schema``."""
     rf = b.body.get("response_format")
     top = b.body.get("json_schema")
     if top is not None:
         if rf is not None or not isinstance(top, dict):
             raise InvalidRequest("'json_schema' must be a JSON schema object, without "
                                  "'response_format'", param="json_schema")
-        return top, False
+        return top, False, "json_schema"
     if rf is None:
-        return None, False
+        return None, False, ""
     kind = rf.get("type") if isinstance(rf, dict) else None
     if not isinstance(kind, str) or kind not in _FORMAT_KEYS:
         raise InvalidRequest("'response_format.type' must be 'text', 'json_object' or "
@@ -120,14 +120,15 @@ def _response_format(b: Body) -> tuple[dict[str, Any] | None, bool]:
         if schema is not None and not isinstance(schema, dict):
             raise InvalidRequest("'response_format.schema' must be a JSON schema object",
                                  param="response_format.schema")
-        return (schema, False) if schema is not None else (None, True)
+        return (schema, False, "response_format.schema") if schema is not None else (
+            None, True, "")
     if kind == "json_schema":
         js = rf.get("json_schema")
         if not isinstance(js, dict) or not isinstance(js.get("schema"), dict):
             raise InvalidRequest("'response_format.json_schema.schema' must be a JSON schema "
                                  "object", param="response_format.json_schema.schema")
-        return js["schema"], False
-    return None, False
+        return js["schema"], False, "response_format.json_schema.schema"
+    return None, False, ""
 
 
 def reasoning(b: Body) -> tuple[str | None, dict[str, Any]]:
@@ -221,7 +222,7 @@ def parse(body: Any, headers: dict[str, str]) -> tuple[GenerateRequest, bool, bo
                              param="top_logprobs")
     _ignored(b)
     tools, tool_choice, parallel = parse_tools(b)
-    json_schema, json_object = _response_format(b)
+    json_schema, json_object, schema_param = _response_format(b)
     grammar = b.string("grammar")
     forced = tool_choice not in ("none", "auto")
     if grammar is not None and (json_schema is not None or json_object or forced):
@@ -240,6 +241,7 @@ def parse(body: Any, headers: dict[str, str]) -> tuple[GenerateRequest, bool, bo
         n=int(b.integer("n", 1, MAX_CHOICES, 1) or 1),
         priority=fields.priority(b.body.get("priority"), headers.get("x-priority")),
         constraint=Constraint(grammar=grammar, json_schema=json_schema, json_object=json_object,
+                              schema_param=schema_param or "response_format",
                               tools=tools, tool_choice=tool_choice, parallel_tool_calls=parallel),
         cache_prompt=b.boolean("cache_prompt", True),
         wait_for_model=headers.get("x-edgeinfer-wait", "true").lower() != "false",

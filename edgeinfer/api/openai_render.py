@@ -35,6 +35,7 @@ class CompletionMeta:
     functions: bool = False  # the request used the deprecated functions: answer in kind
     model: str = ""
     piece: Callable[[int], bytes] = field(default=lambda t: b"")  # token -> its bytes
+    logprobs: bool = False  # asked for: a whole answer has them even when none are left
     id: str = ""
     created: int = field(default_factory=lambda: int(time.time()))
 
@@ -250,6 +251,9 @@ def _within(meta: CompletionMeta, items: list[TokenLogprob], text: str) -> list[
 
 def _body_choice(meta: CompletionMeta, i: int, c: ChoiceOutcome) -> dict[str, Any]:
     lps = logprobs_body(meta, _within(meta, c.logprobs, c.text) if c.stopped else c.logprobs)
+    if lps is None and meta.logprobs:  # asked, but no token is the answer's
+        lps = ({"content": [], "refusal": None} if meta.kind == "chat" else
+               {"tokens": [], "token_logprobs": [], "top_logprobs": [], "text_offset": []})
     if meta.kind != "chat":
         return {"index": i, "text": c.text, "logprobs": lps, "finish_reason": c.finish}
     message: dict[str, Any] = {"role": "assistant", "content": c.text}

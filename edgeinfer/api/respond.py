@@ -103,6 +103,7 @@ async def respond(request: Request, req: GenerateRequest, meta: CompletionMeta, 
     """Generate ``req`` and answer in OpenAI's shape (``meta.kind``: chat or text)."""
     gen = await start(request, req, meta.id)
     meta.model, meta.piece = gen.model, gen.piece
+    meta.logprobs = req.params.logprobs is not None
     if stream:
         return sse(request, sse_chunks(meta, gen.events, gen.num_choices, include_usage))
     body = await unless_disconnected(request, collect(meta, gen.events, gen.num_choices))

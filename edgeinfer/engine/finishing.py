@@ -91,7 +91,9 @@ def after_token(scheduler: Scheduler, seq: Sequence, out: Output, sampled: Sampl
     scheduler.append_token(seq, sampled.token)
     if is_eog and not seq.params.ignore_eos:
         return Verdict(None, SequenceStatus.FINISHED_STOPPED)
-    delta = Delta(out.text.push(piece), (sampled.token,), logprob=sampled.logprob)
+    # stop strings end text, never a tool call (or other output) a lazy grammar constrains
+    text = out.text.push(piece, stops=not out.sampler.lazily_constrained)
+    delta = Delta(text, (sampled.token,), logprob=sampled.logprob)
     if out.text.stopped_by is not None:
         return Verdict(delta, SequenceStatus.FINISHED_STOPPED)
     if seq.num_generated >= seq.max_tokens:

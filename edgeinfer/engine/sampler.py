@@ -53,6 +53,7 @@ class SamplerChain:
             MemoryError("llama_sampler_chain_init failed"))))
         self._grammar: Sampler | None = None
         self._scan: TriggerScan | None = None
+        self._triggers: tuple[str, ...] = ()
         self._budget = (ThoughtBudget(params.reasoning_budget, params.reasoning_close)
                         if params.reasoning_budget is not None else None)
         try:
@@ -161,6 +162,11 @@ class SamplerChain:
         if self._budget is not None:
             self._budget.saw(token)
         return token
+
+    @property
+    def lazily_constrained(self) -> bool:
+        """A lazy grammar's trigger word has appeared: the output follows it from here."""
+        return bool(self._triggers) and self._grammar is not None
 
     def _watch(self, token: int) -> None:
         """Free text so far: start the grammar once a trigger word has appeared."""

@@ -19,15 +19,19 @@ class TextStream:
         self._held = ""  # decoded text not emitted yet
         self.stopped_by: str | None = None
 
-    def push(self, piece: bytes) -> str:
+    def push(self, piece: bytes, stops: bool = True) -> str:
         """Add one token's bytes; return the text that is now safe to emit.
 
         After a stop string is found, ``stopped_by`` is set, the text before
-        it is returned, and further pushes return "".
+        it is returned, and further pushes return "". ``stops`` False: stop strings
+        are not looked for in this piece (nor in text held before it).
         """
         if self.stopped_by is not None:
             return ""
         self._held += self._decoder.decode(piece)
+        if not stops:
+            out, self._held = self._held, ""
+            return out
         return self._release()
 
     def flush(self) -> str:

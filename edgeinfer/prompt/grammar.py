@@ -163,6 +163,7 @@ def _bound(node: Any, ints: dict[str, str]) -> Any:
         elif k in ("items", "additionalProperties"):
             out[k] = _bound(v, ints)
         elif k == "pattern" and isinstance(v, str):
+            _check_regex(v)
             if (rewritten := json_pattern(v)) is not None:
                 out[k] = rewritten
             else:  # the rest of the schema still holds
@@ -176,6 +177,22 @@ def _bound(node: Any, ints: dict[str, str]) -> Any:
                                             "format"} & set(out):
         out["maxLength"] = max(DEFAULT_MAX_LENGTH, int(out.get("minLength", 0) or 0))
     return out
+
+
+# what Python's re says of a pattern no regex dialect takes (not of ECMA-only syntax)
+_BROKEN = ("missing )", "unbalanced parenthesis", "unterminated character set",
+           "nothing to repeat", "multiple repeat", "bad character range")
+
+
+def _check_regex(pattern: str) -> None:
+    """400 for a ``pattern`` that is no regular expression at all (unbalanced, a lone
+    ``[``): it would otherwise be dropped and the schema silently not enforced."""
+    try:
+        re.compile(pattern)
+    except re.error as exc:
+        if str(exc).startswith(_BROKEN):
+            raise InvalidRequest(f"'pattern' {pattern[:100]!r} is not a valid regular "
+                                 f"expression: {exc}", param="schema") from None
 
 
 def schema_to_gbnf(schema: Any, param: str, prop_order: tuple[str, ...] = ()) -> str:

@@ -26,7 +26,7 @@ def _grammar(vocab: Any, c: Constraint, fmt: ToolFormat) -> tuple[str | None, tu
         return c.grammar, ()
     answer = None
     if c.json_schema is not None:
-        answer = schema_to_gbnf(c.json_schema, "response_format.json_schema.schema")
+        answer = schema_to_gbnf(c.json_schema, c.schema_param)
     elif c.json_object:
         answer = json_object_gbnf()
     if answer is not None:

@@ -100,6 +100,8 @@ async def generate(pool: ModelPool, req: GenerateRequest, leases: list[Lease],
                                       close_marker, fmt)
     if gbnf is not None:
         params = replace(params, grammar=gbnf, grammar_triggers=triggers)
+        if req.constraint.offers_tools and not triggers:  # calls from the first token:
+            params = replace(params, stop=implicit)  # no stop string cuts a call
     if req.prediction and params.speculative:
         predicted = await served.run(functools.partial(
             served.runtime.tokenize, req.prediction, add_special=False, parse_special=False))

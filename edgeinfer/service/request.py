@@ -41,6 +41,7 @@ class Constraint:
 
     grammar: str | None = None  # raw GBNF
     json_schema: dict[str, Any] | None = None
+    schema_param: str = "response_format.json_schema.schema"  # where it was (for errors)
     json_object: bool = False
     tools: tuple[ToolSpec, ...] = ()
     tool_choice: str = "none"  # "none" | "auto" | "required" | a function name

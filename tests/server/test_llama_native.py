@@ -30,7 +30,8 @@ def test_whole_answer_has_llama_servers_fields(server: ServerProcess) -> None:
         assert sum(math.exp(t["logprob"]) for t in p["top_logprobs"]) <= 1 + 1e-6
         assert bytes(p["bytes"]).decode() == p["token"]
     same = _post(server, {"model": "default", "prompt": "Once upon a time", "n_predict": 8,
-                          "temperature": 0}, "/completions").json()
+                          "max_tokens": 2, "temperature": 0, "tfs_z": 1.0, "penalize_nl": False,
+                          "min_keep": 0}, "/completions").json()  # n_predict first, as there
     assert same["content"] == body["content"] and "completion_probabilities" not in same
 
 
@@ -52,11 +53,20 @@ def test_stream_stop_word_and_schema(server: ServerProcess) -> None:
     assert isinstance(json.loads(typed["content"])["name"], str)
 
 
+def test_a_body_labelled_as_a_form_is_read_as_json(server: ServerProcess) -> None:
+    """``curl -d`` labels the body a form; llama-server reads it as JSON all the same."""
+    r = httpx.post(f"{server.base_url}/completion", timeout=60,
+                   content=json.dumps({"prompt": "Hi", "n_predict": 2}),
+                   headers={"content-type": "application/x-www-form-urlencoded"})
+    assert r.status_code == 200 and r.json()["tokens_predicted"] == 2
+
+
 def test_bad_bodies_are_a_400(server: ServerProcess) -> None:
     for body, param in (({"prompt": "x", "n_predict": "many"}, "n_predict"),
                         ({"prompt": "x", "post_sampling_probs": True}, "post_sampling_probs"),
                         ({"prompt": "x", "return_tokens": True}, "return_tokens"),
                         ({"prompt": "x", "json_schema": 3}, "json_schema"),
+                        ({"prompt": "x", "json_schema": {"type": "hiccup"}}, "json_schema"),
                         ({"prompt": ["a", "b"]}, "prompt"),
                         ({"prompt": "x", "nonsense": 1}, "nonsense")):
         r = _post(server, body)

@@ -360,6 +360,14 @@ def test_logprobs_chat_and_completions(client: openai.OpenAI) -> None:
         tokens = "".join(i.token for i in r.choices[0].logprobs.content or [])  # type: ignore
         assert r.choices[0].finish_reason == "stop" and text.startswith(tokens), (stop, text,
                                                                                  tokens)
+    # asked, but the stop string ended the answer inside its first token: empty, not null
+    first = client.completions.create(model="default", prompt="1, 2, 3,", max_tokens=5,
+                                      temperature=0, logprobs=2)
+    head = first.choices[0].text[:2]
+    cut = client.completions.create(model="default", prompt="1, 2, 3,", max_tokens=5,
+                                    temperature=0, logprobs=2, stop=[head[1:]])
+    lp = cut.choices[0].logprobs
+    assert lp is not None and lp.tokens is not None and "".join(lp.tokens) in ("", head[:1])
 
 
 def test_streamed_logprobs_are_the_streamed_texts_tokens(client: openai.OpenAI) -> None:

@@ -6,6 +6,7 @@ import asyncio
 import json
 import time
 from enum import StrEnum
+from typing import Any
 
 import httpx
 import jsonschema
@@ -324,6 +325,25 @@ def test_parallel_calls_may_repeat_a_tool_but_never_a_call(client: openai.OpenAI
     assert max(seen) > 1  # the same tool called twice in one answer
 
 
+def test_stop_strings_never_cut_a_forced_call(client: openai.OpenAI) -> None:
+    """A stop string applies to text, not to a call the grammar forces: the call is
+    whole and valid, streamed and not, and no markup becomes content."""
+    for stop in ("}", "\n", "city"):
+        kw: dict[str, Any] = dict(
+            model="default", messages=[{"role": "user", "content": "Weather in Paris?"}],
+            tools=[WEATHER], tool_choice="required", max_tokens=120, temperature=0, stop=stop)
+        whole = client.chat.completions.create(**kw).choices[0]
+        assert whole.finish_reason == "tool_calls" and not whole.message.content, stop
+        calls = whole.message.tool_calls or []
+        assert calls and all(json.loads(c.function.arguments) for c in calls)  # type: ignore
+        args: dict[int, str] = {}
+        for chunk in client.chat.completions.create(**kw, stream=True):
+            for d in (chunk.choices[0].delta.tool_calls or []) if chunk.choices else []:
+                args[d.index] = args.get(d.index, "") + (d.function.arguments or "")  # type: ignore
+        assert [json.loads(a) for a in args.values()] == [
+            json.loads(c.function.arguments) for c in calls]  # type: ignore[union-attr]
+
+
 def test_round_trip_call_result_answer(client: openai.OpenAI) -> None:
     messages: list[dict[str, object]] = [
         {"role": "user", "content": "What's the weather in Madrid?"}]
@@ -413,7 +433,12 @@ def test_patterns_with_shorthand_classes_constrain_answers_and_calls(
      "tool_choice"),
     ({"response_format": {"type": "xml"}}, "response_format"),
     ({"response_format": {"type": "json_object", "schema": {"type": "hiccup"}}},
-     "response_format.json_schema.schema"),
+     "response_format.schema"),
+    ({"json_schema": {"type": "hiccup"}}, "json_schema"),
+    ({"response_format": {"type": "json_schema", "json_schema": {"name": "x", "schema": {
+        "type": "string", "pattern": "^(a|b"}}}}, "response_format.json_schema.schema"),
+    ({"response_format": {"type": "json_schema", "json_schema": {"name": "x", "schema": {
+        "type": "string", "pattern": "["}}}}, "response_format.json_schema.schema"),
     ({"response_format": {"type": "json_object", "schema": 123}}, "response_format.schema"),
     ({"response_format": {"type": "json_object", "foo": 1}}, "response_format.foo"),
     ({"response_format": {"type": "text", "schema": {}}}, "response_format.schema"),

@@ -51,3 +51,16 @@ def test_a_character_the_output_ran_out_in_is_left_out() -> None:
     assert feed(TextStream(), [b"Hi ", smile[:2]]) == "Hi "
     assert feed(TextStream(("x",)), [b"Hi ", smile[:3]]) == "Hi "
     assert feed(TextStream(), [b"Hi ", smile]) == "Hi 🙂"
+
+
+def test_stop_strings_are_not_looked_for_where_told() -> None:
+    """Once a lazy grammar constrains the output (a tool call), stop strings no longer
+    apply: text held as a possible stop string's start comes out, and a stop string
+    written inside the call does not end it."""
+    ts = TextStream(stop=("\n", "}"))
+    assert ts.push(b"Sure") == "Sure"
+    assert ts.push(b"<tool_call>", stops=False) == "<tool_call>"
+    assert ts.push(b'\n{"a": 1}', stops=False) == '\n{"a": 1}'
+    assert ts.stopped_by is None
+    assert ts.push(b"\nafter") == ""  # looked for again: it stops here
+    assert ts.stopped_by == "\n"
