@@ -27,6 +27,11 @@ ASGIApp = Callable[[Scope, Receive, Send], Awaitable[None]]
 
 LOOPBACK_HOSTS = frozenset({"localhost", "127.0.0.1", "::1", "[::1]"})
 _LOCAL_ORIGIN = re.compile(r"^https?://(localhost|127\.0\.0\.1|\[::1\])(:\d+)?$")
+# desktop apps' own schemes, which no web page can have (as Ollama allows them by default):
+# Tauri (tauri://localhost; http(s)://tauri.localhost on Windows), Electron's app://, VS
+# Code webviews. Not "null" (a sandboxed frame of any site sends it), nor extensions.
+_APP_ORIGIN = re.compile(r"^((tauri|app|vscode-webview|vscode-file)://[\w.:-]*"
+                         r"|https?://tauri\.localhost(:\d+)?)$")
 # the probes; the chat page holds no data (it asks for a key)
 OPEN_PATHS = frozenset({"/health", "/ready", "/"})
 
@@ -67,7 +72,8 @@ class HostGuard:
 
 
 class CorsGuard:
-    """Browsers may call from localhost origins and ``cors_origins``: those get CORS headers
+    """Browsers may call from localhost origins, desktop apps' schemes (``_APP_ORIGIN``)
+    and ``cors_origins``: those get CORS headers
     (and preflights an answer); any other origin is refused outright with 403. Starlette's
     CORSMiddleware only leaves the headers out, letting the request itself run."""
 
@@ -76,7 +82,8 @@ class CorsGuard:
         self.origins = frozenset(cors_origins)
 
     def origin_allowed(self, origin: str) -> bool:
-        return origin in self.origins or bool(_LOCAL_ORIGIN.match(origin))
+        return origin in self.origins or bool(_LOCAL_ORIGIN.match(origin)
+                                              or _APP_ORIGIN.match(origin))
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         headers = _headers(scope) if scope["type"] == "http" else {}

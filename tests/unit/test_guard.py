@@ -56,6 +56,18 @@ def test_cors_allows_only_local_and_configured_origins() -> None:
     assert pre.status_code == 204 and "authorization" in pre.headers["access-control-allow-headers"]
 
 
+@pytest.mark.parametrize(("origin", "status"), [
+    ("tauri://localhost", 200), ("http://tauri.localhost", 200), ("app://.", 200),
+    ("vscode-webview://1k3fa9", 200), ("vscode-file://vscode-app", 200),
+    ("null", 403), ("chrome-extension://abcdef", 403), ("https://tauri.localhost.evil.com", 403),
+    ("app://x/evil", 403), ("tauri://localhost@evil.com", 403), ("https://localhost.evil", 403)])
+def test_desktop_apps_schemes_are_allowed_web_origins_are_not(origin: str, status: int) -> None:
+    """As Ollama allows them by default: an app embedding the server works unconfigured;
+    no web page can send these origins (a sandboxed frame sends "null", refused)."""
+    r = call(front_door(ok_app), "POST", "/v1/chat/completions", {"origin": origin})
+    assert r.status_code == status, origin
+
+
 def test_preflight_allows_the_headers_an_sdk_sends_from_an_allowed_origin_only() -> None:
     g = front_door(ok_app, cors_origins=("app://desk",))
     asked = "x-api-key, anthropic-version, x-stainless-os, content-type"
