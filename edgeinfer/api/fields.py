@@ -179,7 +179,8 @@ def texts_or_tokens(value: Any, param: str, limit: int
         raise InvalidRequest(f"at most {limit} items in '{param}'", param=param)
     for p in items:
         if isinstance(p, list) and not all(0 <= t < MAX_VOCAB for t in p):
-            raise InvalidRequest(f"'{param}' token ids must be non-negative token ids",
+            raise InvalidRequest(f"'{param}' token ids must be in 0..{MAX_VOCAB - 1} (and in "
+                                 "the model's vocabulary)",
                                  param=param)
     return tuple(items)
 

@@ -50,6 +50,8 @@ log_listener: Callable[[str], None] | None = None
 def _log_line(level: int, text: bytes, user_data: ctypes.c_void_p) -> None:
     global _last_level
     lvl = _last_level if level == 5 else _LEVELS.get(level, logging.DEBUG)
+    if lvl == logging.ERROR and b"grammar" in text:  # a request's grammar: its 400 says it
+        lvl = logging.WARNING
     _last_level = lvl
     if log_listener is not None:
         log_listener(text.decode("utf-8", "replace"))
