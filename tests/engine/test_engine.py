@@ -62,11 +62,19 @@ def test_full_kv_cache_stops_only_the_newest_request(small: ServedModel) -> None
     assert generated[-1] == room
 
 
-def test_a_request_ended_early_finishes_as_a_stop_with_its_last_delta(
-        small: ServedModel) -> None:
+def test_a_request_ended_early_finishes_as_a_stop_with_its_last_delta() -> None:
     """abort(stop=True) (a repeated tool call ends the answer) finishes the request as
-    a stop: its finishing delta comes, with the counts, and frees the slot; a plain
-    abort sends nothing more."""
+    a stop: its finishing delta comes, with the counts, and frees the slot; a late one
+    does nothing. (Its own model: the module's is stopped by the test before.)"""
+    small = load_model(override_model(load_config().models[0], context=256, slots=2,
+                                      batch=64, threads=2))
+    try:
+        _end_early(small)
+    finally:
+        small.engine.stop()
+
+
+def _end_early(small: ServedModel) -> None:
     prompt = small.tokenize_chat(small.template.render(
         [{"role": "user", "content": "Count to one thousand."}]))
     params = SamplingParams(temperature=0, ignore_eos=True, max_tokens=200)
@@ -74,7 +82,7 @@ def test_a_request_ended_early_finishes_as_a_stop_with_its_last_delta(
     async def main() -> tuple[list[Delta], int]:
         small.engine.start(asyncio.get_running_loop())
         try:
-            got: list[Delta] = []
+            got = []
             async for d in small.engine.generate("early", prompt, params):
                 got.append(d)
                 if len(got) == 3:
