@@ -144,10 +144,11 @@ def harmony_gbnf(tools: list[tuple[str, dict[str, Any]]], param: str = "tools") 
 
 
 def tool_calls_gbnf(tools: list[tuple[str, dict[str, Any]]], max_calls: int,
-                    param: str = "tools", fmt: ToolFormat = GENERIC) -> str:
-    """GBNF of one to ``max_calls`` calls of ``tools`` in ``fmt``'s own syntax."""
+                    param: str = "tools", fmt: ToolFormat = GENERIC, lazy: bool = False) -> str:
+    """GBNF of one to ``max_calls`` calls of ``tools`` in ``fmt``'s own syntax. ``lazy``:
+    for a grammar started by ``fmt.trigger``, which it must then begin with."""
     if fmt.syntax == "named":
         return named_calls_gbnf(tools, max_calls, fmt, param)
     if fmt.syntax == "harmony":
         return harmony_gbnf(tools, param)
-    return json_calls_gbnf(tools, max_calls, param, fmt)
+    return json_calls_gbnf(tools, max_calls, param, fmt, lazy)

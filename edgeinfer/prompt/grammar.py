@@ -285,11 +285,12 @@ def _call_schema(name: str, parameters: dict[str, Any], fmt: ToolFormat
 
 
 def tool_calls_gbnf(tools: list[tuple[str, dict[str, Any]]], max_calls: int,
-                    param: str = "tools", fmt: ToolFormat = GENERIC) -> str:
+                    param: str = "tools", fmt: ToolFormat = GENERIC, lazy: bool = False) -> str:
     """GBNF of one to ``max_calls`` calls of ``tools`` in ``fmt``'s syntax, such as
     ``<tool_call>{"name": .., "arguments": ..}</tool_call>`` (Hermes) or
     ``[TOOL_CALLS][{"name": .., "arguments": .., "id": ..}]`` (Mistral). The grammar
-    starts with the format's trigger word, as a lazy grammar must."""
+    starts with the format's trigger word, as a lazy grammar must (``lazy``: a bare
+    object's format too: Llama 3's ``<|python_tag|>``; forced, the object alone)."""
     alts, parts = [], []
     for i, (name, parameters) in enumerate(tools):
         schema, order = _call_schema(name, parameters, fmt)
@@ -305,6 +306,8 @@ def tool_calls_gbnf(tools: list[tuple[str, dict[str, Any]]], max_calls: int,
         more = f' ("\\n" call){{0,{n - 1}}}' if n > 1 else ""
         root = (f"root ::= call{more}\n"
                 f'call ::= "{fmt.open}" "\\n"? {obj} "\\n"? "{fmt.close}"\n')
+    elif lazy and fmt.open:  # a bare object after its marker (Llama 3's python tag)
+        root = f'root ::= "{fmt.open}" [ \\n]? {obj}\n'
     else:  # a bare object (Llama 3)
         root = f"root ::= {obj}\n"
     return root + "\n".join(parts)

@@ -37,7 +37,9 @@ def _grammar(vocab: Any, c: Constraint, fmt: ToolFormat) -> tuple[str | None, tu
     chosen = named or list(c.tools)
     # parallel: the same tool may be called again (calls that repeat are dropped as read)
     calls = MAX_PARALLEL_CALLS if c.parallel_tool_calls and not named else 1
-    gbnf = tool_calls_gbnf([(t.name, t.parameters) for t in chosen], calls, fmt=fmt)
+    lazy = c.tool_choice == "auto" and answer is None  # started by the format's trigger
+    gbnf = tool_calls_gbnf([(t.name, t.parameters) for t in chosen], calls, fmt=fmt,
+                           lazy=lazy)
     check_generated(vocab, gbnf, "tools")
     if c.tool_choice != "auto":  # a forced call: the answer's format is for a later turn
         return gbnf, ()
