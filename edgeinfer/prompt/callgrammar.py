@@ -104,6 +104,10 @@ def _call(i: int, name: str, parameters: dict[str, Any], fmt: ToolFormat, param:
     p = f"t{i}-"
     if fmt.args == "json":
         args = _rename_rules(schema_to_gbnf(parameters, param), p)
+        if fmt.id_marker:  # Mistral Small 3.2 writes a call id before the arguments
+            named = (f"{lit(name)} ({lit(fmt.id_marker)} [a-zA-Z0-9]{{{fmt.id_length}}})? "
+                     f"{lit(fmt.name_end)}")
+            return [f"{p}call ::= {named} {p}root", args]
         return [f"{p}call ::= {lit(name + fmt.name_end)} {p}root", args]
     gemma = fmt.args == "gemma"
     rules = _params(p, parameters, param, gemma)
@@ -123,9 +127,10 @@ def named_calls_gbnf(tools: list[tuple[str, dict[str, Any]]], max_calls: int,
                                                else "")
     if fmt.block_open and fmt.args == "xml":  # Qwen3-Coder: each call in its own block
         call = f'{lit(fmt.block_open + chr(10))} {call} {lit(chr(10) + fmt.block_close)}'
-        root = f'root ::= call ("\\n" call){{0,{n - 1}}}'
-    elif fmt.block_open:
-        root = f"root ::= {lit(fmt.block_open)} call{{1,{n}}} {lit(fmt.block_close)}"
+        root = f'root ::= call ("\\n"? call){{0,{n - 1}}}'
+    elif fmt.block_open:  # DeepSeek: the templates write a line break before a later call
+        root = (f'root ::= {lit(fmt.block_open)} call ("\\n"? call){{0,{n - 1}}} '
+                f"{lit(fmt.block_close)}")
     else:
         root = f"root ::= call{{1,{n}}}"
     extra = _GEMMA_VALUE if fmt.args == "gemma" else ""

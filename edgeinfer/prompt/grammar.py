@@ -303,7 +303,7 @@ def tool_calls_gbnf(tools: list[tuple[str, dict[str, Any]]], max_calls: int,
         root = (f'root ::= "{fmt.open}" "[" space-c call{more} "]"\n'
                 f'space-c ::= [ \\n]?\ncall ::= {obj}\n')
     elif fmt.close:
-        more = f' ("\\n" call){{0,{n - 1}}}' if n > 1 else ""
+        more = f' ("\\n"? call){{0,{n - 1}}}' if n > 1 else ""  # some write none between
         root = (f"root ::= call{more}\n"
                 f'call ::= "{fmt.open}" "\\n"? {obj} "\\n"? "{fmt.close}"\n')
     elif lazy and fmt.open:  # a bare object after its marker (Llama 3's python tag)

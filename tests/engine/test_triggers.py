@@ -62,3 +62,74 @@ def test_a_formats_lazy_grammar_takes_its_trigger_word(name: str) -> None:
     assert r.returncode == 0, f"{name}: exit {r.returncode}\n{r.stderr[-1500:]}"
     out = json.loads(r.stdout.strip().splitlines()[-1])
     assert out["triggers"] and out["constrained"], out
+
+
+ACCEPT = r"""
+import json, sys, ctypes
+import llama_cpp
+from edgeinfer.config import load_config
+from edgeinfer.models.source import resolve_model_path
+from edgeinfer.prompt.toolformat import FORMATS
+from edgeinfer.prompt.tools import ToolSpec
+from edgeinfer.service.constraint import grammar_for
+from edgeinfer.service.request import Constraint
+
+cfg = load_config(None).models[0]
+llama_cpp.llama_backend_init()
+mp = llama_cpp.llama_model_default_params()
+mp.vocab_only = True
+model = llama_cpp.llama_model_load_from_file(str(resolve_model_path(cfg)).encode(), mp)
+vocab = llama_cpp.llama_model_get_vocab(model)
+fmt, text = FORMATS[sys.argv[1]], sys.argv[2]
+weather = {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"],
+           "additionalProperties": False}
+tools = (ToolSpec("get_weather", "", weather),)
+gbnf, _ = grammar_for(vocab, Constraint(tools=tools, tool_choice="required"), None, fmt)
+smpl = llama_cpp.llama_sampler_init_grammar(vocab, gbnf.encode(), b"root")
+raw = text.encode()
+arr = (llama_cpp.llama_token * (len(raw) + 8))()
+n = llama_cpp.llama_tokenize(vocab, raw, len(raw), arr, len(arr), False, True)
+
+def allowed(tok):  # checked before it is accepted: llama.cpp aborts on a rejected token
+    d = (llama_cpp.llama_token_data * 1)(llama_cpp.llama_token_data(tok, 0.0, 0.0))
+    a = llama_cpp.llama_token_data_array(d, 1, -1, False)
+    llama_cpp.llama_sampler_apply(smpl, ctypes.byref(a))
+    return d[0].logit != float("-inf")
+
+for k, tok in enumerate(arr[:n]):
+    if not allowed(tok):
+        print(json.dumps({"rejected_at": k}))
+        sys.exit(0)
+    llama_cpp.llama_sampler_accept(smpl, tok)
+print(json.dumps({"whole": allowed(llama_cpp.llama_vocab_eos(vocab))}))
+"""
+_W = '"name": "get_weather", "arguments": {"city": "%s"}'
+_DS = ("<\uff5ctool\u2581calls\u2581begin\uff5c>", "<\uff5ctool\u2581call\u2581begin\uff5c>",
+       "<\uff5ctool\u2581sep\uff5c>", "<\uff5ctool\u2581call\u2581end\uff5c>",
+       "<\uff5ctool\u2581calls\u2581end\uff5c>")
+
+
+def _r1(city: str) -> str:
+    return f'{_DS[1]}function{_DS[2]}get_weather\n```json\n{{"city": "{city}"}}\n```{_DS[3]}'
+
+
+# parallel calls (the same tool twice) as the models' own templates write them
+WRITTEN = [
+    ("hermes", "".join(f"<tool_call>{{{_W % c}}}</tool_call>" for c in ("Paris", "Oslo"))),
+    ("hermes", "\n".join(f"<tool_call>\n{{{_W % c}}}\n</tool_call>" for c in ("Paris", "Oslo"))),
+    ("deepseek_r1", _DS[0] + _r1("Paris") + "\n" + _r1("Oslo") + _DS[4]),
+    ("deepseek_r1", _DS[0] + _r1("Paris") + _r1("Oslo") + _DS[4]),
+    ("mistral_args", '[TOOL_CALLS]get_weather[CALL_ID]abcdefgh0[ARGS]{"city": "Paris"}'
+                     '[TOOL_CALLS]get_weather[ARGS]{"city": "Oslo"}'),
+    ("qwen3_coder", "".join(f"<tool_call>\n<function=get_weather>\n<parameter=city>\n{c}\n"
+                            "</parameter>\n</function>\n</tool_call>" for c in ("Paris", "Oslo"))),
+]
+
+
+@pytest.mark.parametrize(("name", "text"), WRITTEN)
+def test_a_forced_grammar_takes_parallel_calls_as_templates_write_them(name: str,
+                                                                       text: str) -> None:
+    r = subprocess.run([sys.executable, "-c", ACCEPT, name, text], capture_output=True,
+                       text=True, timeout=120)
+    assert r.returncode == 0, f"{name}: exit {r.returncode}\n{r.stderr[-1500:]}"
+    assert json.loads(r.stdout.strip().splitlines()[-1]) == {"whole": True}, (name, text)
