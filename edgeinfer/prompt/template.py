@@ -209,6 +209,9 @@ class ChatTemplate:
         # how past calls must look for the template to show them: content None instead of
         # "" (DeepSeek R1's renders calls only then), arguments as JSON text, not an object
         self.call_shape = self._call_shape() if "tool_calls" in self.source else (False, False)
+        # a template that shows one call per assistant turn (Llama 3.x refuses more, gpt-oss
+        # drops all but the first): parallel calls are rendered one turn each
+        self.one_call = "tool_calls" in self.source and not self._shows_two_calls()
 
     def _renders_system(self) -> bool:
         """Whether the template renders a system message (Gemma 2's refuses one: its text
@@ -233,6 +236,17 @@ class ChatTemplate:
                 return shape
         return False, False
 
+    def _shows_two_calls(self) -> bool:
+        two = {**_PROBE_CALL, "tool_calls": [*_PROBE_CALL["tool_calls"], {
+            "id": "call_2", "type": "function",
+            "function": {"name": "edgeinfer_other", "arguments": {"probe_arg": 2}}}]}
+        try:
+            text = self._render([{"role": "user", "content": "User message"},
+                                 *_with_call_shape([two], self.call_shape)], False, {})
+        except InvalidRequest:
+            return False
+        return "edgeinfer_probe" in text and "edgeinfer_other" in text
+
     @property
     def takes_tools(self) -> bool:
         """Whether the template renders a ``tools`` variable (native tool support)."""
@@ -244,6 +258,8 @@ class ChatTemplate:
         prefix of a longer conversation (for pinning a system prompt)."""
         if not self.system_role and messages and messages[0].get("role") == "system":
             messages = _merge_system(messages)
+        if self.one_call:
+            messages = _one_call_each(messages)
         if any(self.call_shape):
             messages = _with_call_shape(messages, self.call_shape)
         prefill = bool(messages) and messages[-1].get("role") == "assistant"
@@ -307,6 +323,35 @@ def _with_call_shape(messages: list[dict[str, Any]], shape: tuple[bool, bool]
                     a if isinstance(a := c["function"].get("arguments"), str)
                     else json.dumps(a, ensure_ascii=False))}} for c in m["tool_calls"]]
         out.append(m)
+    return out
+
+
+def _one_call_each(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Parallel calls as turns of one call each, each followed by its result (matched by
+    ``tool_call_id``, else in order), for templates that show one call per turn."""
+    out: list[dict[str, Any]] = []
+    i = 0
+    while i < len(messages):
+        m = messages[i]
+        calls = (m.get("tool_calls") or []) if m.get("role") == "assistant" else []
+        if len(calls) < 2:
+            out.append(m)
+            i += 1
+            continue
+        j = i + 1
+        while j < len(messages) and messages[j].get("role") == "tool":
+            j += 1
+        results = list(messages[i + 1:j])
+        for k, call in enumerate(calls):
+            out.append({**m, "content": m.get("content") if k == 0 else "",
+                        "tool_calls": [call]})
+            mine = next((r for r in results if r.get("tool_call_id") == call.get("id")),
+                        results[0] if results else None)
+            if mine is not None:
+                results.remove(mine)
+                out.append(mine)
+        out += results
+        i = j
     return out
 
 

@@ -113,6 +113,42 @@ def test_the_prompt_is_what_the_template_itself_renders(name: str) -> None:
         assert "<tool_response>" not in ours
 
 
+def _parallel(ids: tuple[str, ...]) -> list[dict[str, Any]]:
+    cities = ("Xparis1", "Ylondon2", "Zoslo3")
+    return [{"role": "user", "content": "Weather in three cities?"},
+            {"role": "assistant", "content": "", "tool_calls": [{
+                "id": i, "type": "function", "function": {
+                    "name": "get_weather", "arguments": json.dumps({"city": c})}}
+                for i, c in zip(ids, cities, strict=True)]},
+            *({"role": "tool", "tool_call_id": i, "content": f"RESULT_{c}"}
+              for i, c in zip(ids, cities, strict=True))]
+
+
+@pytest.mark.parametrize("name", [n for n, f in FAMILIES.items() if f != "generic"])
+def test_parallel_calls_in_the_history_render_each_call_and_result(name: str) -> None:
+    """Three calls of one tool and their results, as the client sends them back: each
+    shows once, in order, call before its result; a template that shows one call per
+    turn (Llama 3.x refuses more, gpt-oss drops the rest) gets them one turn each."""
+    source = template(name).read_text()
+    fmt = detect(source)
+    ids = ("abc123XYZ", "def456UVW", "ghi789RST")  # as Mistral's templates demand
+    tools = tuple(ToolSpec(t["function"]["name"], t["function"]["description"],
+                           t["function"]["parameters"]) for t in TOOLS)
+    chat = ChatTemplate(source)
+    msgs, extra = prepare_messages(_parallel(ids), tools, fmt, takes_tools=chat.takes_tools)
+    text = chat.render(msgs, **extra)
+    if name.startswith("ibm-granite-granite-3.3"):
+        pytest.skip("the template shows no past call at all (upstream)")
+    marks = [text.find(m) for m in ("Xparis1", "RESULT_Xparis1", "Ylondon2", "RESULT_Ylondon2",
+                                    "Zoslo3", "RESULT_Zoslo3")]
+    assert all(k >= 0 for k in marks), (name, marks)
+    assert all(text.count(m) == 1 for m in ("RESULT_Xparis1", "RESULT_Ylondon2", "RESULT_Zoslo3"))
+    calls, results = marks[0::2], marks[1::2]
+    assert calls == sorted(calls) and results == sorted(results), name
+    if chat.one_call:  # one turn each: every call right before its own result
+        assert marks == sorted(marks), name
+
+
 @pytest.fixture(scope="module")
 def families(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
     tmp = tmp_path_factory.mktemp("families")
