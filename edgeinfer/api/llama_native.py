@@ -27,7 +27,7 @@ from edgeinfer.api import fields, samplers
 from edgeinfer.api.body import read_json_any
 from edgeinfer.api.fields import MAX_TOKENS_LIMIT, Body
 from edgeinfer.api.ollama_models import file_facts
-from edgeinfer.api.openai_render import HeldLogprobs
+from edgeinfer.api.openai_render import HeldLogprobs, token_entries, within
 from edgeinfer.api.respond import CLIENT_GONE, pool, sse, start, unless_disconnected
 from edgeinfer.config import ModelConfig
 from edgeinfer.engine.logprobs import TokenLogprob
@@ -35,7 +35,7 @@ from edgeinfer.engine.sequence import SamplingParams
 from edgeinfer.errors import InvalidRequest
 from edgeinfer.models.pool import PoolEntry
 from edgeinfer.service import events as ev
-from edgeinfer.service.outcome import ChoiceOutcome, gather
+from edgeinfer.service.outcome import gather
 from edgeinfer.service.request import Constraint, GenerateRequest, TextPrompts
 
 FIELDS = {
@@ -78,12 +78,7 @@ def parse(body: Any, default_model: str) -> tuple[GenerateRequest, bool, int]:
 
 def _probs(piece: Callable[[int], bytes], items: list[TokenLogprob]) -> list[dict[str, Any]]:
     """llama-server's ``completion_probabilities``: each token and its top alternatives."""
-    def one(token: int, logprob: float) -> dict[str, Any]:
-        raw = piece(token)
-        return {"id": token, "token": raw.decode("utf-8", "replace"), "bytes": list(raw),
-                "logprob": logprob}
-    return [{**one(lp.token, lp.logprob), "top_logprobs": [one(t, v) for t, v in lp.top]}
-            for lp in items]
+    return token_entries(piece, items, ids=True)
 
 
 def _final(model: str, fin: ev.Finish | None, usage: ev.UsageReport, content: str,
@@ -148,18 +143,9 @@ async def completion(request: Request) -> Response:
     fin = ev.Finish(0, c.finish, c.completion_tokens, out.timings, c.stop_word, c.stopped)
     body = _final(gen.model, fin, out.usage, c.text, settings)
     if n_probs:
-        body["completion_probabilities"] = _probs(gen.piece, _kept(gen.piece, c))
+        kept = within(gen.piece, c.logprobs, c.text) if c.stopped else c.logprobs
+        body["completion_probabilities"] = _probs(gen.piece, kept)
     return JSONResponse(body)
-
-
-def _kept(piece: Callable[[int], bytes], c: ChoiceOutcome) -> list[TokenLogprob]:
-    """The tokens of the text returned (a stop string's left out)."""
-    if not c.stopped:
-        return list(c.logprobs)
-    held = HeldLogprobs(piece)
-    for lp in c.logprobs:
-        held.add("", lp)
-    return held.add(c.text, None)
 
 
 async def props(request: Request) -> Response:

@@ -59,6 +59,19 @@ def usage_body(u: UsageReport) -> dict[str, Any]:
             "prompt_tokens_details": {"cached_tokens": u.cached_tokens}}
 
 
+def token_entries(piece: Callable[[int], bytes], items: list[TokenLogprob], ids: bool = False
+                  ) -> list[dict[str, Any]]:
+    """Each token's text, logprob and bytes with its top alternatives, as OpenAI's chat
+    and Responses give them (``ids``: with the token id too, as llama-server's
+    ``completion_probabilities``)."""
+    def one(token: int, logprob: float) -> dict[str, Any]:
+        raw = piece(token)
+        entry = {"token": raw.decode("utf-8", "replace"), "logprob": logprob, "bytes": list(raw)}
+        return {"id": token, **entry} if ids else entry
+    return [{**one(lp.token, lp.logprob), "top_logprobs": [one(t, v) for t, v in lp.top]}
+            for lp in items]
+
+
 def logprobs_body(meta: CompletionMeta, items: list[TokenLogprob],
                   text_offset: int = 0) -> dict[str, Any] | None:
     """The ``logprobs`` of a choice, chat or completions shape; None when not asked."""
@@ -69,11 +82,7 @@ def logprobs_body(meta: CompletionMeta, items: list[TokenLogprob],
         return meta.piece(tok).decode("utf-8", "replace")
 
     if meta.kind == "chat":
-        return {"content": [{
-            "token": text(lp.token), "logprob": lp.logprob, "bytes": list(meta.piece(lp.token)),
-            "top_logprobs": [{"token": text(t), "logprob": v, "bytes": list(meta.piece(t))}
-                             for t, v in lp.top],
-        } for lp in items], "refusal": None}
+        return {"content": token_entries(meta.piece, items), "refusal": None}
     offsets, pos = [], text_offset
     for lp in items:
         offsets.append(pos)
@@ -237,12 +246,13 @@ def _reason(meta: CompletionMeta, reason: str) -> str:
     return "function_call" if meta.functions and reason == "tool_calls" else reason
 
 
-def _within(meta: CompletionMeta, items: list[TokenLogprob], text: str) -> list[TokenLogprob]:
+def within(piece: Callable[[int], bytes], items: list[TokenLogprob], text: str
+           ) -> list[TokenLogprob]:
     """The tokens whose bytes lie within ``text``: those of a stop string are not part of
     the answer (llama-server leaves them out of a whole answer's probabilities too)."""
     room, out = len(text.encode()), []
     for lp in items:
-        room -= len(meta.piece(lp.token))
+        room -= len(piece(lp.token))
         if room < 0:
             break
         out.append(lp)
@@ -250,7 +260,8 @@ def _within(meta: CompletionMeta, items: list[TokenLogprob], text: str) -> list[
 
 
 def _body_choice(meta: CompletionMeta, i: int, c: ChoiceOutcome) -> dict[str, Any]:
-    lps = logprobs_body(meta, _within(meta, c.logprobs, c.text) if c.stopped else c.logprobs)
+    lps = logprobs_body(meta, within(meta.piece, c.logprobs, c.text) if c.stopped
+                        else c.logprobs)
     if lps is None and meta.logprobs:  # asked, but no token is the answer's
         lps = ({"content": [], "refusal": None} if meta.kind == "chat" else
                {"tokens": [], "token_logprobs": [], "top_logprobs": [], "text_offset": []})

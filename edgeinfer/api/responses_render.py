@@ -29,7 +29,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from edgeinfer.api.errors import shape
-from edgeinfer.api.openai_render import HeldLogprobs
+from edgeinfer.api.openai_render import HeldLogprobs, token_entries
 from edgeinfer.engine.logprobs import TokenLogprob
 from edgeinfer.errors import APIError, InvalidRequest, Overloaded
 from edgeinfer.service.events import (
@@ -57,16 +57,6 @@ class ResponseMeta:
     id: str = field(default_factory=lambda: new_id("resp"))
     created_at: int = field(default_factory=lambda: int(time.time()))
     piece: Callable[[int], bytes] | None = None  # set: the output text's logprobs are asked
-
-
-def logprob_entries(piece: Callable[[int], bytes], items: list[TokenLogprob]
-                    ) -> list[dict[str, Any]]:
-    """Output_text tokens' logprobs and their top alternatives, as Responses gives them."""
-    def one(token: int, logprob: float) -> dict[str, Any]:
-        raw = piece(token)
-        return {"token": raw.decode("utf-8", "replace"), "logprob": logprob, "bytes": list(raw)}
-    return [{**one(lp.token, lp.logprob), "top_logprobs": [one(t, v) for t, v in lp.top]}
-            for lp in items]
 
 
 def usage_body(u: UsageReport) -> dict[str, Any]:
@@ -110,7 +100,7 @@ class OutputBuilder:
         self.open: dict[str, Any] | None = None  # the item being written
         self.pending = ""  # whitespace not yet given to a message
         self.text: list[str] = []  # the open message's text so far
-        self.piece = piece  # set: token logprobs go with the text they wrote
+        # set: token logprobs go with the text they wrote
         self.held = HeldLogprobs(piece) if piece is not None else None
         self.lps: list[dict[str, Any]] = []  # the open message's (or pending text's)
         self.finish = ""
@@ -146,15 +136,15 @@ class OutputBuilder:
                  "item": copy.deepcopy(item)},
                 {"type": "response.content_part.added", "item_id": item["id"],
                  "output_index": self.index, "content_index": 0,
-                 "part": _part("", [] if self.piece else None)},
+                 "part": _part("", [] if self.held else None)},
                 ]
 
     def _text(self, text: str, logprob: TokenLogprob | None) -> list[dict[str, Any]]:
         out: list[dict[str, Any]] = []
         if self.open is not None and self.open["type"] != "message":
             out += self._close()
-        lps = ([] if self.piece is None or self.held is None
-               else logprob_entries(self.piece, self.held.add(text, logprob)))
+        lps = ([] if self.held is None
+               else token_entries(self.held.piece, self.held.add(text, logprob)))
         if self.open is None:
             if not text.strip():
                 self.pending += text
@@ -173,9 +163,9 @@ class OutputBuilder:
 
     def _last_logprobs(self, stopped: bool) -> list[dict[str, Any]]:
         """The tokens of text released at the end (none of a stop string's)."""
-        if self.held is None or self.piece is None:
+        if self.held is None:
             return []
-        lps = logprob_entries(self.piece, self.held.finish(stopped))
+        lps = token_entries(self.held.piece, self.held.finish(stopped))
         if not lps or self.open is None or self.open["type"] != "message":
             self.lps += lps  # (before any message: go with the pending text)
             return []
@@ -230,7 +220,7 @@ class OutputBuilder:
             out = [{"type": "response.reasoning_text.done", **where, "content_index": 0,
                     "text": text}]
         elif item["type"] == "message":
-            text, lps = "".join(self.text), (self.lps if self.piece else None)
+            text, lps = "".join(self.text), (self.lps if self.held else None)
             self.lps = []
             item.update(status=status, content=[_part(text, lps)])
             out = [{"type": "response.output_text.done", **where, "content_index": 0,
