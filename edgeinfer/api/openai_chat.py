@@ -241,7 +241,7 @@ def parse(body: Any, headers: dict[str, str]) -> tuple[GenerateRequest, bool, bo
         n=int(b.integer("n", 1, MAX_CHOICES, 1) or 1),
         priority=fields.priority(b.body.get("priority"), headers.get("x-priority")),
         constraint=Constraint(grammar=grammar, json_schema=json_schema, json_object=json_object,
-                              schema_param=schema_param or "response_format",
+                              schema_param=schema_param,
                               tools=tools, tool_choice=tool_choice, parallel_tool_calls=parallel),
         cache_prompt=b.boolean("cache_prompt", True),
         wait_for_model=headers.get("x-edgeinfer-wait", "true").lower() != "false",

@@ -23,7 +23,7 @@ Part = Content | CallOpen | CallArgs
 @dataclass(slots=True)
 class _Call:
     name: str
-    held: list[Part] = field(default_factory=list)
+    held: list[CallOpen | CallArgs] = field(default_factory=list)
     args: str = ""
     passing: bool = False  # streamed as it comes (the answer's first call)
 
@@ -123,7 +123,7 @@ class RepeatFilter:
         index = self.num_calls
         self.num_calls += 1
         self._done.append((c.name, c.args))
-        out.extend(replace(p, index=index) for p in c.held if not isinstance(p, Content))
+        out.extend(replace(p, index=index) for p in c.held)
 
     def _starts_again(self, c: _Call) -> bool:
         text = "".join(c.args.split())

@@ -227,12 +227,7 @@ class ChatTemplate:
         """(content None, arguments as text): the first shape of a past call whose
         rendering shows the call's name and arguments, the usual one (("", object)) first."""
         for shape in ((False, False), (True, False), (False, True), (True, True)):
-            try:
-                text = self._render([{"role": "user", "content": "User message"},
-                                     *_with_call_shape([_PROBE_CALL], shape)], False, {})
-            except InvalidRequest:
-                continue
-            if "edgeinfer_probe" in text and "probe_arg" in text:
+            if all(w in self._probe(_PROBE_CALL, shape) for w in ("edgeinfer_probe", "probe_arg")):
                 return shape
         return False, False
 
@@ -240,12 +235,17 @@ class ChatTemplate:
         two = {**_PROBE_CALL, "tool_calls": [*_PROBE_CALL["tool_calls"], {
             "id": "call_2", "type": "function",
             "function": {"name": "edgeinfer_other", "arguments": {"probe_arg": 2}}}]}
-        try:
-            text = self._render([{"role": "user", "content": "User message"},
-                                 *_with_call_shape([two], self.call_shape)], False, {})
-        except InvalidRequest:
-            return False
+        text = self._probe(two, self.call_shape)
         return "edgeinfer_probe" in text and "edgeinfer_other" in text
+
+    def _probe(self, call: dict[str, Any], shape: tuple[bool, bool]) -> str:
+        """A user turn and ``call`` (an assistant message with calls) in ``shape``, as the
+        template renders them; "" when it refuses them."""
+        try:
+            return self._render([{"role": "user", "content": "User message"},
+                                 *_with_call_shape([call], shape)], False, {})
+        except InvalidRequest:
+            return ""
 
     @property
     def takes_tools(self) -> bool:
