@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from collections.abc import Iterator
+from typing import Any
 
 import pytest
 
@@ -13,13 +15,21 @@ from edgeinfer.engine.sequence import SamplingParams
 from edgeinfer.models.served import ServedModel, load_model
 
 
+@contextlib.contextmanager
+def _model(**overrides: Any) -> Iterator[ServedModel]:
+    """SmolLM2 with ``overrides`` (a model of the caller's own), its engine stopped after."""
+    served = load_model(override_model(load_config().models[0], **overrides))
+    try:
+        yield served
+    finally:
+        served.engine.stop()
+
+
 @pytest.fixture(scope="module")
 def small() -> Iterator[ServedModel]:
     """SmolLM2 with a deliberately tiny KV cache: 256 cells for 4 slots."""
-    cfg = override_model(load_config().models[0], context=256, slots=4, batch=64, threads=2)
-    served = load_model(cfg)
-    yield served
-    served.engine.stop()
+    with _model(context=256, slots=4, batch=64, threads=2) as served:
+        yield served
 
 
 async def _run(served: ServedModel, rid: str, prompt: list[int], params: SamplingParams
@@ -66,12 +76,8 @@ def test_a_request_ended_early_finishes_as_a_stop_with_its_last_delta() -> None:
     """abort(stop=True) (a repeated tool call ends the answer) finishes the request as
     a stop: its finishing delta comes, with the counts, and frees the slot; a late one
     does nothing. (Its own model: the module's is stopped by the test before.)"""
-    small = load_model(override_model(load_config().models[0], context=256, slots=2,
-                                      batch=64, threads=2))
-    try:
+    with _model(context=256, slots=2, batch=64, threads=2) as small:
         _end_early(small)
-    finally:
-        small.engine.stop()
 
 
 def _end_early(small: ServedModel) -> None:
@@ -105,12 +111,8 @@ def test_format_markers_that_are_special_tokens_show_in_the_output() -> None:
     """A format's markers that the model has as control tokens render as their text (as
     llama-server's preserved tokens do); other control tokens and end-of-generation stay
     hidden, and plain-text markers are left as they are."""
-    served = load_model(override_model(load_config().models[0], context=256, slots=1,
-                                       batch=64, threads=1))
-    try:
+    with _model(context=256, slots=1, batch=64, threads=1) as served:
         _check_markers(served)
-    finally:
-        served.engine.stop()
 
 
 def _check_markers(served: ServedModel) -> None:

@@ -15,21 +15,12 @@ from typing import Any
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from vocab_worker import VOCAB
 
-WORKER = r"""
-import json, sys
-import llama_cpp
-from edgeinfer.config import load_config
+WORKER = VOCAB + r"""
 from edgeinfer.errors import InvalidRequest
-from edgeinfer.models.source import resolve_model_path
 from edgeinfer.prompt.grammar import check_gbnf, check_generated, schema_to_gbnf, tool_calls_gbnf
 
-cfg = load_config(None).models[0]
-llama_cpp.llama_backend_init()
-mp = llama_cpp.llama_model_default_params()
-mp.vocab_only = True
-model = llama_cpp.llama_model_load_from_file(str(resolve_model_path(cfg)).encode(), mp)
-vocab = llama_cpp.llama_model_get_vocab(model)
 print(json.dumps({"ready": True}), flush=True)
 for line in sys.stdin:
     job = json.loads(line)

@@ -10,29 +10,19 @@ import subprocess
 import sys
 
 import pytest
+from vocab_worker import VOCAB
 
 from edgeinfer.prompt.toolformat import FORMATS
 
-# the default model's vocabulary (no weights), in a child process
-VOCAB = r"""
-import json, sys, ctypes
-import llama_cpp
-from edgeinfer.config import load_config
-from edgeinfer.models.source import resolve_model_path
+# the vocabulary, the formats and the service's grammar for a constraint
+TOOLING = VOCAB + r"""
 from edgeinfer.prompt.toolformat import FORMATS
 from edgeinfer.prompt.tools import ToolSpec
 from edgeinfer.service.constraint import grammar_for
 from edgeinfer.service.request import Constraint
-
-cfg = load_config(None).models[0]
-llama_cpp.llama_backend_init()
-mp = llama_cpp.llama_model_default_params()
-mp.vocab_only = True
-model = llama_cpp.llama_model_load_from_file(str(resolve_model_path(cfg)).encode(), mp)
-vocab = llama_cpp.llama_model_get_vocab(model)
 """
 
-WORKER = VOCAB + r"""
+WORKER = TOOLING + r"""
 from edgeinfer.engine.sampler import SamplerChain
 from edgeinfer.engine.sequence import SamplingParams
 
@@ -68,7 +58,7 @@ def test_a_formats_lazy_grammar_takes_its_trigger_word(name: str) -> None:
     assert out["triggers"] and out["constrained"], out
 
 
-ACCEPT = VOCAB + r"""
+ACCEPT = TOOLING + r"""
 fmt, text = FORMATS[sys.argv[1]], sys.argv[2]
 weather = {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"],
            "additionalProperties": False}
