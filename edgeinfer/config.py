@@ -43,8 +43,8 @@ _MODEL_KEYS = {
     "checkpoint_every", "cache_disk_hot", "speculative", "draft_max", "cache_type_k",
     "cache_type_v", "deterministic", "draft_model", "draft_min",
 }
-TOOL_FORMATS = ("auto", "hermes", "llama3", "mistral", "granite", "mistral_args", "deepseek_v3",
-                "deepseek_r1", "qwen3_coder", "gemma4", "harmony", "generic")
+TOOL_FORMATS = tuple("auto hermes llama3 mistral granite mistral_args deepseek_v3 deepseek_r1 "
+                     "qwen3_coder seed_oss glm minimax gemma4 harmony generic".split())
 REASONING_FORMATS = ("auto", "deepseek", "none")  # see edgeinfer.prompt.reasoning
 TAGS = {"chat", "completion", "code", "tools", "reasoning"}
 

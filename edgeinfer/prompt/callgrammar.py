@@ -16,7 +16,7 @@ from typing import Any
 
 from edgeinfer.prompt.grammar import _rename_rules, schema_to_gbnf
 from edgeinfer.prompt.grammar import tool_calls_gbnf as json_calls_gbnf
-from edgeinfer.prompt.toolformat import GENERIC, ToolFormat
+from edgeinfer.prompt.toolformat import GENERIC, TAGS, Tags, ToolFormat
 
 HARMONY_CALL = "<|channel|>commentary to=functions."
 HARMONY_ARGS = " <|constrain|>json<|message|>"
@@ -81,8 +81,9 @@ def _sequence(items: list[tuple[str, bool]], prefix: str, sep: str) -> list[str]
     return rules
 
 
-def _params(prefix: str, parameters: dict[str, Any], param: str, gemma: bool) -> list[str]:
+def _params(prefix: str, parameters: dict[str, Any], param: str, args: str) -> list[str]:
     """Rules of the parameters of one call (``{prefix}start``)."""
+    gemma = args == "gemma"
     props = parameters.get("properties") or {}
     required = set(parameters.get("required") or [])
     names = sorted(props) if gemma else list(props)  # Gemma's template sorts the keys
@@ -93,9 +94,19 @@ def _params(prefix: str, parameters: dict[str, Any], param: str, gemma: bool) ->
         if gemma:
             items.append((f"{lit(key + ':')} {expr}", key in required))
         else:
-            items.append((f'{lit(f"<parameter={key}>" + chr(10))} {expr} '
-                          f'{lit(chr(10) + "</parameter>" + chr(10))}', key in required))
+            items.append((_tagged(TAGS[args], key, expr), key in required))
     return _sequence(items, prefix, "," if gemma else "") + [r for r in rules if r]
+
+
+def _tagged(tags: Tags, key: str, expr: str) -> str:
+    """One tagged parameter: Qwen3-Coder's values on lines of their own, the others'
+    inline, with the optional line breaks their templates write between the tags."""
+    if tags.newlines:
+        return (f"{lit(tags.key_open + key + tags.key_close + chr(10))} {expr} "
+                f"{lit(chr(10) + tags.value_close + chr(10))}")
+    value_open = f' "\\n"? {lit(tags.value_open)}' if tags.value_open else ""
+    return (f'"\\n"? {lit(tags.key_open + key + tags.key_close)}{value_open} {expr} '
+            f"{lit(tags.value_close)}")
 
 
 def _call(i: int, name: str, parameters: dict[str, Any], fmt: ToolFormat, param: str
@@ -109,9 +120,13 @@ def _call(i: int, name: str, parameters: dict[str, Any], fmt: ToolFormat, param:
                      f"{lit(fmt.name_end)}")
             return [f"{p}call ::= {named} {p}root", args]
         return [f"{p}call ::= {lit(name + fmt.name_end)} {p}root", args]
-    gemma = fmt.args == "gemma"
-    rules = _params(p, parameters, param, gemma)
-    body = f'{p}start "}}"' if gemma else f'"\\n" {p}start'  # Gemma: name_end is the "{"
+    rules = _params(p, parameters, param, fmt.args)
+    if fmt.args == "gemma":
+        body = f'{p}start "}}"'  # Gemma: name_end is the "{"
+    elif TAGS[fmt.args].newlines:
+        body = f'"\\n" {p}start'
+    else:
+        body = f'{p}start "\\n"?'
     return [f"{p}call ::= {lit(name + fmt.name_end)} {body}", *rules]
 
 
@@ -125,14 +140,14 @@ def named_calls_gbnf(tools: list[tuple[str, dict[str, Any]]], max_calls: int,
     alts = " | ".join(f"t{i}-call" for i in range(len(tools)))
     call = f"{lit(fmt.call_open)} ({alts})" + (f" {lit(fmt.call_close)}" if fmt.call_close
                                                else "")
-    if fmt.block_open and fmt.args == "xml":  # Qwen3-Coder: each call in its own block
+    if fmt.block_each:  # Qwen3-Coder, Seed-OSS: each call in its own block
         call = f'{lit(fmt.block_open + chr(10))} {call} {lit(chr(10) + fmt.block_close)}'
         root = f'root ::= call ("\\n"? call){{0,{n - 1}}}'
-    elif fmt.block_open:  # DeepSeek: the templates write a line break before a later call
-        root = (f'root ::= {lit(fmt.block_open)} call ("\\n"? call){{0,{n - 1}}} '
-                f"{lit(fmt.block_close)}")
+    elif fmt.block_open:  # DeepSeek, MiniMax: line breaks as their templates write them
+        root = (f'root ::= {lit(fmt.block_open)} "\\n"? call ("\\n"? call){{0,{n - 1}}} '
+                f'"\\n"? {lit(fmt.block_close)}')
     else:
-        root = f"root ::= call{{1,{n}}}"
+        root = f'root ::= call ("\\n"? call){{0,{n - 1}}}'  # GLM 4.6: a line break each
     extra = _GEMMA_VALUE if fmt.args == "gemma" else ""
     return "\n".join([root, f"call ::= {call}", *rules]) + "\n" + extra
 

@@ -26,7 +26,7 @@ from edgeinfer.prompt.callparser import (
     new_call_id,
     partial_suffix,
 )
-from edgeinfer.prompt.toolformat import ToolFormat
+from edgeinfer.prompt.toolformat import TAGS, ToolFormat
 
 _NAME = re.compile(r"[A-Za-z0-9_.:-]*")
 _MAX_NAME = 128
@@ -94,9 +94,9 @@ def make_args_reader(fmt: ToolFormat, name: str,
                      types: dict[str, dict[str, str]]) -> ArgsReader:
     """The reader of ``fmt``'s arguments for a call of ``name`` (``types``: each tool's
     parameter types, which the XML format needs to tell ``"7"`` from ``7``)."""
-    if fmt.args == "xml":
-        from edgeinfer.prompt.xmlargs import XmlArgs
-        return XmlArgs(types.get(name, {}))
+    from edgeinfer.prompt.xmlargs import XmlArgs
+    if fmt.args in TAGS:
+        return XmlArgs(types.get(name, {}), TAGS[fmt.args])
     if fmt.args == "gemma":
         from edgeinfer.prompt.gemmaargs import GemmaArgs
         return GemmaArgs()
@@ -163,15 +163,24 @@ class NamedCallParser:
             out.append(Content(self._held))
         self._held, self._mode = "", "text"
 
+    def _name_end(self, buf: str) -> int:
+        """Where the name in ``buf`` ends (-1: not yet known). A format without a
+        ``name_end`` marker (GLM) ends it at the first character a name cannot hold."""
+        if self.fmt.name_end:
+            return buf.find(self.fmt.name_end)
+        head = _NAME.match(buf)
+        return head.end() if head is not None and head.end() < len(buf) else -1
+
     def _read_name(self, out: list[Event]) -> bool:
         fmt, buf = self.fmt, self._buf
-        at = buf.find(fmt.name_end)
+        at = self._name_end(buf)
         name = buf[:at] if at != -1 else buf[:len(buf) - partial_suffix(buf, fmt.name_end)]
         if fmt.id_marker:  # the id the model wrote is not kept: calls get fresh ids
             name = name.split(fmt.id_marker, 1)[0]
             if at == -1:
                 name = name[:len(name) - partial_suffix(name, fmt.id_marker)]
-        if _NAME.fullmatch(name.strip()) is None or len(name) > _MAX_NAME:
+        bad_end = not fmt.name_end and at != -1 and buf[at] not in "\r\n<"
+        if _NAME.fullmatch(name.strip()) is None or len(name) > _MAX_NAME or bad_end:
             self._give_back(out)  # not a call: the markers and what follows are text
             return True
         if at == -1:

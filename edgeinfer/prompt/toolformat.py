@@ -24,7 +24,15 @@ inside ``block_open ... block_close``:
 - ``deepseek_r1``: DeepSeek R1 (and its distills): the same tokens, ``function<｜tool▁sep｜>NAME``
   and the arguments in a ```` ```json ```` fence.
 - ``qwen3_coder``: Qwen3-Coder / Qwen3.5: ``<tool_call><function=NAME><parameter=KEY>
-  value</parameter></function></tool_call>`` (``edgeinfer.prompt.xmlargs``).
+  value</parameter></function></tool_call>`` (``edgeinfer.prompt.xmlargs`` reads these
+  tagged parameters, and the next three formats' own).
+- ``seed_oss``: ByteDance Seed-OSS: Qwen3-Coder's parameters, without line breaks around
+  the values, in ``<seed:tool_call> ... </seed:tool_call>``.
+- ``glm``: GLM 4.5 / 4.6 / 4.7, Laguna, Ling 3.0, Spark: ``<tool_call>NAME<arg_key>city
+  </arg_key><arg_value>Paris</arg_value></tool_call>`` (line breaks between the tags as
+  each template writes them).
+- ``minimax``: MiniMax M2: ``<minimax:tool_call><invoke name="NAME"><parameter
+  name="city">Paris</parameter></invoke></minimax:tool_call>``.
 - ``gemma4``: Gemma 4: ``<|tool_call>call:NAME{key:<|"|>text<|"|>,n:3}<tool_call|>``
   (``edgeinfer.prompt.gemmaargs``).
 
@@ -35,6 +43,31 @@ reasoning, ``final`` the answer, ``commentary to=functions.NAME`` a call.
 from __future__ import annotations
 
 from dataclasses import dataclass
+
+
+@dataclass(frozen=True, slots=True)
+class Tags:
+    """The markers of one tagged-parameter syntax (``edgeinfer.prompt.xmlargs``)."""
+
+    key_open: str  # before a parameter's name
+    key_close: str  # after it
+    value_open: str  # before its value (after optional blanks)
+    value_close: str  # after its value
+    end: str  # after the call's last parameter (left for the call parser)
+    newlines: bool  # a value sits on lines of its own (one line break each side dropped)
+
+    @property
+    def markers(self) -> tuple[str, ...]:
+        return tuple(m for m in (self.key_open, self.key_close, self.value_open,
+                                 self.value_close, self.end) if m and m != ">")
+
+
+TAGS = {
+    "xml": Tags("<parameter=", ">", "", "</parameter>", "</function>", True),
+    "seed": Tags("<parameter=", ">", "", "</parameter>", "</function>", False),
+    "glm": Tags("<arg_key>", "</arg_key>", "<arg_value>", "</arg_value>", "</tool_call>", False),
+    "minimax": Tags('<parameter name="', '">', "", "</parameter>", "</invoke>", False),
+}
 
 
 @dataclass(frozen=True, slots=True)
@@ -56,6 +89,7 @@ class ToolFormat:
     name_end: str = ""  # named: between the name and the arguments
     call_close: str = ""  # named: after each call's arguments
     id_marker: str = ""  # named: a call id may follow the name after this marker
+    block_each: bool = False  # named: each call in a block of its own
 
     @property
     def trigger(self) -> str:
@@ -76,6 +110,8 @@ class ToolFormat:
             found += ["<|start|>", "<|channel|>", "<|message|>", "<|end|>", "<|constrain|>"]
         if self.args == "gemma":
             found.append('<|"|>')
+        if self.args in TAGS:
+            found += TAGS[self.args].markers
         return tuple(dict.fromkeys(m for m in found if m))
 
 
@@ -96,12 +132,23 @@ DEEPSEEK_R1 = ToolFormat("deepseek_r1", "", syntax="named", block_open=_DS[0],
                          name_end="\n```json\n", call_close="\n```" + _DS[4])
 QWEN3_CODER = ToolFormat("qwen3_coder", "", syntax="named", args="xml",
                          block_open="<tool_call>", block_close="</tool_call>",
-                         call_open="<function=", name_end=">", call_close="</function>")
+                         call_open="<function=", name_end=">", call_close="</function>",
+                         block_each=True)
+SEED_OSS = ToolFormat("seed_oss", "", syntax="named", args="seed",
+                      block_open="<seed:tool_call>", block_close="</seed:tool_call>",
+                      call_open="<function=", name_end=">", call_close="</function>",
+                      block_each=True)
+GLM = ToolFormat("glm", "", syntax="named", args="glm", call_open="<tool_call>",
+                 call_close="</tool_call>")
+MINIMAX = ToolFormat("minimax", "", syntax="named", args="minimax",
+                     block_open="<minimax:tool_call>", block_close="</minimax:tool_call>",
+                     call_open='<invoke name="', name_end='">', call_close="</invoke>")
 GEMMA4 = ToolFormat("gemma4", "", syntax="named", args="gemma", call_open="<|tool_call>call:",
                     name_end="{", call_close="<tool_call|>")
 HARMONY = ToolFormat("harmony", "", syntax="harmony", max_calls=1)
 FORMATS = {f.name: f for f in (HERMES, GENERIC, LLAMA3, MISTRAL, GRANITE, MISTRAL_ARGS,
-                               DEEPSEEK_V3, DEEPSEEK_R1, QWEN3_CODER, GEMMA4, HARMONY)}
+                               DEEPSEEK_V3, DEEPSEEK_R1, QWEN3_CODER, SEED_OSS, GLM, MINIMAX,
+                               GEMMA4, HARMONY)}
 
 
 def detect(template_source: str) -> ToolFormat:
@@ -116,6 +163,12 @@ def detect(template_source: str) -> ToolFormat:
         return GENERIC
     if "<|tool_call>call:" in src:
         return GEMMA4
+    if "<seed:tool_call>" in src:
+        return SEED_OSS
+    if "<minimax:tool_call>" in src and "<invoke name=" in src:
+        return MINIMAX
+    if "<arg_key>" in src and "<tool_call>" in src:
+        return GLM
     if "[TOOL_CALLS]" in src:
         return MISTRAL_ARGS if "[ARGS]" in src else MISTRAL
     if "<|tool_call|>" in src:

@@ -1,15 +1,17 @@
-"""Qwen3-Coder / Qwen3.5 call arguments, XML parameters turned into JSON as they stream::
+"""Call arguments written as tagged parameters, turned into JSON as they stream.
+
+Qwen3-Coder / Qwen3.5 (``args = "xml"``)::
 
     <parameter=city>
     Paris
     </parameter>
-    <parameter=days>
-    3
-    </parameter>
 
-becomes ``{"city": "Paris", "days": 3}``. A value is a string when its parameter is typed
-``string`` (streamed as it arrives); otherwise it is read whole and taken as JSON when it
-parses (the templates write objects and lists with ``tojson``), as a string when not.
+Seed-OSS (``"seed"``) the same without the line breaks inside; GLM 4.5-4.7, Laguna, Ling
+and Spark (``"glm"``) ``<arg_key>city</arg_key><arg_value>Paris</arg_value>``; MiniMax M2
+(``"minimax"``) ``<parameter name="city">Paris</parameter>``. Each becomes
+``{"city": "Paris"}``. A value is a string when its parameter is typed ``string``
+(streamed as it arrives); otherwise it is read whole and taken as JSON when it parses
+(the templates write objects and lists with ``tojson``), as a string when not.
 """
 
 from __future__ import annotations
@@ -17,11 +19,7 @@ from __future__ import annotations
 import json
 
 from edgeinfer.prompt.callparser import partial_suffix
-
-PARAM_OPEN = "<parameter="
-PARAM_CLOSE = "</parameter>"
-FUNCTION_CLOSE = "</function>"
-_VALUE_END = "\n" + PARAM_CLOSE
+from edgeinfer.prompt.toolformat import TAGS, Tags
 
 
 def json_value(text: str, kind: str | None) -> str:
@@ -37,11 +35,12 @@ def json_value(text: str, kind: str | None) -> str:
 
 
 class XmlArgs:
-    """``ArgsReader`` (``edgeinfer.prompt.namedcalls``) of Qwen3-Coder's parameters."""
+    """``ArgsReader`` (``edgeinfer.prompt.namedcalls``) of tagged parameters."""
 
-    def __init__(self, types: dict[str, str]) -> None:
+    def __init__(self, types: dict[str, str], tags: Tags = TAGS["xml"]) -> None:
         self.types = types
-        self.state = "between"  # between | key | value
+        self.tags = tags
+        self.state = "between"  # between | key | open | value
         self.key = ""
         self.emitted = False  # the opening brace went out
         self.value_sent = 0  # characters of a streamed string value already sent
@@ -56,7 +55,8 @@ class XmlArgs:
         out: list[str] = []
         i = 0
         while True:
-            step = {"between": self._between, "key": self._key, "value": self._value}
+            step = {"between": self._between, "key": self._key, "open": self._value_open,
+                    "value": self._value}
             i, more, done = step[self.state](buf, i, out)
             if not more:
                 return "".join(out), i, done
@@ -64,16 +64,17 @@ class XmlArgs:
     def _between(self, buf: str, i: int, out: list[str]) -> tuple[int, bool, bool]:
         """Between parameters: the next one, or the end of the call. (position, go on,
         the arguments ended)."""
+        tags = self.tags
         rest = buf[i:]
         head = rest.lstrip(" \t\r\n")
         i += len(rest) - len(head)
-        if head.startswith(PARAM_OPEN):
+        if head.startswith(tags.key_open):
             self.state, self.key = "key", ""
-            return i + len(PARAM_OPEN), True, False
-        if head.startswith(FUNCTION_CLOSE):
+            return i + len(tags.key_open), True, False
+        if head.startswith(tags.end):
             out.append("}" if self.emitted else "{}")
             return i, False, True
-        if not head or PARAM_OPEN.startswith(head) or FUNCTION_CLOSE.startswith(head):
+        if not head or tags.key_open.startswith(head) or tags.end.startswith(head):
             return i, False, False
         if not self.emitted:
             raise ValueError("not a parameter")
@@ -82,29 +83,46 @@ class XmlArgs:
 
     def _key(self, buf: str, i: int, out: list[str]) -> tuple[int, bool, bool]:
         rest = buf[i:]
-        at = rest.find(">")
+        at = rest.find(self.tags.key_close)
         if at == -1:
-            if "<" in rest or "\n" in rest:
+            name = rest[:len(rest) - partial_suffix(rest, self.tags.key_close)]
+            if "<" in name or "\n" in name or len(name) > 256:
                 raise ValueError("bad parameter name")
             return i, False, False
         self.key = rest[:at].strip()
-        self.state, self.value_sent, self.value_start = "value", 0, True
+        if not self.key or "<" in self.key or "\n" in self.key:
+            raise ValueError("bad parameter name")
+        self.state, self.value_sent, self.value_start = "open", 0, True
         out.append(self._open())
-        return i + at + 1, True, False
+        return i + at + len(self.tags.key_close), True, False
+
+    def _value_open(self, buf: str, i: int, out: list[str]) -> tuple[int, bool, bool]:
+        marker = self.tags.value_open
+        if marker:
+            rest = buf[i:]
+            head = rest.lstrip(" \t\r\n")
+            if not head or marker.startswith(head) and head != marker:
+                return i, False, False
+            if head.startswith(marker):
+                i += len(rest) - len(head) + len(marker)
+        self.state = "value"
+        return i, True, False
 
     def _value(self, buf: str, i: int, out: list[str]) -> tuple[int, bool, bool]:
+        tags = self.tags
         rest = buf[i:]
-        if self.value_start:
+        if self.value_start and tags.newlines:
             if not rest:
                 return i, False, False
             if rest.startswith("\n"):
                 i, rest = i + 1, rest[1:]
-            self.value_start = False
+        self.value_start = False
         streamed = self.types.get(self.key) == "string"
-        at = rest.find(PARAM_CLOSE)
+        at = rest.find(tags.value_close)
         if at == -1:
             if streamed:
-                keep = max(partial_suffix(rest, _VALUE_END), partial_suffix(rest, PARAM_CLOSE))
+                ends = [tags.value_close] + (["\n" + tags.value_close] if tags.newlines else [])
+                keep = max(partial_suffix(rest, e) for e in ends)
                 piece = rest[:len(rest) - keep]
                 if piece:
                     text = json.dumps(piece, ensure_ascii=False)[:-1]
@@ -113,7 +131,7 @@ class XmlArgs:
                     i += len(piece)
             return i, False, False
         value = rest[:at]
-        if value.endswith("\n"):
+        if tags.newlines and value.endswith("\n"):
             value = value[:-1]
         if streamed:
             text = json.dumps(value, ensure_ascii=False)
@@ -121,9 +139,9 @@ class XmlArgs:
         else:
             out.append(json_value(value, self.types.get(self.key)))
         self.state = "between"
-        return i + at + len(PARAM_CLOSE), True, False
+        return i + at + len(tags.value_close), True, False
 
     def finish(self) -> str:
-        """The output ended after whole parameters without ``</function>``: close the
+        """The output ended after whole parameters without the call's end: close the
         object. Cut inside a parameter: nothing (the arguments stay unfinished JSON)."""
         return "}" if self.state == "between" and self.emitted else ""

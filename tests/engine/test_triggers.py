@@ -102,6 +102,18 @@ WRITTEN = [
                      '[TOOL_CALLS]get_weather[ARGS]{"city": "Oslo"}'),
     ("qwen3_coder", "".join(f"<tool_call>\n<function=get_weather>\n<parameter=city>\n{c}\n"
                             "</parameter>\n</function>\n</tool_call>" for c in ("Paris", "Oslo"))),
+    ("seed_oss", "".join(f"\n<seed:tool_call>\n<function=get_weather>\n<parameter=city>{c}"
+                         "</parameter>\n</function>\n</seed:tool_call>" for c in ("Paris", "Oslo"))
+     .lstrip()),
+    ("glm", "".join(f"<tool_call>get_weather<arg_key>city</arg_key><arg_value>{c}</arg_value>"
+                    "</tool_call>" for c in ("Paris", "Oslo"))),  # GLM 4.7, Spark
+    ("glm", "\n".join(f"<tool_call>get_weather\n<arg_key>city</arg_key>\n<arg_value>{c}"
+                      "</arg_value>\n</tool_call>" for c in ("Paris", "Oslo"))),  # GLM 4.6
+    ("glm", "".join(f"<tool_call>get_weather<arg_key>city</arg_key>\n<arg_value>{c}"
+                    "</arg_value>\n</tool_call>" for c in ("Paris", "Oslo"))),  # Ling 3.0
+    ("minimax", "<minimax:tool_call>\n" + "".join(
+        f'<invoke name="get_weather">\n<parameter name="city">{c}</parameter>\n</invoke>\n'
+        for c in ("Paris", "Oslo")) + "</minimax:tool_call>"),
 ]
 
 

@@ -15,13 +15,16 @@ from edgeinfer.prompt.toolformat import (
     DEEPSEEK_V3,
     GEMMA4,
     GENERIC,
+    GLM,
     GRANITE,
     HARMONY,
     HERMES,
     LLAMA3,
+    MINIMAX,
     MISTRAL,
     MISTRAL_ARGS,
     QWEN3_CODER,
+    SEED_OSS,
     ToolFormat,
 )
 from edgeinfer.prompt.tools import call_parser
@@ -73,6 +76,24 @@ CASES: list[tuple[ToolFormat, str, str, list[tuple[str, object]]]] = [
     (QWEN3_CODER, "<tool_call>\n<function=get_weather>\n<parameter=city>\n7\n</parameter>\n"
                   "</function>\n</tool_call>", "", [("get_weather", {"city": "7"})]),
     (QWEN3_CODER, "<tool_call> plain words", "<tool_call> plain words", []),
+    (SEED_OSS, "Sure.\n<seed:tool_call>\n<function=get_weather>\n<parameter=city>Paris <b>"
+               "</parameter>\n<parameter=days>3</parameter>\n</function>\n</seed:tool_call>",
+     "Sure.", [("get_weather", {"city": "Paris <b>", "days": 3})]),
+    # GLM 4.7 / Spark write the tags back to back, GLM 4.6 / Laguna with line breaks
+    (GLM, '<tool_call>get_weather<arg_key>city</arg_key><arg_value>Paris\n"FR"</arg_value>'
+          '<arg_key>days</arg_key><arg_value>3</arg_value></tool_call>'
+          "<tool_call>get_time</tool_call>",
+     "", [("get_weather", {"city": 'Paris\n"FR"', "days": 3}), ("get_time", {})]),
+    (GLM, "Let me check.\n<tool_call>get_weather\n<arg_key>city</arg_key>\n<arg_value>Paris"
+          '</arg_value>\n<arg_key>opts</arg_key>\n<arg_value>{"unit": "c"}</arg_value>\n'
+          "</tool_call>",
+     "Let me check.", [("get_weather", {"city": "Paris", "opts": {"unit": "c"}})]),
+    (GLM, "Use <tool_call> tags, <tool_call>like this</tool_call>.",
+     "Use <tool_call> tags, <tool_call>like this</tool_call>.", []),
+    (MINIMAX, '\n<minimax:tool_call>\n<invoke name="get_weather">\n<parameter name="city">'
+              'Paris</parameter>\n<parameter name="days">3</parameter>\n</invoke>\n'
+              '<invoke name="get_time">\n</invoke>\n</minimax:tool_call>',
+     "", [("get_weather", {"city": "Paris", "days": 3}), ("get_time", {})]),
     (GEMMA4, 'On it.<|tool_call>call:get_weather{city:<|"|>Paris, "FR" {x}]<|"|>,days:3,'
              'opts:{unit:<|"|>c<|"|>,list:[1,<|"|>a<|"|>,true]}}<tool_call|>'
              "<|tool_call>call:get_time{}<tool_call|>",
@@ -169,7 +190,8 @@ def test_harmony_analysis_is_reasoning_and_never_content() -> None:
         assert not [e for e in events if isinstance(e, Content)], cut
 
 
-@pytest.mark.parametrize("fmt", [MISTRAL_ARGS, DEEPSEEK_V3, QWEN3_CODER, GEMMA4])
+@pytest.mark.parametrize("fmt", [MISTRAL_ARGS, DEEPSEEK_V3, QWEN3_CODER, SEED_OSS, GLM,
+                                 MINIMAX, GEMMA4])
 def test_named_formats_hold_no_marker_in_content(fmt: ToolFormat) -> None:
     text = next(t for f, t, _, calls in CASES if f is fmt and calls)
     p = call_parser(fmt, TYPES)
@@ -185,7 +207,7 @@ def test_a_string_parameter_streams_in_fragments() -> None:
 
 
 @pytest.mark.parametrize("fmt", [HERMES, MISTRAL, MISTRAL_ARGS, DEEPSEEK_V3, QWEN3_CODER,
-                                 GEMMA4, HARMONY])
+                                 SEED_OSS, GLM, MINIMAX, GEMMA4, HARMONY])
 def test_output_cut_off_inside_the_opening_marker_gives_no_content(fmt: ToolFormat) -> None:
     """max_tokens ran out while the model wrote the start of a call (a forced call's first
     tokens): none of the marker is content. Ended by the model instead, it is text."""
@@ -211,3 +233,9 @@ def test_harmony_recipient_in_the_role_header_survives_any_cut() -> None:
         args = "".join(e.text for e in events if isinstance(e, CallArgs))
         assert (opens, json.loads(args)) == (["special_function"], {"arg1": 1}), cut
         assert not [e for e in events if isinstance(e, Content)], cut
+
+
+def test_every_format_can_be_set_in_models_toml() -> None:
+    from edgeinfer.config import TOOL_FORMATS
+    from edgeinfer.prompt.toolformat import FORMATS
+    assert set(TOOL_FORMATS) == set(FORMATS) | {"auto"}
