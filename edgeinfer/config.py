@@ -44,7 +44,7 @@ _MODEL_KEYS = {
     "cache_type_v", "deterministic", "draft_model", "draft_min",
 }
 TOOL_FORMATS = tuple("auto hermes llama3 mistral granite mistral_args deepseek_v3 deepseek_r1 "
-                     "qwen3_coder seed_oss glm minimax gemma4 harmony generic".split())
+                     "qwen3_coder seed_oss glm minimax gemma4 harmony lfm2 generic".split())
 REASONING_FORMATS = ("auto", "deepseek", "none")  # see edgeinfer.prompt.reasoning
 TAGS = {"chat", "completion", "code", "tools", "reasoning"}
 

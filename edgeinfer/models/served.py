@@ -199,7 +199,8 @@ class ServedModel:
         tools = tuple(replace(t, description=escape(t.description),
                               parameters=escape(t.parameters)) for t in tools)
         messages, extra = prepare_messages(messages, tools, self.tool_format,
-                                           takes_tools=self.template.takes_tools)
+                                           takes_tools=self.template.takes_tools,
+                                           shows_calls=self.template.shows_calls)
         # request text, like the messages: escaped so it cannot become control tokens
         variables = escape({k: v for k, v in (template_kwargs or {}).items()
                             if k not in RESERVED_VARS})

@@ -152,6 +152,29 @@ def named_calls_gbnf(tools: list[tuple[str, dict[str, Any]]], max_calls: int,
     return "\n".join([root, f"call ::= {call}", *rules]) + "\n" + extra
 
 
+def python_calls_gbnf(tools: list[tuple[str, dict[str, Any]]], max_calls: int,
+                      fmt: ToolFormat, param: str = "tools") -> str:
+    """One to ``max_calls`` LFM2 calls: ``<|tool_call_start|>[NAME(key=VALUE, ...), ...]
+    <|tool_call_end|>``, each value JSON (strings and numbers as Python writes them too)."""
+    n = max(1, min(max_calls, fmt.max_calls))
+    rules = []
+    for i, (name, parameters) in enumerate(tools):
+        p = f"t{i}-"
+        props = parameters.get("properties") or {}
+        required = set(parameters.get("required") or [])
+        items = []
+        for j, key in enumerate(props):
+            schema = props[key] if isinstance(props[key], dict) else {}
+            rules.append(_rename_rules(schema_to_gbnf(schema, param), f"{p}v{j}-"))
+            items.append((f"{lit(key + '=')} {p}v{j}-root", key in required))
+        rules += _sequence(items, p, ", ")
+        rules.append(f'{p}call ::= {lit(name + "(")} {p}start ")"')
+    alts = " | ".join(f"t{i}-call" for i in range(len(tools)))
+    root = (f'root ::= {lit(fmt.open + "[")} call (", " call){{0,{n - 1}}} '
+            f'{lit("]" + fmt.close)}')
+    return "\n".join([root, f"call ::= {alts}", *rules]) + "\n"
+
+
 def harmony_gbnf(tools: list[tuple[str, dict[str, Any]]], param: str = "tools") -> str:
     """One gpt-oss call: ``<|channel|>commentary to=functions.NAME <|constrain|>json
     <|message|>{...}`` (``<|call|>``, an end-of-generation token, follows)."""
@@ -171,4 +194,6 @@ def tool_calls_gbnf(tools: list[tuple[str, dict[str, Any]]], max_calls: int,
         return named_calls_gbnf(tools, max_calls, fmt, param)
     if fmt.syntax == "harmony":
         return harmony_gbnf(tools, param)
+    if fmt.syntax == "python":
+        return python_calls_gbnf(tools, max_calls, fmt, param)
     return json_calls_gbnf(tools, max_calls, param, fmt, lazy)

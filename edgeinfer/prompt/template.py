@@ -212,6 +212,9 @@ class ChatTemplate:
         # a template that shows one call per assistant turn (Llama 3.x refuses more, gpt-oss
         # drops all but the first): parallel calls are rendered one turn each
         self.one_call = "tool_calls" in self.source and not self._shows_two_calls()
+        # a template that shows no past call at all (LFM2's older ones, Granite 3.3): the
+        # calls go into the content, as the model wrote them
+        self.shows_calls = "edgeinfer_probe" in self._probe(_PROBE_CALL, self.call_shape)
 
     def _renders_system(self) -> bool:
         """Whether the template renders a system message (Gemma 2's refuses one: its text
@@ -233,7 +236,7 @@ class ChatTemplate:
 
     def _shows_two_calls(self) -> bool:
         two = {**_PROBE_CALL, "tool_calls": [*_PROBE_CALL["tool_calls"], {
-            "id": "call_2", "type": "function",
+            "id": "edgeinfr2", "type": "function",
             "function": {"name": "edgeinfer_other", "arguments": {"probe_arg": 2}}}]}
         text = self._probe(two, self.call_shape)
         return "edgeinfer_probe" in text and "edgeinfer_other" in text
@@ -303,7 +306,7 @@ class ChatTemplate:
 
 
 _PROBE_CALL = {"role": "assistant", "content": "", "tool_calls": [
-    {"id": "call_1", "type": "function",
+    {"id": "edgeinfr1", "type": "function",  # 9 characters, as Mistral demands
      "function": {"name": "edgeinfer_probe", "arguments": {"probe_arg": 1}}}]}
 
 

@@ -36,6 +36,9 @@ inside ``block_open ... block_close``:
 - ``gemma4``: Gemma 4: ``<|tool_call>call:NAME{key:<|"|>text<|"|>,n:3}<tool_call|>``
   (``edgeinfer.prompt.gemmaargs``).
 
+``lfm2`` (LFM2, LFM2.5; ``syntax = "python"``, ``edgeinfer.prompt.pythoncalls``) writes
+Python calls in a list: ``<|tool_call_start|>[get_weather(city='Paris')]<|tool_call_end|>``.
+
 ``harmony`` (gpt-oss, ``edgeinfer.prompt.harmony``) reads channels: ``analysis`` is
 reasoning, ``final`` the answer, ``commentary to=functions.NAME`` a call.
 """
@@ -81,7 +84,7 @@ class ToolFormat:
     native: bool = True  # the template renders tools, calls and results itself
     id_length: int = 0  # calls carry an "id" of this many letters and digits (0: none)
     max_calls: int = 4  # calls one answer may hold
-    syntax: str = "json"  # json | named | harmony
+    syntax: str = "json"  # json | named | harmony | python
     args: str = "json"  # how named formats write arguments: json | xml | gemma
     block_open: str = ""  # named: before the calls
     block_close: str = ""  # named: after the calls
@@ -146,9 +149,10 @@ MINIMAX = ToolFormat("minimax", "", syntax="named", args="minimax",
 GEMMA4 = ToolFormat("gemma4", "", syntax="named", args="gemma", call_open="<|tool_call>call:",
                     name_end="{", call_close="<tool_call|>")
 HARMONY = ToolFormat("harmony", "", syntax="harmony", max_calls=1)
+LFM2 = ToolFormat("lfm2", "<|tool_call_start|>", "<|tool_call_end|>", syntax="python")
 FORMATS = {f.name: f for f in (HERMES, GENERIC, LLAMA3, MISTRAL, GRANITE, MISTRAL_ARGS,
                                DEEPSEEK_V3, DEEPSEEK_R1, QWEN3_CODER, SEED_OSS, GLM, MINIMAX,
-                               GEMMA4, HARMONY)}
+                               GEMMA4, HARMONY, LFM2)}
 
 
 def detect(template_source: str) -> ToolFormat:
@@ -163,6 +167,8 @@ def detect(template_source: str) -> ToolFormat:
         return GENERIC
     if "<|tool_call>call:" in src:
         return GEMMA4
+    if "<|tool_list_start|>" in src or "List of tools: [" in src:
+        return LFM2
     if "<seed:tool_call>" in src:
         return SEED_OSS
     if "<minimax:tool_call>" in src and "<invoke name=" in src:

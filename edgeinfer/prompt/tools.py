@@ -24,6 +24,7 @@ from typing import Any, Protocol
 from edgeinfer.prompt.callparser import CallArgs, CallOpen, CallParser, Content, Event
 from edgeinfer.prompt.harmony import HarmonyParser
 from edgeinfer.prompt.namedcalls import NamedCallParser, parameter_types
+from edgeinfer.prompt.pythoncalls import PythonCallParser, python_calls_text
 from edgeinfer.prompt.toolformat import GENERIC, ToolFormat
 
 __all__ = ["CallArgs", "CallOpen", "CallParser", "Content", "Event", "ToolCall", "ToolSpec",
@@ -101,14 +102,30 @@ def _harmony_turn(m: dict[str, Any]) -> dict[str, Any]:
     return m
 
 
-def _native(messages: list[dict[str, Any]], tools: tuple[ToolSpec, ...], fmt: ToolFormat
-            ) -> tuple[list[dict[str, Any]], dict[str, Any]]:
+def written_calls(calls: list[dict[str, Any]], fmt: ToolFormat) -> str:
+    """Past calls as the model wrote them, in its format's syntax (Python or JSON), for a
+    template that does not show ``tool_calls`` itself (LFM2's older ones, Granite 3.3)."""
+    pairs = [(c["function"].get("name"), c["function"].get("arguments")) for c in calls]
+    if fmt.syntax == "python":
+        return python_calls_text(pairs, fmt)
+    objs = [{"name": n, fmt.args_key: a} for n, a in pairs]
+    if fmt.listed:
+        return fmt.open + json.dumps(objs, ensure_ascii=False) + fmt.close
+    return "".join(fmt.open + json.dumps(o, ensure_ascii=False) + fmt.close for o in objs)
+
+
+def _native(messages: list[dict[str, Any]], tools: tuple[ToolSpec, ...], fmt: ToolFormat,
+            shows_calls: bool = True) -> tuple[list[dict[str, Any]], dict[str, Any]]:
     out = []
     for m in messages:
         if m["role"] == "assistant" and fmt.syntax == "harmony":
             m = _harmony_turn(m)
         if m["role"] == "assistant" and m.get("tool_calls"):
-            m = {**m, "tool_calls": [_native_call(c, fmt) for c in m["tool_calls"]]}
+            calls = [_native_call(c, fmt) for c in m["tool_calls"]]
+            m = {**m, "tool_calls": calls}
+            if not shows_calls and fmt.syntax in ("python", "json"):
+                m = {k: v for k, v in m.items() if k != "tool_calls"}
+                m["content"] = (m.get("content") or "") + written_calls(calls, fmt)
         elif m["role"] == "tool" and fmt.id_length:
             m = {**m, "tool_call_id": fitted_id(str(m.get("tool_call_id", "")), fmt.id_length)}
         out.append(m)
@@ -142,18 +159,19 @@ def _with_system_text(messages: list[dict[str, Any]], text: str) -> list[dict[st
 
 
 def prepare_messages(messages: list[dict[str, Any]], tools: tuple[ToolSpec, ...],
-                     fmt: ToolFormat = GENERIC, *, takes_tools: bool = True
-                     ) -> tuple[list[dict[str, Any]], dict[str, Any]]:
+                     fmt: ToolFormat = GENERIC, *, takes_tools: bool = True,
+                     shows_calls: bool = True) -> tuple[list[dict[str, Any]], dict[str, Any]]:
     """Messages (and extra template variables) carrying the tools and past calls.
 
     A native format's template takes ``tools``, assistant ``tool_calls`` (arguments as
     objects) and ``tool`` messages itself (a template that renders calls but not the
     tools, ``takes_tools=False``, gets them described in the system message); the
     generic format writes the tools into a system message, past calls in its own
-    syntax and results as user turns.
+    syntax and results as user turns. ``shows_calls=False``: the template drops
+    ``tool_calls``, so past calls go into the content as the model writes them.
     """
     if fmt.native:
-        native, extra = _native(messages, tools, fmt)
+        native, extra = _native(messages, tools, fmt, shows_calls)
         if tools and not takes_tools:
             return _with_system_text(native, native_tools_text(tools, fmt)), {}
         return native, extra
@@ -200,6 +218,8 @@ def call_parser(fmt: ToolFormat, types: dict[str, dict[str, str]] | None = None)
         return NamedCallParser(fmt, types)
     if fmt.syntax == "harmony":
         return HarmonyParser()
+    if fmt.syntax == "python":
+        return PythonCallParser(fmt)
     return CallParser(fmt)
 
 

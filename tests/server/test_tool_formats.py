@@ -51,6 +51,9 @@ FAMILIES = {  # template -> the format it must be detected as
     "google-gemma-4-31B-it-interleaved.jinja": "gemma4",
     "NVIDIA-Nemotron-3-Nano-30B-A3B-BF16.jinja": "qwen3_coder",
     "StepFun3.5-Flash.jinja": "qwen3_coder",
+    "LFM2-8B-A1B.jinja": "lfm2",
+    "LFM2.5-8B-A1B.jinja": "lfm2",
+    "LFM2.5-Instruct.jinja": "lfm2",
     "ByteDance-Seed-OSS.jinja": "seed_oss",
     "GLM-4.6.jinja": "glm",
     "GLM-4.7-Flash.jinja": "glm",
@@ -76,7 +79,8 @@ SERVED = {"qwen": "Qwen-Qwen2.5-7B-Instruct.jinja",
           "glm": "GLM-4.7-Flash.jinja",
           "glm46": "GLM-4.6.jinja",
           "seed": "ByteDance-Seed-OSS.jinja",
-          "minimax": "MiniMax-M2.jinja"}
+          "minimax": "MiniMax-M2.jinja",
+          "lfm2": "LFM2.5-Instruct.jinja"}
 WEATHER = {"type": "object", "properties": {"city": {"type": "string", "maxLength": 20},
                                             "days": {"type": "integer", "minimum": 1,
                                                      "maximum": 7}},
@@ -154,10 +158,9 @@ def test_parallel_calls_in_the_history_render_each_call_and_result(name: str) ->
     tools = tuple(ToolSpec(t["function"]["name"], t["function"]["description"],
                            t["function"]["parameters"]) for t in TOOLS)
     chat = ChatTemplate(source)
-    msgs, extra = prepare_messages(_parallel(ids), tools, fmt, takes_tools=chat.takes_tools)
+    msgs, extra = prepare_messages(_parallel(ids), tools, fmt, takes_tools=chat.takes_tools,
+                                   shows_calls=chat.shows_calls)
     text = chat.render(msgs, **extra)
-    if name.startswith("ibm-granite-granite-3.3"):
-        pytest.skip("the template shows no past call at all (upstream)")
     marks = [text.find(m) for m in ("Xparis1", "RESULT_Xparis1", "Ylondon2", "RESULT_Ylondon2",
                                     "Zoslo3", "RESULT_Zoslo3")]
     assert all(k >= 0 for k in marks), (name, marks)
@@ -264,11 +267,11 @@ def test_the_calls_a_template_writes_parse_back(name: str) -> None:
     results = [{"role": "tool", "tool_call_id": f"abc123XY{k}", "content": f"RESULT_{k}"}
                for k in range(len(want))]
     msgs, extra = prepare_messages([*ask, turn, *results], tools, fmt,
-                                   takes_tools=chat.takes_tools)
+                                   takes_tools=chat.takes_tools,
+                                   shows_calls=chat.shows_calls)
     whole = chat.render(msgs, **extra)
-    if name.startswith("ibm-granite-granite-3.3"):
-        pytest.skip("the template shows no past call at all (upstream)")
-    msgs, extra = prepare_messages(ask, tools, fmt, takes_tools=chat.takes_tools)
+    msgs, extra = prepare_messages(ask, tools, fmt, takes_tools=chat.takes_tools,
+                                   shows_calls=chat.shows_calls)
     prompt = chat.render(msgs, **extra)
     start = (len(prompt) if whole.startswith(prompt)
              else whole.index("Weather and time?") + len("Weather and time?"))

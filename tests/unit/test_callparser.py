@@ -19,6 +19,7 @@ from edgeinfer.prompt.toolformat import (
     GRANITE,
     HARMONY,
     HERMES,
+    LFM2,
     LLAMA3,
     MINIMAX,
     MISTRAL,
@@ -100,6 +101,20 @@ CASES: list[tuple[ToolFormat, str, str, list[tuple[str, object]]]] = [
      "On it.", [("get_weather", {"city": 'Paris, "FR" {x}]', "days": 3,
                                  "opts": {"unit": "c", "list": [1, "a", True]}}),
                 ("get_time", {})]),
+    # LFM2: Python calls (and JSON literals, as llama.cpp reads them)
+    (LFM2, 'Checking.<|tool_call_start|>[get_weather(city="Paris, (FR)", days=3), '
+           "get_time(), toggle(on=True, off=false, v=None, cfg={'a': [1, -2.5, 'x)']}), "
+           "run(code='def f():\\n    print(\\'hey\\')')]<|tool_call_end|> Done.",
+     "Checking. Done.", [("get_weather", {"city": "Paris, (FR)", "days": 3}), ("get_time", {}),
+                         ("toggle", {"on": True, "off": False, "v": None,
+                                     "cfg": {"a": [1, -2.5, "x)"]}}),
+                         ("run", {"code": "def f():\n    print('hey')"})]),
+    (LFM2, "Use this format: [link text](url). See [Wikipedia](https://w.org).",
+     "Use this format: [link text](url). See [Wikipedia](https://w.org).", []),
+    (LFM2, "<|tool_call_start|>[not a call]<|tool_call_end|> <|tool_call_start|>x",
+     "<|tool_call_start|>[not a call]<|tool_call_end|> <|tool_call_start|>x", []),
+    (LFM2, "<|tool_call_start|>[f(__import__('os').system('x'))]<|tool_call_end|>",
+     "<|tool_call_start|>[f(__import__('os').system('x'))]<|tool_call_end|>", []),
     (HARMONY, "<|channel|>analysis<|message|>Need the weather.<|end|><|start|>assistant"
               "<|channel|>commentary to=functions.get_weather <|constrain|>json<|message|>" + W,
      "", [("get_weather", json.loads(W))]),
@@ -191,7 +206,7 @@ def test_harmony_analysis_is_reasoning_and_never_content() -> None:
 
 
 @pytest.mark.parametrize("fmt", [MISTRAL_ARGS, DEEPSEEK_V3, QWEN3_CODER, SEED_OSS, GLM,
-                                 MINIMAX, GEMMA4])
+                                 MINIMAX, GEMMA4, LFM2])
 def test_named_formats_hold_no_marker_in_content(fmt: ToolFormat) -> None:
     text = next(t for f, t, _, calls in CASES if f is fmt and calls)
     p = call_parser(fmt, TYPES)
@@ -207,7 +222,7 @@ def test_a_string_parameter_streams_in_fragments() -> None:
 
 
 @pytest.mark.parametrize("fmt", [HERMES, MISTRAL, MISTRAL_ARGS, DEEPSEEK_V3, QWEN3_CODER,
-                                 SEED_OSS, GLM, MINIMAX, GEMMA4, HARMONY])
+                                 SEED_OSS, GLM, MINIMAX, GEMMA4, HARMONY, LFM2])
 def test_output_cut_off_inside_the_opening_marker_gives_no_content(fmt: ToolFormat) -> None:
     """max_tokens ran out while the model wrote the start of a call (a forced call's first
     tokens): none of the marker is content. Ended by the model instead, it is text."""
