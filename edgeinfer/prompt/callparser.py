@@ -191,8 +191,8 @@ class CallParser:
             self._buf, self._mode, self._obj = buf, "object", _Object(fmt.args_key)
             self._sent, self._announced = 0, False
             return True
-        if fmt.listed and buf.startswith("]"):
-            self._buf, self._mode = buf[1:], "text"
+        if fmt.listed and buf.startswith("]"):  # then the closing marker, where there is one
+            self._buf, self._mode = buf[1:], "calls" if fmt.close else "text"
             return True
         if fmt.close and buf.startswith(fmt.close):
             rest = buf[len(fmt.close):]

@@ -300,7 +300,7 @@ def tool_calls_gbnf(tools: list[tuple[str, dict[str, Any]]], max_calls: int,
     n = max(1, min(max_calls, fmt.max_calls))
     if fmt.listed:
         more = f' ("," space-c call){{0,{n - 1}}}' if n > 1 else ""
-        root = (f'root ::= "{fmt.open}" "[" space-c call{more} "]"\n'
+        root = (f'root ::= "{fmt.open}" "[" space-c call{more} "]{fmt.close}"\n'
                 f'space-c ::= [ \\n]?\ncall ::= {obj}\n')
     elif fmt.close:
         more = f' ("\\n"? call){{0,{n - 1}}}' if n > 1 else ""  # some write none between

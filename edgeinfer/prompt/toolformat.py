@@ -10,6 +10,7 @@ JSON formats (``syntax = "json"``) write calls as JSON objects ``{"name": ...,
 - ``mistral``: Mistral Nemo and the v3 tokenizer models: ``[TOOL_CALLS][{...}, ...]``
   with a 9-character ``id`` in each call.
 - ``granite``: Granite 3.x: ``<|tool_call|>[{...}, ...]``.
+- ``nemotron``: Nemotron Nano 2: ``<TOOLCALL>[{...}, ...]</TOOLCALL>``.
 - ``generic``: any other template: the tools go in a system message and the calls in
   the Hermes syntax (the model was not trained on it; a grammar keeps calls valid).
 
@@ -123,6 +124,7 @@ GENERIC = ToolFormat("generic", "<tool_call>", "</tool_call>", native=False)
 LLAMA3 = ToolFormat("llama3", "<|python_tag|>", args_key="parameters", bare=True, max_calls=1)
 MISTRAL = ToolFormat("mistral", "[TOOL_CALLS]", listed=True, id_length=9)
 GRANITE = ToolFormat("granite", "<|tool_call|>", listed=True)
+NEMOTRON = ToolFormat("nemotron", "<TOOLCALL>", "</TOOLCALL>", listed=True)
 MISTRAL_ARGS = ToolFormat("mistral_args", "", syntax="named", call_open="[TOOL_CALLS]",
                           name_end="[ARGS]", id_marker="[CALL_ID]", id_length=9)
 _DS = ("<｜tool▁calls▁begin｜>", "<｜tool▁calls▁end｜>", "<｜tool▁call▁begin｜>",
@@ -152,7 +154,7 @@ HARMONY = ToolFormat("harmony", "", syntax="harmony", max_calls=1)
 LFM2 = ToolFormat("lfm2", "<|tool_call_start|>", "<|tool_call_end|>", syntax="python")
 FORMATS = {f.name: f for f in (HERMES, GENERIC, LLAMA3, MISTRAL, GRANITE, MISTRAL_ARGS,
                                DEEPSEEK_V3, DEEPSEEK_R1, QWEN3_CODER, SEED_OSS, GLM, MINIMAX,
-                               GEMMA4, HARMONY, LFM2)}
+                               GEMMA4, HARMONY, LFM2, NEMOTRON)}
 
 
 def detect(template_source: str) -> ToolFormat:
@@ -179,6 +181,8 @@ def detect(template_source: str) -> ToolFormat:
         return MISTRAL_ARGS if "[ARGS]" in src else MISTRAL
     if "<|tool_call|>" in src:
         return GRANITE
+    if "<TOOLCALL>[" in src:
+        return NEMOTRON
     if "<tool_call>" in src:
         return QWEN3_CODER if "<function=" in src else HERMES
     if "<|python_tag|>" in src or '"parameters": ' in src and "ipython" in src:

@@ -114,6 +114,8 @@ WRITTEN = [
     ("minimax", "<minimax:tool_call>\n" + "".join(
         f'<invoke name="get_weather">\n<parameter name="city">{c}</parameter>\n</invoke>\n'
         for c in ("Paris", "Oslo")) + "</minimax:tool_call>"),
+    ("nemotron", "<TOOLCALL>[" + ", ".join("{" + _W % c + "}" for c in ("Paris", "Oslo"))
+     + "]</TOOLCALL>"),
     ("lfm2", '<|tool_call_start|>[get_weather(city="Paris"), get_weather(city="Oslo")]'
              "<|tool_call_end|>"),
 ]

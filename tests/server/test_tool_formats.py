@@ -52,6 +52,7 @@ FAMILIES = {  # template -> the format it must be detected as
     "NVIDIA-Nemotron-3-Nano-30B-A3B-BF16.jinja": "qwen3_coder",
     "StepFun3.5-Flash.jinja": "qwen3_coder",
     "LFM2-8B-A1B.jinja": "lfm2",
+    "NVIDIA-Nemotron-Nano-v2.jinja": "nemotron",
     "LFM2.5-8B-A1B.jinja": "lfm2",
     "LFM2.5-Instruct.jinja": "lfm2",
     "ByteDance-Seed-OSS.jinja": "seed_oss",
@@ -80,7 +81,8 @@ SERVED = {"qwen": "Qwen-Qwen2.5-7B-Instruct.jinja",
           "glm46": "GLM-4.6.jinja",
           "seed": "ByteDance-Seed-OSS.jinja",
           "minimax": "MiniMax-M2.jinja",
-          "lfm2": "LFM2.5-Instruct.jinja"}
+          "lfm2": "LFM2.5-Instruct.jinja",
+          "nemotron": "NVIDIA-Nemotron-Nano-v2.jinja"}
 WEATHER = {"type": "object", "properties": {"city": {"type": "string", "maxLength": 20},
                                             "days": {"type": "integer", "minimum": 1,
                                                      "maximum": 7}},

@@ -24,6 +24,7 @@ from edgeinfer.prompt.toolformat import (
     MINIMAX,
     MISTRAL,
     MISTRAL_ARGS,
+    NEMOTRON,
     QWEN3_CODER,
     SEED_OSS,
     ToolFormat,
@@ -43,6 +44,10 @@ CASES: list[tuple[ToolFormat, str, str, list[tuple[str, object]]]] = [
               '{"name": "b", "arguments": {"k": [1, 2]}, "id": "def456uvw"}]',
      "", [("get_weather", json.loads(W)), ("b", {"k": [1, 2]})]),
     (GRANITE, '<|tool_call|>[{"name": "a", "arguments": {"s": "]}"}}]', "", [("a", {"s": "]}"})]),
+    (NEMOTRON, 'Sure.\n<TOOLCALL>[{"name": "get_weather", "arguments": {"city": "Paris"}}, '
+               '{"name": "add", "arguments": {"a": 1}}]</TOOLCALL> After.',
+     "Sure.\n After.", [("get_weather", {"city": "Paris"}), ("add", {"a": 1})]),
+    (NEMOTRON, "<TOOLCALL>oops</TOOLCALL>", "<TOOLCALL>oops</TOOLCALL>", []),
     (HERMES, "<tool_call>not json</tool_call> after", "<tool_call>not json</tool_call> after", []),
     (MISTRAL, "[TOOL_CALLS]oops", "[TOOL_CALLS]oops", []),
     # an empty pair, or a marker that opens no call, is text as written (even after a call)
