@@ -20,6 +20,15 @@ from jinja2.parser import Parser
 from jinja2.sandbox import ImmutableSandboxedEnvironment
 
 from edgeinfer.errors import InvalidRequest
+from edgeinfer.prompt.turns import (
+    PROBE_CALL,
+    PROBE_RESULT,
+    PROBE_USER,
+    alternating,
+    merge_system,
+    one_call_each,
+    with_call_shape,
+)
 
 # Used when a model has no template of its own (base models): ChatML.
 CHATML = (
@@ -214,7 +223,13 @@ class ChatTemplate:
         self.one_call = "tool_calls" in self.source and not self._shows_two_calls()
         # a template that shows no past call at all (LFM2's older ones, Granite 3.3): the
         # calls go into the content, as the model wrote them
-        self.shows_calls = "edgeinfer_probe" in self._probe(_PROBE_CALL, self.call_shape)
+        self.shows_calls = "edgeinfer_probe" in self._probe(PROBE_CALL, self.call_shape)
+        # templates that insist on user/assistant alternation (Gemma 2, Mistral's): two user
+        # turns in a row are joined, and a user turn right after tool results (Anthropic's
+        # tool_result blocks with text, an agent's follow-up) gets an empty answer before it
+        self.joins_users = (not self._accepts([PROBE_USER, PROBE_USER])
+                            and self._accepts([PROBE_USER]))
+        self.tool_answer = self._tool_answer() if "tool_calls" in self.source else None
 
     def _renders_system(self) -> bool:
         """Whether the template renders a system message (Gemma 2's refuses one: its text
@@ -230,23 +245,39 @@ class ChatTemplate:
         """(content None, arguments as text): the first shape of a past call whose
         rendering shows the call's name and arguments, the usual one (("", object)) first."""
         for shape in ((False, False), (True, False), (False, True), (True, True)):
-            if all(w in self._probe(_PROBE_CALL, shape) for w in ("edgeinfer_probe", "probe_arg")):
+            if all(w in self._probe(PROBE_CALL, shape) for w in ("edgeinfer_probe", "probe_arg")):
                 return shape
         return False, False
 
     def _shows_two_calls(self) -> bool:
-        two = {**_PROBE_CALL, "tool_calls": [*_PROBE_CALL["tool_calls"], {
+        two = {**PROBE_CALL, "tool_calls": [*PROBE_CALL["tool_calls"], {
             "id": "edgeinfr2", "type": "function",
             "function": {"name": "edgeinfer_other", "arguments": {"probe_arg": 2}}}]}
         text = self._probe(two, self.call_shape)
         return "edgeinfer_probe" in text and "edgeinfer_other" in text
+
+    def _tool_answer(self) -> str | None:
+        """The content of the answer a user turn after tool results needs before it ("" or,
+        where an empty one is refused, " "); None: none needed (or none helps)."""
+        after_tools = [PROBE_USER, *with_call_shape([PROBE_CALL], self.call_shape), PROBE_RESULT]
+        if self._accepts([*after_tools, PROBE_USER]):
+            return None
+        return next((text for text in ("", " ") if self._accepts(
+            [*after_tools, {"role": "assistant", "content": text}, PROBE_USER])), None)
+
+    def _accepts(self, messages: list[dict[str, Any]]) -> bool:
+        try:
+            self._render(messages, True, {})
+        except InvalidRequest:
+            return False
+        return True
 
     def _probe(self, call: dict[str, Any], shape: tuple[bool, bool]) -> str:
         """A user turn and ``call`` (an assistant message with calls) in ``shape``, as the
         template renders them; "" when it refuses them."""
         try:
             return self._render([{"role": "user", "content": "User message"},
-                                 *_with_call_shape([call], shape)], False, {})
+                                 *with_call_shape([call], shape)], False, {})
         except InvalidRequest:
             return ""
 
@@ -260,11 +291,13 @@ class ChatTemplate:
         """The prompt for ``messages``; ``add_generation_prompt=False`` renders them as a
         prefix of a longer conversation (for pinning a system prompt)."""
         if not self.system_role and messages and messages[0].get("role") == "system":
-            messages = _merge_system(messages)
+            messages = merge_system(messages)
+        if self.joins_users or self.tool_answer is not None:
+            messages = alternating(messages, self.joins_users, self.tool_answer)
         if self.one_call:
-            messages = _one_call_each(messages)
+            messages = one_call_each(messages)
         if any(self.call_shape):
-            messages = _with_call_shape(messages, self.call_shape)
+            messages = with_call_shape(messages, self.call_shape)
         prefill = bool(messages) and messages[-1].get("role") == "assistant"
         if prefill:
             last = dict(messages[-1])
@@ -303,71 +336,3 @@ class ChatTemplate:
         finally:
             _deadline.end = None
         return "".join(parts)
-
-
-_PROBE_CALL = {"role": "assistant", "content": "", "tool_calls": [
-    {"id": "edgeinfr1", "type": "function",  # 9 characters, as Mistral demands
-     "function": {"name": "edgeinfer_probe", "arguments": {"probe_arg": 1}}}]}
-
-
-def _with_call_shape(messages: list[dict[str, Any]], shape: tuple[bool, bool]
-                     ) -> list[dict[str, Any]]:
-    """Assistant messages with calls in ``shape``: (content None where it is empty,
-    arguments as JSON text)."""
-    none_content, text_args = shape
-    out = []
-    for m in messages:
-        if m.get("role") == "assistant" and m.get("tool_calls"):
-            m = dict(m)
-            if none_content and not m.get("content"):
-                m["content"] = None
-            if text_args:
-                m["tool_calls"] = [{**c, "function": {**c["function"], "arguments": (
-                    a if isinstance(a := c["function"].get("arguments"), str)
-                    else json.dumps(a, ensure_ascii=False))}} for c in m["tool_calls"]]
-        out.append(m)
-    return out
-
-
-def _one_call_each(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """Parallel calls as turns of one call each, each followed by its result (matched by
-    ``tool_call_id``, else in order), for templates that show one call per turn."""
-    out: list[dict[str, Any]] = []
-    i = 0
-    while i < len(messages):
-        m = messages[i]
-        calls = (m.get("tool_calls") or []) if m.get("role") == "assistant" else []
-        if len(calls) < 2:
-            out.append(m)
-            i += 1
-            continue
-        j = i + 1
-        while j < len(messages) and messages[j].get("role") == "tool":
-            j += 1
-        results = list(messages[i + 1:j])
-        for k, call in enumerate(calls):
-            out.append({**m, "content": m.get("content") if k == 0 else "",
-                        "tool_calls": [call]})
-            mine = next((r for r in results if r.get("tool_call_id") == call.get("id")),
-                        results[0] if results else None)
-            if mine is not None:
-                results.remove(mine)
-                out.append(mine)
-        out += results
-        i = j
-    return out
-
-
-def _merge_system(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """A leading system message joined to the start of the next message ("\n" between),
-    or dropped when it is alone: llama.cpp's way with templates that refuse the role."""
-    system, rest = messages[0], messages[1:]
-    if not rest:
-        return rest
-    first, text = dict(rest[0]), system.get("content") or ""
-    content = first.get("content")
-    if isinstance(content, str) or content is None:
-        first["content"] = f"{text}\n{content or ''}"
-    elif isinstance(content, list):
-        first["content"] = [{"type": "text", "text": f"{text}\n"}, *content]
-    return [first, *rest[1:]]

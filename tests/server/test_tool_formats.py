@@ -280,3 +280,55 @@ def test_the_calls_a_template_writes_parse_back(name: str) -> None:
     written = whole[start:whole.index("RESULT_0")]
     _, calls = parse_tool_calls(written, fmt, parameter_types(tools))
     assert [(c.name, json.loads(c.arguments)) for c in calls] == want, (name, written)
+
+
+FOLLOW_UP = [{"role": "user", "content": "Weather in Paris?"},
+             {"role": "assistant", "content": "", "tool_calls": [{
+                 "id": "abc123XYZ", "type": "function",
+                 "function": {"name": "get_weather", "arguments": '{"city": "Paris"}'}}]},
+             {"role": "tool", "tool_call_id": "abc123XYZ", "content": "RESULT_21C"},
+             {"role": "user", "content": "FOLLOW_and tomorrow?"},
+             {"role": "user", "content": "SECOND_user turn"}]
+
+
+@pytest.mark.parametrize("name", sorted(FAMILIES))
+def test_a_user_turn_after_tool_results_renders_in_every_template(name: str) -> None:
+    """A user turn right after tool results (Anthropic's tool_result blocks with text, an
+    agent's follow-up) and two user turns in a row: templates that insist on
+    alternation (Mistral's, Gemma 2) refused them; each turn now shows, once, in order."""
+    source = template(name).read_text()
+    chat = ChatTemplate(source)
+    fmt = detect(source)
+    tools = tuple(ToolSpec(t["function"]["name"], t["function"]["description"],
+                           t["function"]["parameters"]) for t in TOOLS)
+    msgs, extra = prepare_messages(FOLLOW_UP, tools, fmt, takes_tools=chat.takes_tools,
+                                   shows_calls=chat.shows_calls)
+    text = chat.render(msgs, **extra)
+    marks = [text.find(m) for m in ("RESULT_21C", "FOLLOW_and tomorrow?", "SECOND_user turn")]
+    assert all(k >= 0 for k in marks) and marks == sorted(marks), (name, marks)
+
+
+def test_anthropic_tool_result_with_text_reaches_a_mistral_model(
+        families: ServerProcess) -> None:
+    """The Anthropic SDK's usual tool loop: the results and the user's next words in one
+    user turn. Mistral's templates refuse a user turn after tool results (it was a 400)."""
+    import anthropic
+
+    client = anthropic.Anthropic(base_url=families.base_url, api_key="x", max_retries=0,
+                                 timeout=120)
+    reply = client.messages.create(
+        model="mistral", max_tokens=8, messages=[
+            {"role": "user", "content": "Weather in Paris?"},
+            {"role": "assistant", "content": [{"type": "tool_use", "id": "toolu_1",
+                                               "name": "get_weather",
+                                               "input": {"city": "Paris"}}]},
+            {"role": "user", "content": [
+                {"type": "tool_result", "tool_use_id": "toolu_1", "content": "21 C"},
+                {"type": "text", "text": "And tomorrow?"}]}],
+        tools=[{"name": "get_weather", "description": "Weather of a city",
+                "input_schema": WEATHER}])
+    assert reply.stop_reason in ("end_turn", "max_tokens", "tool_use"), reply
+    prompt = httpx.post(f"{families.base_url}/apply-template", json={
+        "model": "mistral", "messages": FOLLOW_UP, "tools": TOOLS}, timeout=60).json()["prompt"]
+    assert prompt.index("RESULT_21C") < prompt.index("FOLLOW_and tomorrow?")
+    assert "FOLLOW_and tomorrow?\n\nSECOND_user turn" in prompt  # two user turns joined
