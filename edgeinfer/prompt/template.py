@@ -242,11 +242,17 @@ class ChatTemplate:
             return False
 
     def _call_shape(self) -> tuple[bool, bool]:
-        """(content None, arguments as text): the first shape of a past call whose
-        rendering shows the call's name and arguments, the usual one (("", object)) first."""
-        for shape in ((False, False), (True, False), (False, True), (True, True)):
-            if all(w in self._probe(PROBE_CALL, shape) for w in ("edgeinfer_probe", "probe_arg")):
-                return shape
+        """(content None, arguments as text): a shape of a past call whose rendering shows
+        the call's name and arguments, arguments as an object where that shows them; of
+        content "" and None, the one that renders less (DeepSeek R1's Qwen distill writes
+        an empty answer turn after the calls for "", its Llama distill shows calls only
+        for None)."""
+        for text_args in (False, True):
+            shown = [(len(t), none) for none in (False, True)
+                     if all(w in (t := self._probe(PROBE_CALL, (none, text_args)))
+                            for w in ("edgeinfer_probe", "probe_arg"))]
+            if shown:
+                return min(shown)[1], text_args
         return False, False
 
     def _shows_two_calls(self) -> bool:
