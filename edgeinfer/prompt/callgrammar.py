@@ -46,6 +46,14 @@ def _is_text(prop: dict[str, Any]) -> bool:
     return prop.get("type") == "string" and not {"enum", "const", "pattern", "format"} & set(prop)
 
 
+def _with_defs(prop: Any, parameters: dict[str, Any]) -> dict[str, Any]:
+    """One parameter's schema (``{}`` for a boolean one), with the definitions of the whole
+    parameters schema its ``$ref`` may point into."""
+    prop = prop if isinstance(prop, dict) else {}
+    defs: dict[str, Any] = {k: parameters[k] for k in ("$defs", "definitions") if k in parameters}
+    return {**prop, **defs} if defs and "$ref" in json.dumps(prop) else prop
+
+
 def _value(prefix: str, prop: dict[str, Any], param: str, gemma: bool) -> tuple[str, str]:
     """(expression, rules) of one parameter's value."""
     if _is_text(prop):
@@ -89,7 +97,7 @@ def _params(prefix: str, parameters: dict[str, Any], param: str, args: str) -> l
     names = sorted(props) if gemma else list(props)  # Gemma's template sorts the keys
     items, rules = [], []
     for j, key in enumerate(names):
-        expr, more = _value(f"{prefix}v{j}-", props[key] or {}, param, gemma)
+        expr, more = _value(f"{prefix}v{j}-", _with_defs(props[key], parameters), param, gemma)
         rules.append(more)
         if gemma:
             items.append((f"{lit(key + ':')} {expr}", key in required))
@@ -125,8 +133,8 @@ def _call(i: int, name: str, parameters: dict[str, Any], fmt: ToolFormat, param:
         body = f'{p}start "}}"'  # Gemma: name_end is the "{"
     elif TAGS[fmt.args].newlines:
         body = f'"\\n" {p}start'
-    else:
-        body = f'{p}start "\\n"?'
+    else:  # Ling writes a line break after the name and another before the close
+        body = f'{p}start "\\n"{{0,2}}'
     return [f"{p}call ::= {lit(name + fmt.name_end)} {body}", *rules]
 
 
@@ -164,7 +172,7 @@ def python_calls_gbnf(tools: list[tuple[str, dict[str, Any]]], max_calls: int,
         required = set(parameters.get("required") or [])
         items = []
         for j, key in enumerate(props):
-            schema = props[key] if isinstance(props[key], dict) else {}
+            schema = _with_defs(props[key], parameters)
             rules.append(_rename_rules(schema_to_gbnf(schema, param), f"{p}v{j}-"))
             items.append((f"{lit(key + '=')} {p}v{j}-root", key in required))
         rules += _sequence(items, p, ", ")

@@ -16,10 +16,17 @@ QUOTE = '<|"|>'
 _BARE_END = ",:}]"
 
 
+_PYTHON = {"None": "null", "True": "true", "False": "false"}  # the template's Jinja writes these
+
+
 def _scalar(word: str) -> str:
-    """A bare value as JSON: a JSON literal or number as it is, anything else a string."""
+    """A bare value as JSON: a JSON literal or finite number as it is (Python's ``None``,
+    ``True``, ``False`` as theirs), anything else a string."""
+    if word in _PYTHON:
+        return _PYTHON[word]
     try:
         value = json.loads(word)
+        json.dumps(value, allow_nan=False)  # NaN, Infinity, 1e999: not JSON numbers
     except ValueError:
         return json.dumps(word, ensure_ascii=False)
     if isinstance(value, (dict, list, str)):

@@ -267,6 +267,18 @@ def parameter_types(tools: Any) -> dict[str, dict[str, str]]:
         props = (t.parameters or {}).get("properties") or {}
         if not isinstance(props, dict):
             continue  # not a schema: the grammar made from it refuses it (400)
-        out[t.name] = {k: v["type"] for k, v in props.items()
+        out[t.name] = {k: "quoted" if quoted_string(v) else v["type"] for k, v in props.items()
                        if isinstance(v, dict) and isinstance(v.get("type"), str)}
     return out
+
+
+def quoted_string(prop: dict[str, Any]) -> bool:
+    """A string parameter that the tagged-parameter grammars write as JSON, quotes and all
+    (one with a const, pattern or format: llama.cpp's schema grammar enforces it), where
+    plain text parameters and string enums are written bare."""
+    if prop.get("type") != "string":
+        return False
+    enum = prop.get("enum")
+    if isinstance(enum, list) and all(isinstance(v, str) for v in enum):
+        return False
+    return bool({"enum", "const", "pattern", "format"} & set(prop))

@@ -60,6 +60,19 @@ def _literal(node: ast.AST, depth: int = 0) -> Any:
     raise ValueError("not a literal")
 
 
+def literal_value(text: str) -> Any:
+    """A JSON value from one Python (or JSON) literal's text; ValueError otherwise."""
+    if len(text) > _MAX_CALL:
+        raise ValueError("too long")
+    try:
+        tree = ast.parse(text.strip(), mode="eval")
+        value = _literal(tree.body)
+        json.dumps(value, allow_nan=False)
+        return value
+    except (SyntaxError, RecursionError, MemoryError) as exc:
+        raise ValueError(str(exc)) from None
+
+
 def arguments_json(args: str) -> str:
     """JSON text of a call's keyword arguments (``city='Paris', days=3``)."""
     try:

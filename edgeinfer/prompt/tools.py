@@ -88,6 +88,9 @@ def _native_call(call: dict[str, Any], fmt: ToolFormat) -> dict[str, Any]:
         args: Any = json.loads(fn.get("arguments") or "{}")
     except ValueError:
         args = fn.get("arguments")
+    if fmt.args == "seed" and isinstance(args, dict):  # its template writes repr(), not JSON
+        args = {k: v if isinstance(v, str) else json.dumps(v, ensure_ascii=False)
+                for k, v in args.items()}
     return {**call, "id": fitted_id(str(call.get("id", "")), fmt.id_length),
             "function": {**fn, "arguments": args}}
 

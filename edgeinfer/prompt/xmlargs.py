@@ -17,21 +17,47 @@ and Spark (``"glm"``) ``<arg_key>city</arg_key><arg_value>Paris</arg_value>``; M
 from __future__ import annotations
 
 import json
+from typing import Any
 
 from edgeinfer.prompt.callparser import partial_suffix
+from edgeinfer.prompt.pythoncalls import literal_value
 from edgeinfer.prompt.toolformat import TAGS, Tags
 
 
 def json_value(text: str, kind: str | None) -> str:
-    """A whole parameter value as JSON text, by its parameter's type."""
+    """A whole parameter value as JSON text, by its parameter's type: a string as written
+    (a ``"quoted"`` one without the JSON quotes the grammar wrote), otherwise JSON when it
+    parses as finite JSON or a Python literal (Seed-OSS's template writes ``repr``), else
+    the text as a string."""
     if kind == "string":
         return json.dumps(text, ensure_ascii=False)
     if kind == "boolean" and text.strip().lower() in ("true", "false"):
         return text.strip().lower()
+    value = _parsed(text)
+    if kind == "quoted" and not isinstance(value, str):
+        value = text
+    return json.dumps(text if value is _NOTHING else value, ensure_ascii=False)
+
+
+_NOTHING = object()
+
+
+def _parsed(text: str) -> Any:
+    """``text`` as a finite JSON value, else as a Python literal, else ``_NOTHING``."""
     try:
-        return json.dumps(json.loads(text), ensure_ascii=False)
+        value = json.loads(text, parse_constant=_refuse)
+        json.dumps(value, allow_nan=False)  # 1e999 parses as inf
+        return value
+    except (ValueError, RecursionError):
+        pass
+    try:
+        return literal_value(text)
     except ValueError:
-        return json.dumps(text, ensure_ascii=False)
+        return _NOTHING
+
+
+def _refuse(name: str) -> Any:
+    raise ValueError(name)
 
 
 class XmlArgs:
@@ -70,7 +96,7 @@ class XmlArgs:
         i += len(rest) - len(head)
         if head.startswith(tags.key_open):
             self.state, self.key = "key", ""
-            return i + len(tags.key_open), True, False
+            return i, True, False  # the name is read after the marker
         if head.startswith(tags.end):
             out.append("}" if self.emitted else "{}")
             return i, False, True
@@ -82,19 +108,26 @@ class XmlArgs:
         return i, False, True
 
     def _key(self, buf: str, i: int, out: list[str]) -> tuple[int, bool, bool]:
-        rest = buf[i:]
+        """A parameter's name (``i``: at its opening marker). A bad one after good
+        parameters ends the arguments there (what follows is text); before any, the
+        call has none (ValueError)."""
+        start = i + len(self.tags.key_open)
+        rest = buf[start:]
         at = rest.find(self.tags.key_close)
-        if at == -1:
-            name = rest[:len(rest) - partial_suffix(rest, self.tags.key_close)]
-            if "<" in name or "\n" in name or len(name) > 256:
+        name = rest[:at] if at != -1 else rest[:len(rest) - partial_suffix(
+            rest, self.tags.key_close)]
+        if "<" in name or "\n" in name or len(name) > 256 or at != -1 and not name.strip():
+            if not self.emitted:
                 raise ValueError("bad parameter name")
+            out.append("}")
+            self.state = "between"
+            return i, False, True
+        if at == -1:
             return i, False, False
-        self.key = rest[:at].strip()
-        if not self.key or "<" in self.key or "\n" in self.key:
-            raise ValueError("bad parameter name")
+        self.key = name.strip()
         self.state, self.value_sent, self.value_start = "open", 0, True
         out.append(self._open())
-        return i + at + len(self.tags.key_close), True, False
+        return start + at + len(self.tags.key_close), True, False
 
     def _value_open(self, buf: str, i: int, out: list[str]) -> tuple[int, bool, bool]:
         marker = self.tags.value_open

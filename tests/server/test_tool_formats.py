@@ -262,7 +262,8 @@ def test_the_calls_a_template_writes_parse_back(name: str) -> None:
     chat = ChatTemplate(source)
     tools = tuple(ToolSpec(t["function"]["name"], t["function"]["description"],
                            t["function"]["parameters"]) for t in TOOLS)
-    want = [("get_weather", {"city": "Xparis1", "days": 3}), ("get_time", {})]
+    want = [("get_weather", {"city": "Xparis1", "days": 3,
+                             "opts": {"unit": "c", "list": [1, None, "x"]}}), ("get_time", {})]
     want = want[:1] if chat.one_call or fmt.max_calls == 1 else want
     ask = [{"role": "user", "content": "Weather and time?"}]
     turn = {"role": "assistant", "content": "", "tool_calls": [

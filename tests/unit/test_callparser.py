@@ -259,3 +259,48 @@ def test_every_format_can_be_set_in_models_toml() -> None:
     from edgeinfer.config import TOOL_FORMATS
     from edgeinfer.prompt.toolformat import FORMATS
     assert set(TOOL_FORMATS) == set(FORMATS) | {"auto"}
+
+
+def _whole_and_streamed(fmt: ToolFormat, text: str, types: dict[str, dict[str, str]]
+                        ) -> list[tuple[str, object]]:
+    """The calls of ``text``, checked to be the same fed whole and a character at a time."""
+    results = []
+    for pieces in ([text], list(text)):
+        p = call_parser(fmt, types)
+        events = [e for piece in pieces for e in p.feed(piece)] + p.finish()
+        opens = [e for e in events if isinstance(e, CallOpen)]
+        args = ["".join(e.text for e in events if isinstance(e, CallArgs) and e.index == k)
+                for k in range(len(opens))]
+        results.append([(o.name, json.loads(a)) for o, a in zip(opens, args, strict=True)])
+    assert results[0] == results[1]
+    return results[0]
+
+
+def test_tagged_values_are_json_that_any_parser_reads() -> None:
+    """A date (format) or patterned string is read without the quotes its grammar writes;
+    a number too large for a double, or NaN, stays text (JSON has no Infinity); Python's
+    None from a template's repr is null."""
+    from edgeinfer.prompt.tools import ToolSpec, parameter_types
+    schema = {"type": "object", "properties": {
+        "d": {"type": "string", "format": "date"}, "p": {"type": "string", "pattern": "^a+$"},
+        "n": {"type": "number"}, "m": {"type": "number"}, "o": {"type": "object"}}}
+    types = parameter_types([ToolSpec("f", "", schema)])
+    text = ('<tool_call>f<arg_key>d</arg_key><arg_value>"2024-01-05"</arg_value>'
+            "<arg_key>p</arg_key><arg_value>aaa</arg_value><arg_key>n</arg_key>"
+            "<arg_value>1e999</arg_value><arg_key>m</arg_key><arg_value>NaN</arg_value>"
+            "<arg_key>o</arg_key><arg_value>{'a': None, 'b': [True]}</arg_value></tool_call>")
+    assert _whole_and_streamed(GLM, text, types) == [("f", {
+        "d": "2024-01-05", "p": "aaa", "n": "1e999", "m": "NaN", "o": {"a": None, "b": [True]}})]
+
+
+@pytest.mark.parametrize(("fmt", "text"), [
+    (GLM, "<tool_call>get_weather<arg_key>city</arg_key><arg_value>Paris</arg_value>"
+          "<arg_key>bad\nkey</arg_key><arg_value>x</arg_value></tool_call>"),
+    (MINIMAX, '<minimax:tool_call><invoke name="get_weather"><parameter name="city">Paris'
+              '</parameter><parameter name="">x</parameter></invoke></minimax:tool_call>'),
+    (QWEN3_CODER, "<tool_call>\n<function=get_weather>\n<parameter=city>\nParis\n</parameter>\n"
+                  "<parameter=>\nx\n</parameter>\n</function>\n</tool_call>"),
+])
+def test_a_bad_parameter_name_after_good_ones_ends_the_arguments(fmt: ToolFormat,
+                                                                 text: str) -> None:
+    assert _whole_and_streamed(fmt, text, TYPES) == [("get_weather", {"city": "Paris"})]
