@@ -214,6 +214,7 @@ class ChatTemplate:
             self._template = _compile(self.source)
         except TemplateError as exc:
             raise ValueError(f"invalid chat template: {exc}") from None
+        self._over_budget = False
         self.system_role = self._renders_system()
         # how past calls must look for the template to show them: content None instead of
         # "" (DeepSeek R1's renders calls only then), arguments as JSON text, not an object
@@ -231,15 +232,23 @@ class ChatTemplate:
                             and self._accepts([PROBE_USER]))
         self.tool_answer = self._tool_answer() if "tool_calls" in self.source else None
 
+    def _try(self, messages: list[dict[str, Any]], add_generation_prompt: bool = True) -> str:
+        """A probe's rendering; "" when the template refuses it. Once a probe ran out of
+        time or space (a hostile template), the rest are not tried: each would take the
+        whole budget again."""
+        if self._over_budget:
+            return ""
+        try:
+            return self._render(messages, add_generation_prompt, {})
+        except InvalidRequest as exc:
+            self._over_budget = exc.code == "template_budget"
+            return ""
+
     def _renders_system(self) -> bool:
         """Whether the template renders a system message (Gemma 2's refuses one: its text
         then goes to the next message, as llama.cpp does)."""
-        try:
-            return _SYSTEM_PROBE in self._render([
-                {"role": "system", "content": _SYSTEM_PROBE},
-                {"role": "user", "content": "User message"}], True, {})
-        except InvalidRequest:
-            return False
+        return _SYSTEM_PROBE in self._try([{"role": "system", "content": _SYSTEM_PROBE},
+                                           {"role": "user", "content": "User message"}])
 
     def _call_shape(self) -> tuple[bool, bool]:
         """(content None, arguments as text): a shape of a past call whose rendering shows
@@ -272,20 +281,12 @@ class ChatTemplate:
             [*after_tools, {"role": "assistant", "content": text}, PROBE_USER])), None)
 
     def _accepts(self, messages: list[dict[str, Any]]) -> bool:
-        try:
-            self._render(messages, True, {})
-        except InvalidRequest:
-            return False
-        return True
+        return bool(self._try(messages))
 
     def _probe(self, call: dict[str, Any], shape: tuple[bool, bool]) -> str:
         """A user turn and ``call`` (an assistant message with calls) in ``shape``, as the
         template renders them; "" when it refuses them."""
-        try:
-            return self._render([{"role": "user", "content": "User message"},
-                                 *with_call_shape([call], shape)], False, {})
-        except InvalidRequest:
-            return ""
+        return self._try([PROBE_USER, *with_call_shape([call], shape)], False)
 
     @property
     def takes_tools(self) -> bool:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import time
+
 import pytest
 
 from edgeinfer.errors import InvalidRequest
@@ -46,6 +48,19 @@ def test_template_time_and_size_budgets(monkeypatch: pytest.MonkeyPatch) -> None
     with pytest.raises(InvalidRequest) as info:
         ChatTemplate(huge).render([{"role": "user", "content": "xxxxxxxxxx"}])
     assert info.value.code == "template_budget"
+
+
+def test_a_hostile_template_spends_one_budget_on_the_load_probes(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """The probes a template gets at load (system role, call shapes, alternation) stop at
+    the first that runs out of time: a looping template costs one render budget, not
+    one per probe (eight budgets made its first request take over ten seconds)."""
+    monkeypatch.setattr(template, "RENDER_SECONDS", 0.2)
+    slow = ("{% for a in range(100000) %}{% for b in range(100000) %}{% for c in range(100000) %}"
+            "{% endfor %}{% endfor %}{% endfor %}{{ tool_calls }}")
+    t0 = time.monotonic()
+    ChatTemplate(slow)
+    assert time.monotonic() - t0 < 0.2 * 2
 
 
 @pytest.mark.parametrize("source", [
