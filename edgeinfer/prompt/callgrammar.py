@@ -139,25 +139,30 @@ def _call(i: int, name: str, parameters: dict[str, Any], fmt: ToolFormat, param:
 
 
 def named_calls_gbnf(tools: list[tuple[str, dict[str, Any]]], max_calls: int,
-                     fmt: ToolFormat, param: str = "tools") -> str:
-    """One to ``max_calls`` calls of ``tools`` in a named format."""
+                     fmt: ToolFormat, param: str = "tools", lazy: bool = False) -> str:
+    """One to ``max_calls`` calls of ``tools`` in a named format. ``lazy``: a format with
+    a block around its calls may also be started by a call without the block (a model
+    that leaves out ``<tool_call>`` before ``<function=``): both are trigger words."""
     n = max(1, min(max_calls, fmt.max_calls))
     rules: list[str] = []
     for i, (name, parameters) in enumerate(tools):
         rules += _call(i, name, parameters, fmt, param)
     alts = " | ".join(f"t{i}-call" for i in range(len(tools)))
-    call = f"{lit(fmt.call_open)} ({alts})" + (f" {lit(fmt.call_close)}" if fmt.call_close
-                                               else "")
+    close = f" {lit(fmt.call_close)}" if fmt.call_close else ""
+    rules.append(f"inner ::= {lit(fmt.call_open)} ({alts}){close}")
+    bare = f'inner ("\\n"? inner){{0,{n - 1}}}'
     if fmt.block_each:  # Qwen3-Coder, Seed-OSS: each call in its own block
-        call = f'{lit(fmt.block_open + chr(10))} {call} {lit(chr(10) + fmt.block_close)}'
-        root = f'root ::= call ("\\n"? call){{0,{n - 1}}}'
+        rules.append(f"call ::= {lit(fmt.block_open + chr(10))} inner "
+                     f"{lit(chr(10) + fmt.block_close)}")
+        calls = f'call ("\\n"? call){{0,{n - 1}}}'
     elif fmt.block_open:  # DeepSeek, MiniMax: line breaks as their templates write them
-        root = (f'root ::= {lit(fmt.block_open)} "\\n"? call ("\\n"? call){{0,{n - 1}}} '
-                f'"\\n"? {lit(fmt.block_close)}')
+        calls = f'{lit(fmt.block_open)} "\\n"? {bare} "\\n"? {lit(fmt.block_close)}'
     else:
-        root = f'root ::= call ("\\n"? call){{0,{n - 1}}}'  # GLM 4.6: a line break each
+        calls = bare  # GLM 4.6: a line break before each call
+    if lazy and len(fmt.triggers) > 1:
+        calls = f"({calls}) | {bare}"
     extra = _GEMMA_VALUE if fmt.args == "gemma" else ""
-    return "\n".join([root, f"call ::= {call}", *rules]) + "\n" + extra
+    return "\n".join([f"root ::= {calls}", *rules]) + "\n" + extra
 
 
 def python_calls_gbnf(tools: list[tuple[str, dict[str, Any]]], max_calls: int,
@@ -199,7 +204,7 @@ def tool_calls_gbnf(tools: list[tuple[str, dict[str, Any]]], max_calls: int,
     """GBNF of one to ``max_calls`` calls of ``tools`` in ``fmt``'s own syntax. ``lazy``:
     for a grammar started by ``fmt.trigger``, which it must then begin with."""
     if fmt.syntax == "named":
-        return named_calls_gbnf(tools, max_calls, fmt, param)
+        return named_calls_gbnf(tools, max_calls, fmt, param, lazy)
     if fmt.syntax == "harmony":
         return harmony_gbnf(tools, param)
     if fmt.syntax == "python":

@@ -105,6 +105,15 @@ class ToolFormat:
         return self.open or '{"name"'
 
     @property
+    def triggers(self) -> tuple[str, ...]:
+        """The words that start calls in free text: the trigger, and for a named format
+        with a block around its calls also a call's own opening (a model may leave the
+        block out)."""
+        if self.syntax == "named" and self.block_open and self.call_open:
+            return self.block_open, self.call_open
+        return (self.trigger,)
+
+    @property
     def markers(self) -> tuple[str, ...]:
         """The format's markers (a model may have them as special tokens: their text
         must show in the output for the parser to see them)."""

@@ -47,7 +47,7 @@ def _grammar(vocab: Any, c: Constraint, fmt: ToolFormat) -> tuple[str | None, tu
         both = either(gbnf, answer)
         check_generated(vocab, both, "tools")
         return both, ()
-    return gbnf, (fmt.trigger,)
+    return gbnf, fmt.triggers
 
 
 def grammar_for(vocab: Any, c: Constraint, after: str | None = None,

@@ -35,7 +35,7 @@ fmt = FORMATS[sys.argv[1]]
 weather = {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}
 tools = (ToolSpec("get_weather", "", weather), ToolSpec("get_time", "", {"type": "object"}))
 gbnf, triggers = grammar_for(vocab, Constraint(tools=tools, tool_choice="auto"), None, fmt)
-text = ("Let me check. " + fmt.trigger).encode()
+text = ("Let me check. " + sys.argv[2]).encode()
 arr = (llama_cpp.llama_token * (len(text) + 8))()
 n = llama_cpp.llama_tokenize(vocab, text, len(text), arr, len(arr), False, True)
 chain = SamplerChain(SamplingParams(grammar=gbnf, grammar_triggers=triggers),
@@ -49,10 +49,11 @@ chain.close()
 """
 
 
-@pytest.mark.parametrize("name", sorted(FORMATS))
-def test_a_formats_lazy_grammar_takes_its_trigger_word(name: str) -> None:
-    r = subprocess.run([sys.executable, "-c", WORKER, name], capture_output=True, text=True,
-                       timeout=120)
+@pytest.mark.parametrize(("name", "word"), [(n, w) for n in sorted(FORMATS)
+                                           for w in FORMATS[n].triggers])
+def test_a_formats_lazy_grammar_takes_its_trigger_word(name: str, word: str) -> None:
+    r = subprocess.run([sys.executable, "-c", WORKER, name, word], capture_output=True,
+                       text=True, timeout=120)
     assert r.returncode == 0, f"{name}: exit {r.returncode}\n{r.stderr[-1500:]}"
     out = json.loads(r.stdout.strip().splitlines()[-1])
     assert out["triggers"] and out["constrained"], out
@@ -63,7 +64,8 @@ fmt, text = FORMATS[sys.argv[1]], sys.argv[2]
 weather = {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"],
            "additionalProperties": False}
 tools = (ToolSpec("get_weather", "", weather), ToolSpec("get_time", "", {"type": "object"}))
-gbnf, _ = grammar_for(vocab, Constraint(tools=tools, tool_choice="required"), None, fmt)
+choice = sys.argv[3] if len(sys.argv) > 3 else "required"  # auto: the lazy grammar
+gbnf, _ = grammar_for(vocab, Constraint(tools=tools, tool_choice=choice), None, fmt)
 smpl = llama_cpp.llama_sampler_init_grammar(vocab, gbnf.encode(), b"root")
 raw = text.encode()
 arr = (llama_cpp.llama_token * (len(raw) + 8))()
@@ -164,3 +166,20 @@ def test_every_format_takes_pydantic_style_schemas() -> None:
     # a boolean property schema: a grammar, or a clear 400 (llama.cpp's converter refuses
     # it in the JSON formats), never a crash
     assert all(out[f"{name} boolean"] in ("ok", "InvalidRequest") for name in FORMATS), out
+
+
+@pytest.mark.parametrize(("name", "text"), [
+    ("qwen3_coder", "<function=get_weather>\n<parameter=city>\nParis\n</parameter>\n</function>"),
+    ("seed_oss", "<function=get_weather>\n<parameter=city>Paris</parameter>\n</function>"),
+    ("minimax", '<invoke name="get_weather">\n<parameter name="city">Paris</parameter>\n'
+                "</invoke>"),
+])
+def test_a_call_without_its_block_is_constrained_too(name: str, text: str) -> None:
+    """A model that leaves out the block (``<tool_call>`` before ``<function=``) still
+    gets a lazy grammar: the call's own opening is a trigger word too, so an unoffered
+    name or broken arguments cannot slip through as a call."""
+    assert FORMATS[name].triggers[1] == FORMATS[name].call_open
+    r = subprocess.run([sys.executable, "-c", ACCEPT, name, text, "auto"],
+                       capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, f"{name}: exit {r.returncode}\n{r.stderr[-1500:]}"
+    assert json.loads(r.stdout.strip().splitlines()[-1]) == {"whole": True}, (name, text)
