@@ -192,7 +192,13 @@ class CallParser:
             self._sent, self._announced = 0, False
             return True
         if fmt.listed and buf.startswith("]"):  # then the closing marker, where there is one
-            self._buf, self._mode = buf[1:], "calls" if fmt.close else "text"
+            rest = buf[1:]
+            head = rest.lstrip()
+            if fmt.close and (not head or fmt.close.startswith(head) and head != fmt.close):
+                return False  # more to come (maybe the closing marker)
+            if fmt.close and head.startswith(fmt.close):
+                rest = head[len(fmt.close):]
+            self._buf, self._mode = rest, "text"
             return True
         if fmt.close and buf.startswith(fmt.close):
             rest = buf[len(fmt.close):]

@@ -224,7 +224,8 @@ class ChatTemplate:
         self.one_call = "tool_calls" in self.source and not self._shows_two_calls()
         # a template that shows no past call at all (LFM2's older ones, Granite 3.3): the
         # calls go into the content, as the model wrote them
-        self.shows_calls = "edgeinfer_probe" in self._probe(PROBE_CALL, self.call_shape)
+        self.shows_calls = ("edgeinfer_probe" in self._probe(PROBE_CALL, self.call_shape)
+                            or self._over_budget)  # not known: left to the template
         # templates that insist on user/assistant alternation (Gemma 2, Mistral's): two user
         # turns in a row are joined, and a user turn right after tool results (Anthropic's
         # tool_result blocks with text, an agent's follow-up) gets an empty answer before it

@@ -126,7 +126,9 @@ def _native(messages: list[dict[str, Any]], tools: tuple[ToolSpec, ...], fmt: To
         if m["role"] == "assistant" and m.get("tool_calls"):
             calls = [_native_call(c, fmt) for c in m["tool_calls"]]
             m = {**m, "tool_calls": calls}
-            if not shows_calls and fmt.syntax in ("python", "json"):
+            # Python calls always (the LFM2.5 template's own writes lists with repr(),
+            # which would undo the request-text marks of prompt.markup)
+            if fmt.syntax == "python" or not shows_calls and fmt.syntax == "json":
                 m = {k: v for k, v in m.items() if k != "tool_calls"}
                 m["content"] = (m.get("content") or "") + written_calls(calls, fmt)
         elif m["role"] == "tool" and fmt.id_length:

@@ -20,7 +20,7 @@ import json
 from typing import Any
 
 from edgeinfer.prompt.callparser import partial_suffix
-from edgeinfer.prompt.pythoncalls import literal_value
+from edgeinfer.prompt.pythoncalls import any_value
 from edgeinfer.prompt.toolformat import TAGS, Tags
 
 
@@ -45,19 +45,9 @@ _NOTHING = object()
 def _parsed(text: str) -> Any:
     """``text`` as a finite JSON value, else as a Python literal, else ``_NOTHING``."""
     try:
-        value = json.loads(text, parse_constant=_refuse)
-        json.dumps(value, allow_nan=False)  # 1e999 parses as inf
-        return value
-    except (ValueError, RecursionError):
-        pass
-    try:
-        return literal_value(text)
+        return any_value(text)
     except ValueError:
         return _NOTHING
-
-
-def _refuse(name: str) -> Any:
-    raise ValueError(name)
 
 
 class XmlArgs:

