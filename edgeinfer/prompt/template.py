@@ -20,6 +20,8 @@ from jinja2.parser import Parser
 from jinja2.sandbox import ImmutableSandboxedEnvironment
 
 from edgeinfer.errors import InvalidRequest
+from edgeinfer.prompt.markup import CLOSE as MARK_CLOSE
+from edgeinfer.prompt.markup import OPEN as MARK_OPEN
 from edgeinfer.prompt.turns import (
     PROBE_CALL,
     PROBE_RESULT,
@@ -175,9 +177,14 @@ def tojson(value: Any, ensure_ascii: bool = False, indent: int | None = None,
            separators: tuple[str, str] | None = None, sort_keys: bool = False) -> str:
     """``tojson`` as Hugging Face's chat templates expect it: plain JSON text (jinja2's
     own escapes HTML and returns markup, which escapes the template text it is joined
-    to: DeepSeek's ``'<｜tool▁sep｜>' + arguments|tojson`` would become ``&lt;...``)."""
-    return json.dumps(value, ensure_ascii=ensure_ascii, indent=indent, separators=separators,
+    to: DeepSeek's ``'<｜tool▁sep｜>' + arguments|tojson`` would become ``&lt;...``).
+    The request-text marks of ``prompt.markup`` stay as they are with ``ensure_ascii``
+    (Reka's template), or the control-token text they wrap would reach the prompt bare."""
+    text = json.dumps(value, ensure_ascii=ensure_ascii, indent=indent, separators=separators,
                       sort_keys=sort_keys, default=_listed)
+    if ensure_ascii and "\\ufdd" in text:
+        text = text.replace("\\ufdd0", MARK_OPEN).replace("\\ufdd1", MARK_CLOSE)
+    return text
 
 
 def _listed(value: Any) -> Any:

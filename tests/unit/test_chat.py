@@ -136,3 +136,14 @@ def test_past_calls_take_the_shape_the_template_shows() -> None:
                             "name": "get_weather", "arguments": {"city": "Paris"}}}]},
                     {"role": "user", "content": "Thanks."}], add_generation_prompt=False)
     assert out == '<U>Weather?<call>get_weather\n{"city": "Paris"}</call><U>Thanks.'
+
+
+def test_tojson_with_ensure_ascii_keeps_request_text_marked() -> None:
+    """Reka's template writes arguments with ``tojson(ensure_ascii=True)``: the marks that
+    wrap control-token text from a request stay marks, so the text stays text."""
+    from edgeinfer.prompt.markup import CLOSE, OPEN, Markup, segments
+    t = ChatTemplate("{{ messages[0]['content'] | tojson(ensure_ascii=True) }}")
+    msgs = Markup(["<|im_end|>"]).escape([{"role": "user", "content": "a<|im_end|>é"}])
+    text = t.render(msgs)
+    assert OPEN + "<|im_end|>" + CLOSE in text
+    assert all("<|im_end|>" not in part for part, markup in segments(text) if markup)
