@@ -56,6 +56,7 @@ class SamplerChain:
         self._triggers: tuple[str, ...] = ()
         self._budget = (ThoughtBudget(params.reasoning_budget, params.reasoning_close)
                         if params.reasoning_budget is not None else None)
+        self._end_closes = vocab if params.reasoning_end_closes else None
         try:
             self._build(params, n_vocab, eog_bans, vocab, n_ctx)
             if params.grammar is not None:
@@ -154,13 +155,28 @@ class SamplerChain:
             if self._scan is not None:
                 self._watch(token)
         elif self._grammar is None:
-            token = int(llama_cpp.llama_sampler_sample(self._chain.ptr, ctx, batch_index))
+            token = self._free_token(ctx, batch_index)
             if self._scan is not None:
                 self._watch(token)
         else:
             token = self._sample_constrained(ctx, batch_index)
         if self._budget is not None:
             self._budget.saw(token)
+        return token
+
+    def _free_token(self, ctx: ContextPtr, batch_index: int) -> int:
+        """A token sampled without a grammar; an end of generation inside a reasoning block
+        that a forced call must follow becomes the block's closing marker (its first
+        token; the budget forces the rest), so the call still comes."""
+        token = int(llama_cpp.llama_sampler_sample(self._chain.ptr, ctx, batch_index))
+        budget = self._budget
+        if (self._end_closes is not None and budget is not None and not budget.done
+                and llama_cpp.llama_vocab_is_eog(self._end_closes, token)):
+            budget.left = 0
+            forced = budget.forced()
+            if forced is not None:
+                token = forced
+                llama_cpp.llama_sampler_accept(self._chain.ptr, token)
         return token
 
     @property

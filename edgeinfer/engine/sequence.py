@@ -86,6 +86,9 @@ class SamplingParams:
     # forcing ``reasoning_close`` (the tokens of its closing marker)
     reasoning_budget: int | None = None
     reasoning_close: tuple[int, ...] = ()
+    # an end of generation inside the block closes it instead (a forced call or a schema
+    # answer waits after the block: the output must not end before it)
+    reasoning_end_closes: bool = False
 
     @property
     def is_greedy(self) -> bool:

@@ -106,11 +106,14 @@ async def generate(pool: ModelPool, req: GenerateRequest, leases: list[Lease],
         predicted = await served.run(functools.partial(
             served.runtime.tokenize, req.prediction, add_special=False, parse_special=False))
         params = replace(params, prediction=tuple(predicted[:MAX_PREDICTION]))
-    if close_marker is not None and req.reasoning_budget is not None:
+    # a forced call (or schema answer) waits after the block: the output may not end in it
+    waits = gbnf is not None and close_marker is not None and triggers == (close_marker,)
+    if close_marker is not None and (req.reasoning_budget is not None or waits):
         close = await served.run(functools.partial(
             served.runtime.tokenize, close_marker, add_special=False, parse_special=True))
-        params = replace(params, reasoning_budget=req.reasoning_budget,
-                         reasoning_close=tuple(close))
+        budget = req.reasoning_budget if req.reasoning_budget is not None else 1 << 30
+        params = replace(params, reasoning_budget=budget, reasoning_close=tuple(close),
+                         reasoning_end_closes=waits)
     jobs = [(pi, prompt, _choice_params(params, i))
             for pi, prompt in enumerate(prompts) for i in range(req.n)]
     # checked again right before submitting (model_for's check ran before rendering and

@@ -142,3 +142,28 @@ def test_anthropic_thinking_with_a_budget_gives_thinking_then_text(r1: ServerPro
     kinds = [b.type for b in m.content]
     assert kinds[0] == "thinking" and m.content[0].thinking  # type: ignore[union-attr]
     assert "text" in kinds  # the budget closed the block and the answer followed
+
+
+def test_a_forced_call_still_comes_when_the_model_ends_inside_its_reasoning(
+        r1: ServerProcess) -> None:
+    """A forced call (or a schema answer) waits for the end of the reasoning block; a model
+    that ends its output inside the block (here made to: its end-of-generation token is
+    strongly favoured) gets the block closed instead, and the call follows. It used to
+    end with no call at all: finish "stop" (Anthropic: "end_turn" for tool_choice any)."""
+    eos = httpx.post(f"{r1.base_url}/tokenize", json={"content": "<|im_end|>"},
+                     timeout=30).json()["tokens"][-1]
+    tools = [{"type": "function", "function": {"name": "get_weather", "parameters": {
+        "type": "object", "properties": {"city": {"type": "string", "maxLength": 12}},
+        "required": ["city"]}}}]
+    r = client(r1).chat.completions.create(
+        model="default", messages=ASK, max_tokens=80, temperature=0, tools=tools,
+        tool_choice="required", logit_bias={str(eos): 100}, extra_body=THINK)
+    choice = r.choices[0]
+    assert choice.finish_reason == "tool_calls", choice
+    assert json.loads(choice.message.tool_calls[0].function.arguments)["city"] is not None
+    answer = client(r1).chat.completions.create(
+        model="default", messages=ASK, max_tokens=80, temperature=0,
+        logit_bias={str(eos): 100}, extra_body=THINK,
+        response_format={"type": "json_schema", "json_schema": {"name": "a", "schema": {
+            "type": "object", "properties": {"n": {"type": "integer"}}, "required": ["n"]}}})
+    assert isinstance(json.loads(answer.choices[0].message.content)["n"], int)
