@@ -327,10 +327,22 @@ class ChatTemplate:
             text = text[:cut]
         return text
 
+    def _context(self, extra: dict[str, Any]) -> dict[str, Any]:
+        """FireFunction's variables, where a template uses them: ``datetime`` (as llama.cpp
+        gives it) and ``functions`` (the tools as JSON text)."""
+        out: dict[str, Any] = {}
+        if "datetime" in self.source:
+            out["datetime"] = datetime.datetime.now().strftime("%b %d %Y")
+        if "functions" in self.source:
+            out["functions"] = json.dumps([t.get("function", t) for t in extra.get("tools") or []],
+                                          ensure_ascii=False, indent=4)
+        return out
+
     def _render(self, messages: list[dict[str, Any]], add_generation_prompt: bool,
                 extra: dict[str, Any]) -> str:
         parts: list[str] = []
         size = 0
+        extra = {**self._context(extra), **extra}
         _deadline.end = time.monotonic() + RENDER_SECONDS
         try:
             for part in self._template.generate(

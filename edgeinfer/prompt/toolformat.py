@@ -11,6 +11,7 @@ JSON formats (``syntax = "json"``) write calls as JSON objects ``{"name": ...,
   with a 9-character ``id`` in each call.
 - ``granite``: Granite 3.x: ``<|tool_call|>[{...}, ...]``.
 - ``nemotron``: Nemotron Nano 2: ``<TOOLCALL>[{...}, ...]</TOOLCALL>``.
+- ``firefunction``: FireFunction v2: `` functools[{...}, ...]``.
 - ``generic``: any other template: the tools go in a system message and the calls in
   the Hermes syntax (the model was not trained on it; a grammar keeps calls valid).
 
@@ -134,6 +135,7 @@ LLAMA3 = ToolFormat("llama3", "<|python_tag|>", args_key="parameters", bare=True
 MISTRAL = ToolFormat("mistral", "[TOOL_CALLS]", listed=True, id_length=9)
 GRANITE = ToolFormat("granite", "<|tool_call|>", listed=True)
 NEMOTRON = ToolFormat("nemotron", "<TOOLCALL>", "</TOOLCALL>", listed=True)
+FIREFUNCTION = ToolFormat("firefunction", "functools", listed=True)
 MISTRAL_ARGS = ToolFormat("mistral_args", "", syntax="named", call_open="[TOOL_CALLS]",
                           name_end="[ARGS]", id_marker="[CALL_ID]", id_length=9)
 _DS = ("<｜tool▁calls▁begin｜>", "<｜tool▁calls▁end｜>", "<｜tool▁call▁begin｜>",
@@ -163,7 +165,8 @@ HARMONY = ToolFormat("harmony", "", syntax="harmony", max_calls=1)
 LFM2 = ToolFormat("lfm2", "<|tool_call_start|>", "<|tool_call_end|>", syntax="python")
 FORMATS = {f.name: f for f in (HERMES, GENERIC, LLAMA3, MISTRAL, GRANITE, MISTRAL_ARGS,
                                DEEPSEEK_V3, DEEPSEEK_R1, QWEN3_CODER, SEED_OSS, GLM, MINIMAX,
-                               GEMMA4, HARMONY, LFM2, NEMOTRON)}
+                               GEMMA4, HARMONY, LFM2, NEMOTRON,
+                               FIREFUNCTION)}
 
 
 def detect(template_source: str) -> ToolFormat:
@@ -192,6 +195,8 @@ def detect(template_source: str) -> ToolFormat:
         return GRANITE
     if "<TOOLCALL>[" in src:
         return NEMOTRON
+    if "functools[" in src:
+        return FIREFUNCTION
     if "<tool_call>" in src:
         return QWEN3_CODER if "<function=" in src else HERMES
     if "<|python_tag|>" in src or '"parameters": ' in src and "ipython" in src:

@@ -119,6 +119,8 @@ WRITTEN = [
         for c in ("Paris", "Oslo")) + "</minimax:tool_call>"),
     ("nemotron", "<TOOLCALL>[" + ", ".join("{" + _W % c + "}" for c in ("Paris", "Oslo"))
      + "]</TOOLCALL>"),
+    ("firefunction", "functools[" + ", ".join("{" + _W % c + "}" for c in ("Paris", "Oslo"))
+     + "]"),
     ("lfm2", '<|tool_call_start|>[get_weather(city="Paris"), get_weather(city="Oslo")]'
              "<|tool_call_end|>"),
 ]

@@ -54,6 +54,7 @@ FAMILIES = {  # template -> the format it must be detected as
     "StepFun3.5-Flash.jinja": "qwen3_coder",
     "LFM2-8B-A1B.jinja": "lfm2",
     "NVIDIA-Nemotron-Nano-v2.jinja": "nemotron",
+    "fireworks-ai-llama-3-firefunction-v2.jinja": "firefunction",
     "LFM2.5-8B-A1B.jinja": "lfm2",
     "LFM2.5-Instruct.jinja": "lfm2",
     "ByteDance-Seed-OSS.jinja": "seed_oss",
@@ -83,7 +84,8 @@ SERVED = {"qwen": "Qwen-Qwen2.5-7B-Instruct.jinja",
           "seed": "ByteDance-Seed-OSS.jinja",
           "minimax": "MiniMax-M2.jinja",
           "lfm2": "LFM2.5-Instruct.jinja",
-          "nemotron": "NVIDIA-Nemotron-Nano-v2.jinja"}
+          "nemotron": "NVIDIA-Nemotron-Nano-v2.jinja",
+          "firefunction": "fireworks-ai-llama-3-firefunction-v2.jinja"}
 WEATHER = {"type": "object", "properties": {"city": {"type": "string", "maxLength": 20},
                                             "days": {"type": "integer", "minimum": 1,
                                                      "maximum": 7}},
@@ -135,9 +137,9 @@ def test_the_prompt_is_what_the_template_itself_renders(name: str) -> None:
         reference[1]["content"] = None  # (R1's Qwen distill adds an empty answer for "")
     if not ChatTemplate(source).takes_tools:  # DeepSeek: the tools go in a system message
         reference.insert(0, {"role": "system", "content": native_tools_text(tools, fmt)})
-    theirs = env.from_string(source).render(messages=reference, tools=TOOLS,
-                                            add_generation_prompt=True, bos_token="",
-                                            eos_token="")
+    theirs = env.from_string(source).render(  # (with FireFunction's variables)
+        messages=reference, tools=TOOLS, add_generation_prompt=True, bos_token="",
+        eos_token="", **ChatTemplate(source)._context({"tools": TOOLS}))
     assert ours == theirs
     assert "21 C and sunny" in ours and "get_time" in ours
     if "<tool_response>" not in source:  # the result in the template's own turn

@@ -13,6 +13,7 @@ from edgeinfer.prompt.reasoning import Thought
 from edgeinfer.prompt.toolformat import (
     DEEPSEEK_R1,
     DEEPSEEK_V3,
+    FIREFUNCTION,
     GEMMA4,
     GENERIC,
     GLM,
@@ -48,6 +49,8 @@ CASES: list[tuple[ToolFormat, str, str, list[tuple[str, object]]]] = [
                '{"name": "add", "arguments": {"a": 1}}]</TOOLCALL> After.',
      "Sure.\n After.", [("get_weather", {"city": "Paris"}), ("add", {"a": 1})]),
     (NEMOTRON, "<TOOLCALL>oops</TOOLCALL>", "<TOOLCALL>oops</TOOLCALL>", []),
+    (FIREFUNCTION, ' functools[{"name": "special_function", "arguments": {"arg1": 1}}]', "",
+     [("special_function", {"arg1": 1})]),
     (HERMES, "<tool_call>not json</tool_call> after", "<tool_call>not json</tool_call> after", []),
     (MISTRAL, "[TOOL_CALLS]oops", "[TOOL_CALLS]oops", []),
     # an empty pair, or a marker that opens no call, is text as written (even after a call)
