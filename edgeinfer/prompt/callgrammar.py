@@ -97,23 +97,27 @@ def _params(prefix: str, parameters: dict[str, Any], param: str, args: str) -> l
     names = sorted(props) if gemma else list(props)  # Gemma's template sorts the keys
     items, rules = [], []
     for j, key in enumerate(names):
-        expr, more = _value(f"{prefix}v{j}-", _with_defs(props[key], parameters), param, gemma)
+        prop = _with_defs(props[key], parameters)
+        expr, more = _value(f"{prefix}v{j}-", prop, param, gemma)
         rules.append(more)
         if gemma:
             items.append((f"{lit(key + ':')} {expr}", key in required))
         else:
-            items.append((_tagged(TAGS[args], key, expr), key in required))
+            text = prop.get("type") == "string"
+            items.append((_tagged(TAGS[args], key, expr, text), key in required))
     return _sequence(items, prefix, "," if gemma else "") + [r for r in rules if r]
 
 
-def _tagged(tags: Tags, key: str, expr: str) -> str:
+def _tagged(tags: Tags, key: str, expr: str, text: bool = True) -> str:
     """One tagged parameter: Qwen3-Coder's values on lines of their own, the others'
-    inline, with the optional line breaks their templates write between the tags."""
+    inline, with the optional line breaks their templates write between the tags
+    (``text``: a string parameter, which DeepSeek's DSML marks ``string="true"``)."""
+    close = tags.key_close if text or not tags.key_close_other else tags.key_close_other
     if tags.newlines:
-        return (f"{lit(tags.key_open + key + tags.key_close + chr(10))} {expr} "
+        return (f"{lit(tags.key_open + key + close + chr(10))} {expr} "
                 f"{lit(chr(10) + tags.value_close + chr(10))}")
     value_open = f' "\\n"? {lit(tags.value_open)}' if tags.value_open else ""
-    return (f'"\\n"? {lit(tags.key_open + key + tags.key_close)}{value_open} {expr} '
+    return (f'"\\n"? {lit(tags.key_open + key + close)}{value_open} {expr} '
             f"{lit(tags.value_close)}")
 
 
@@ -123,9 +127,13 @@ def _call(i: int, name: str, parameters: dict[str, Any], fmt: ToolFormat, param:
     p = f"t{i}-"
     if fmt.args == "json":
         args = _rename_rules(schema_to_gbnf(parameters, param), p)
-        if fmt.id_marker:  # Mistral Small 3.2 writes a call id before the arguments
+        name = fmt.name_prefix + name
+        if fmt.id_length:  # Mistral Small 3.2 may write a call id before the arguments
             named = (f"{lit(name)} ({lit(fmt.id_marker)} [a-zA-Z0-9]{{{fmt.id_length}}})? "
                      f"{lit(fmt.name_end)}")
+            return [f"{p}call ::= {named} {p}root", args]
+        if fmt.id_marker:  # Kimi K2: the call's index, always
+            named = f"{lit(name + fmt.id_marker)} [0-9]{{1,3}} {lit(fmt.name_end)}"
             return [f"{p}call ::= {named} {p}root", args]
         return [f"{p}call ::= {lit(name + fmt.name_end)} {p}root", args]
     rules = _params(p, parameters, param, fmt.args)

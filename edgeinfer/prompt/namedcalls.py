@@ -185,7 +185,8 @@ class NamedCallParser:
             return True
         if at == -1:
             return False
-        self._name = name.strip()
+        self._name = name.strip().removeprefix(fmt.name_prefix) if fmt.name_prefix else (
+            name.strip())
         if not self._name:
             self._give_back(out)
             return True

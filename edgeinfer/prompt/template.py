@@ -146,6 +146,30 @@ class _BudgetedEnvironment(ImmutableSandboxedEnvironment):
         _check_deadline()
         return super().getattr(obj, attribute)
 
+    def is_safe_attribute(self, obj: Any, attr: str, value: Any) -> bool:
+        """The immutable sandbox's rule, except that the template may grow and shrink the
+        lists, dicts and sets it made itself (Kimi K2's queue of call ids) one item at a
+        time; what it was given stays immutable."""
+        if attr in _SCRATCH.get(type(obj), ()) and id(obj) not in _deadline.inputs:
+            return True
+        return super().is_safe_attribute(obj, attr, value)
+
+
+# the mutating methods allowed on a template's own containers (none that copies a whole one)
+_SCRATCH: dict[type, frozenset[str]] = {
+    list: frozenset({"append", "pop", "insert", "remove"}),
+    dict: frozenset({"pop", "setdefault"}), set: frozenset({"add", "discard", "remove"})}
+_deadline.inputs = frozenset()
+
+
+def _containers(value: Any, found: set[int]) -> set[int]:
+    """The ids of the lists, dicts and sets in ``value``, however deep."""
+    if isinstance(value, (list, tuple, set, frozenset, dict)) and id(value) not in found:
+        found.add(id(value))
+        for item in (value.values() if isinstance(value, dict) else value):
+            _containers(item, found)
+    return found
+
 
 def _center(value: Any, width: int = 80) -> str:
     if isinstance(width, int) and width > RENDER_BYTES:
@@ -344,6 +368,7 @@ class ChatTemplate:
         size = 0
         extra = {**self._context(extra), **extra}
         _deadline.end = time.monotonic() + RENDER_SECONDS
+        _deadline.inputs = _containers((messages, extra), set())
         try:
             for part in self._template.generate(
                 messages=messages, add_generation_prompt=add_generation_prompt,
@@ -361,5 +386,5 @@ class ChatTemplate:
             raise InvalidRequest(f"the chat template rejected the messages: {exc}",
                                  param="messages") from None
         finally:
-            _deadline.end = None
+            _deadline.end, _deadline.inputs = None, frozenset()
         return "".join(parts)

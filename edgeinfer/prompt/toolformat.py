@@ -35,6 +35,11 @@ inside ``block_open ... block_close``:
   each template writes them).
 - ``minimax``: MiniMax M2: ``<minimax:tool_call><invoke name="NAME"><parameter
   name="city">Paris</parameter></invoke></minimax:tool_call>``.
+- ``kimi_k2``: Kimi K2 (Instruct, Thinking): ``<|tool_calls_section_begin|><|tool_call_begin|>
+  functions.NAME:0<|tool_call_argument_begin|>{...}<|tool_call_end|>...
+  <|tool_calls_section_end|>`` (the name after ``functions.``, a call index after ``:``).
+- ``dsml``: DeepSeek V3.2 / V4: MiniMax's layout in ``｜DSML｜`` tags, ``<｜DSML｜parameter
+  name="city" string="true">Paris</｜DSML｜parameter>`` (``string="false"``: a JSON value).
 - ``gemma4``: Gemma 4: ``<|tool_call>call:NAME{key:<|"|>text<|"|>,n:3}<tool_call|>``
   (``edgeinfer.prompt.gemmaargs``).
 
@@ -60,10 +65,18 @@ class Tags:
     value_close: str  # after its value
     end: str  # after the call's last parameter (left for the call parser)
     newlines: bool  # a value sits on lines of its own (one line break each side dropped)
+    # after the name of a parameter that is not a string, when that differs (DeepSeek's
+    # ``string="false"``; ``key_close`` is then the string parameters' ``string="true"``)
+    key_close_other: str = ""
+
+    @property
+    def key_closes(self) -> tuple[str, ...]:
+        return (self.key_close, self.key_close_other) if self.key_close_other else (
+            self.key_close,)
 
     @property
     def markers(self) -> tuple[str, ...]:
-        return tuple(m for m in (self.key_open, self.key_close, self.value_open,
+        return tuple(m for m in (self.key_open, *self.key_closes, self.value_open,
                                  self.value_close, self.end) if m and m != ">")
 
 
@@ -72,6 +85,8 @@ TAGS = {
     "seed": Tags("<parameter=", ">", "", "</parameter>", "</function>", False),
     "glm": Tags("<arg_key>", "</arg_key>", "<arg_value>", "</arg_value>", "</tool_call>", False),
     "minimax": Tags('<parameter name="', '">', "", "</parameter>", "</invoke>", False),
+    "dsml": Tags('<｜DSML｜parameter name="', '" string="true">', "", "</｜DSML｜parameter>",
+                 "</｜DSML｜invoke>", False, '" string="false">'),
 }
 
 
@@ -94,6 +109,7 @@ class ToolFormat:
     name_end: str = ""  # named: between the name and the arguments
     call_close: str = ""  # named: after each call's arguments
     id_marker: str = ""  # named: a call id may follow the name after this marker
+    name_prefix: str = ""  # named: written before the name (read without it too)
     block_each: bool = False  # named: each call in a block of its own
 
     @property
@@ -159,6 +175,13 @@ GLM = ToolFormat("glm", "", syntax="named", args="glm", call_open="<tool_call>",
 MINIMAX = ToolFormat("minimax", "", syntax="named", args="minimax",
                      block_open="<minimax:tool_call>", block_close="</minimax:tool_call>",
                      call_open='<invoke name="', name_end='">', call_close="</invoke>")
+KIMI_K2 = ToolFormat("kimi_k2", "", syntax="named", block_open="<|tool_calls_section_begin|>",
+                     block_close="<|tool_calls_section_end|>", call_open="<|tool_call_begin|>",
+                     name_prefix="functions.", id_marker=":",
+                     name_end="<|tool_call_argument_begin|>", call_close="<|tool_call_end|>")
+DSML = ToolFormat("dsml", "", syntax="named", args="dsml",
+                  block_open="<｜DSML｜function_calls>", block_close="</｜DSML｜function_calls>",
+                  call_open='<｜DSML｜invoke name="', name_end='">', call_close="</｜DSML｜invoke>")
 GEMMA4 = ToolFormat("gemma4", "", syntax="named", args="gemma", call_open="<|tool_call>call:",
                     name_end="{", call_close="<tool_call|>")
 HARMONY = ToolFormat("harmony", "", syntax="harmony", max_calls=1)
@@ -166,7 +189,7 @@ LFM2 = ToolFormat("lfm2", "<|tool_call_start|>", "<|tool_call_end|>", syntax="py
 FORMATS = {f.name: f for f in (HERMES, GENERIC, LLAMA3, MISTRAL, GRANITE, MISTRAL_ARGS,
                                DEEPSEEK_V3, DEEPSEEK_R1, QWEN3_CODER, SEED_OSS, GLM, MINIMAX,
                                GEMMA4, HARMONY, LFM2, NEMOTRON,
-                               FIREFUNCTION)}
+                               FIREFUNCTION, KIMI_K2, DSML)}
 
 
 def detect(template_source: str) -> ToolFormat:
@@ -175,10 +198,14 @@ def detect(template_source: str) -> ToolFormat:
     src = template_source
     if "<|channel|>" in src and "<|call|>" in src:
         return HARMONY
+    if "｜DSML｜" in src:  # DeepSeek V3.2 / V4
+        return DSML
     if "tool▁sep" in src:  # DeepSeek's templates render calls, but not the tools
         return DEEPSEEK_R1 if "```json" in src else DEEPSEEK_V3
     if "tools" not in src:
         return GENERIC
+    if "<|tool_calls_section_begin|>" in src and "<|tool_call_begin|>" in src:
+        return KIMI_K2
     if "<|tool_call>call:" in src:
         return GEMMA4
     if "<|tool_list_start|>" in src or "List of tools: [" in src:

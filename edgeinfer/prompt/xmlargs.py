@@ -8,7 +8,9 @@ Qwen3-Coder / Qwen3.5 (``args = "xml"``)::
 
 Seed-OSS (``"seed"``) the same without the line breaks inside; GLM 4.5-4.7, Laguna, Ling
 and Spark (``"glm"``) ``<arg_key>city</arg_key><arg_value>Paris</arg_value>``; MiniMax M2
-(``"minimax"``) ``<parameter name="city">Paris</parameter>``. Each becomes
+(``"minimax"``) ``<parameter name="city">Paris</parameter>``; DeepSeek V3.2 / V4
+(``"dsml"``) MiniMax's in ``｜DSML｜`` tags with ``string="true"`` (or ``"false"``) after
+the name. Each becomes
 ``{"city": "Paris"}``. A value is a string when its parameter is typed ``string``
 (streamed as it arrives); otherwise it is read whole and taken as JSON when it parses
 (the templates write objects and lists with ``tojson``), as a string when not.
@@ -61,6 +63,7 @@ class XmlArgs:
         self.emitted = False  # the opening brace went out
         self.value_sent = 0  # characters of a streamed string value already sent
         self.value_start = True  # the value's leading newline may still be skipped
+        self.marked: str | None = None  # DSML: "string" or "other", from the marker
 
     def _open(self) -> str:
         text = ", " if self.emitted else "{"
@@ -103,9 +106,10 @@ class XmlArgs:
         call has none (ValueError)."""
         start = i + len(self.tags.key_open)
         rest = buf[start:]
-        at = rest.find(self.tags.key_close)
-        name = rest[:at] if at != -1 else rest[:len(rest) - partial_suffix(
-            rest, self.tags.key_close)]
+        found = [(at, close) for close in self.tags.key_closes if (at := rest.find(close)) != -1]
+        at, close = min(found) if found else (-1, "")
+        name = rest[:at] if at != -1 else rest[:len(rest) - max(
+            partial_suffix(rest, c) for c in self.tags.key_closes)]
         if "<" in name or "\n" in name or len(name) > 256 or at != -1 and not name.strip():
             if not self.emitted:
                 raise ValueError("bad parameter name")
@@ -115,9 +119,12 @@ class XmlArgs:
         if at == -1:
             return i, False, False
         self.key = name.strip()
+        # DSML's string="true" / "false": the model's own word on the value's type
+        self.marked = ("string" if close == self.tags.key_close else "other") if (
+            self.tags.key_close_other) else None
         self.state, self.value_sent, self.value_start = "open", 0, True
         out.append(self._open())
-        return start + at + len(self.tags.key_close), True, False
+        return start + at + len(close), True, False
 
     def _value_open(self, buf: str, i: int, out: list[str]) -> tuple[int, bool, bool]:
         marker = self.tags.value_open
@@ -140,7 +147,7 @@ class XmlArgs:
             if rest.startswith("\n"):
                 i, rest = i + 1, rest[1:]
         self.value_start = False
-        streamed = self.types.get(self.key) == "string"
+        streamed = self._kind() == "string"
         at = rest.find(tags.value_close)
         if at == -1:
             if streamed:
@@ -160,9 +167,14 @@ class XmlArgs:
             text = json.dumps(value, ensure_ascii=False)
             out.append(text[1:] if self.value_sent else text)
         else:
-            out.append(json_value(value, self.types.get(self.key)))
+            out.append(json_value(value, self._kind()))
         self.state = "between"
         return i + at + len(tags.value_close), True, False
+
+    def _kind(self) -> str | None:
+        """The current value's type: its parameter's, else what DSML's marker says."""
+        kind = self.types.get(self.key)
+        return kind if kind is not None or self.marked != "string" else "string"
 
     def finish(self) -> str:
         """The output ended after whole parameters without the call's end: close the

@@ -123,6 +123,14 @@ WRITTEN = [
      + "]"),
     ("lfm2", '<|tool_call_start|>[get_weather(city="Paris"), get_weather(city="Oslo")]'
              "<|tool_call_end|>"),
+    ("kimi_k2", "<|tool_calls_section_begin|>" + "".join(
+        f'<|tool_call_begin|>functions.get_weather:{k}<|tool_call_argument_begin|>{{"city": '
+        f'"{c}"}}<|tool_call_end|>' for k, c in enumerate(("Paris", "Oslo")))
+     + "<|tool_calls_section_end|>"),
+    ("dsml", "<｜DSML｜function_calls>\n" + "".join(
+        f'<｜DSML｜invoke name="get_weather">\n<｜DSML｜parameter name="city" string="true">{c}'
+        "</｜DSML｜parameter>\n</｜DSML｜invoke>\n" for c in ("Paris", "Oslo"))
+     + "</｜DSML｜function_calls>"),
 ]
 
 
@@ -175,6 +183,10 @@ def test_every_format_takes_pydantic_style_schemas() -> None:
     ("seed_oss", "<function=get_weather>\n<parameter=city>Paris</parameter>\n</function>"),
     ("minimax", '<invoke name="get_weather">\n<parameter name="city">Paris</parameter>\n'
                 "</invoke>"),
+    ("kimi_k2", '<|tool_call_begin|>functions.get_weather:0<|tool_call_argument_begin|>'
+                '{"city": "Paris"}<|tool_call_end|>'),
+    ("dsml", '<｜DSML｜invoke name="get_weather">\n<｜DSML｜parameter name="city" '
+             'string="true">Paris</｜DSML｜parameter>\n</｜DSML｜invoke>'),
 ])
 def test_a_call_without_its_block_is_constrained_too(name: str, text: str) -> None:
     """A model that leaves out the block (``<tool_call>`` before ``<function=``) still

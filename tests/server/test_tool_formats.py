@@ -13,7 +13,7 @@ import httpx
 import jsonschema
 import openai
 import pytest
-from jinja2.sandbox import ImmutableSandboxedEnvironment
+from jinja2.sandbox import SandboxedEnvironment
 from serverproc import ServerProcess, start_server, stop_server
 from templates import template
 
@@ -65,6 +65,12 @@ FAMILIES = {  # template -> the format it must be detected as
     "inclusionai-ling-3.0-flash.jinja": "glm",
     "Spark2.5.jinja": "glm",
     "MiniMax-M2.jinja": "minimax",
+    "Kimi-K2-Instruct.jinja": "kimi_k2",
+    "Kimi-K2-Thinking.jinja": "kimi_k2",
+    "moonshotai-Kimi-K2.jinja": "kimi_k2",
+    "deepseek-ai-DeepSeek-V3.2.jinja": "dsml",
+    "deepseek-ai-DeepSeek-V4.jinja": "dsml",
+    "deepseek-ai-DeepSeek-V4-Flash-0731.jinja": "dsml",
     # no tool support in the template: the generic format (tools in a system message)
     "google-gemma-2-2b-it.jinja": "generic",
 }
@@ -85,7 +91,9 @@ SERVED = {"qwen": "Qwen-Qwen2.5-7B-Instruct.jinja",
           "minimax": "MiniMax-M2.jinja",
           "lfm2": "LFM2.5-Instruct.jinja",
           "nemotron": "NVIDIA-Nemotron-Nano-v2.jinja",
-          "firefunction": "fireworks-ai-llama-3-firefunction-v2.jinja"}
+          "firefunction": "fireworks-ai-llama-3-firefunction-v2.jinja",
+          "kimi": "Kimi-K2-Instruct.jinja",
+          "dsml": "deepseek-ai-DeepSeek-V3.2.jinja"}
 WEATHER = {"type": "object", "properties": {"city": {"type": "string", "maxLength": 20},
                                             "days": {"type": "integer", "minimum": 1,
                                                      "maximum": 7}},
@@ -123,13 +131,15 @@ def test_the_prompt_is_what_the_template_itself_renders(name: str) -> None:
     msgs, extra = prepare_messages(_conversation(call_id), tools, fmt,
                                    takes_tools=ChatTemplate(source).takes_tools)
     ours = ChatTemplate(source).render(msgs, **extra)
-    env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True,
-                                        extensions=[_Generation])  # HF's {% generation %}
+    env = SandboxedEnvironment(trim_blocks=True, lstrip_blocks=True,  # (Kimi: .append)
+                               extensions=[_Generation])  # HF's {% generation %}
     env.globals["raise_exception"] = lambda m: (_ for _ in ()).throw(ValueError(m))
     env.globals["strftime_now"] = lambda f: __import__("datetime").datetime.now().strftime(f)
     env.filters["tojson"] = tojson  # plain JSON, as transformers' chat templates have it
     reference = _conversation(call_id)
     reference[1]["tool_calls"][0]["function"]["arguments"] = {"city": "Paris"}
+    if fmt.name_prefix:  # Kimi K2: a result names its call as the model wrote it
+        reference[2]["tool_call_id"] = "functions.get_weather:0"
     if fmt.syntax == "python":  # LFM2: calls always in the content, as the model writes
         reference[1] = {"role": "assistant",  # them (its templates drop or repr() them)
                         "content": written_calls(reference[1]["tool_calls"], fmt)}

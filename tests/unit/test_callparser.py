@@ -13,6 +13,7 @@ from edgeinfer.prompt.reasoning import Thought
 from edgeinfer.prompt.toolformat import (
     DEEPSEEK_R1,
     DEEPSEEK_V3,
+    DSML,
     FIREFUNCTION,
     GEMMA4,
     GENERIC,
@@ -20,6 +21,7 @@ from edgeinfer.prompt.toolformat import (
     GRANITE,
     HARMONY,
     HERMES,
+    KIMI_K2,
     LFM2,
     LLAMA3,
     MINIMAX,
@@ -103,6 +105,24 @@ CASES: list[tuple[ToolFormat, str, str, list[tuple[str, object]]]] = [
               'Paris</parameter>\n<parameter name="days">3</parameter>\n</invoke>\n'
               '<invoke name="get_time">\n</invoke>\n</minimax:tool_call>',
      "", [("get_weather", {"city": "Paris", "days": 3}), ("get_time", {})]),
+    (KIMI_K2, "Checking.<|tool_calls_section_begin|><|tool_call_begin|>functions.get_weather:0"
+              '<|tool_call_argument_begin|>{"city": "Paris", "days": 3}<|tool_call_end|>'
+              "<|tool_call_begin|>functions.get_time:1<|tool_call_argument_begin|>{}"
+              "<|tool_call_end|><|tool_calls_section_end|>",
+     "Checking.", [("get_weather", {"city": "Paris", "days": 3}), ("get_time", {})]),
+    # a Kimi call without "functions." (or its index) is still read as a call
+    (KIMI_K2, '<|tool_call_begin|>get_weather<|tool_call_argument_begin|>{"city": "Oslo"}'
+              "<|tool_call_end|>", "", [("get_weather", {"city": "Oslo"})]),
+    # DSML: string="true" values as written (a digit string stays a string), "false" JSON
+    (DSML, 'Sure.\n\n<｜DSML｜function_calls>\n<｜DSML｜invoke name="get_weather">\n'
+           '<｜DSML｜parameter name="city" string="true">Paris <b> "FR"</｜DSML｜parameter>\n'
+           '<｜DSML｜parameter name="days" string="false">3</｜DSML｜parameter>\n'
+           '<｜DSML｜parameter name="zip" string="true">75001</｜DSML｜parameter>\n'
+           '<｜DSML｜parameter name="opts" string="false">{"a": [1, null]}</｜DSML｜parameter>\n'
+           '</｜DSML｜invoke>\n<｜DSML｜invoke name="get_time">\n</｜DSML｜invoke>\n'
+           "</｜DSML｜function_calls>",
+     "Sure.", [("get_weather", {"city": 'Paris <b> "FR"', "days": 3, "zip": "75001",
+                                "opts": {"a": [1, None]}}), ("get_time", {})]),
     (GEMMA4, 'On it.<|tool_call>call:get_weather{city:<|"|>Paris, "FR" {x}]<|"|>,days:3,'
              'opts:{unit:<|"|>c<|"|>,list:[1,<|"|>a<|"|>,true]}}<tool_call|>'
              "<|tool_call>call:get_time{}<tool_call|>",
@@ -214,7 +234,7 @@ def test_harmony_analysis_is_reasoning_and_never_content() -> None:
 
 
 @pytest.mark.parametrize("fmt", [MISTRAL_ARGS, DEEPSEEK_V3, QWEN3_CODER, SEED_OSS, GLM,
-                                 MINIMAX, GEMMA4, LFM2])
+                                 MINIMAX, GEMMA4, LFM2, KIMI_K2, DSML])
 def test_named_formats_hold_no_marker_in_content(fmt: ToolFormat) -> None:
     text = next(t for f, t, _, calls in CASES if f is fmt and calls)
     p = call_parser(fmt, TYPES)
@@ -230,7 +250,8 @@ def test_a_string_parameter_streams_in_fragments() -> None:
 
 
 @pytest.mark.parametrize("fmt", [HERMES, MISTRAL, MISTRAL_ARGS, DEEPSEEK_V3, QWEN3_CODER,
-                                 SEED_OSS, GLM, MINIMAX, GEMMA4, HARMONY, LFM2])
+                                 SEED_OSS, GLM, MINIMAX, GEMMA4, HARMONY, LFM2, KIMI_K2,
+                                 DSML])
 def test_output_cut_off_inside_the_opening_marker_gives_no_content(fmt: ToolFormat) -> None:
     """max_tokens ran out while the model wrote the start of a call (a forced call's first
     tokens): none of the marker is content. Ended by the model instead, it is text."""
@@ -301,6 +322,9 @@ def test_tagged_values_are_json_that_any_parser_reads() -> None:
           "<arg_key>bad\nkey</arg_key><arg_value>x</arg_value></tool_call>"),
     (MINIMAX, '<minimax:tool_call><invoke name="get_weather"><parameter name="city">Paris'
               '</parameter><parameter name="">x</parameter></invoke></minimax:tool_call>'),
+    (DSML, '<｜DSML｜function_calls><｜DSML｜invoke name="get_weather"><｜DSML｜parameter '
+           'name="city" string="true">Paris</｜DSML｜parameter><｜DSML｜parameter name="" '
+           'string="true">x</｜DSML｜parameter></｜DSML｜invoke></｜DSML｜function_calls>'),
     (QWEN3_CODER, "<tool_call>\n<function=get_weather>\n<parameter=city>\nParis\n</parameter>\n"
                   "<parameter=>\nx\n</parameter>\n</function>\n</tool_call>"),
 ])

@@ -30,6 +30,24 @@ def test_template_cannot_escape_sandbox() -> None:
         ChatTemplate(evil).render([{"role": "user", "content": "x"}])
 
 
+def test_a_template_may_fill_its_own_lists_but_not_change_what_it_was_given() -> None:
+    """Kimi K2's templates queue call ids with ``.append`` / ``.pop(0)`` on a list they
+    made: allowed, one item at a time. The messages and tools stay immutable, and no
+    method that copies a whole container (``extend``: a doubling loop) is open."""
+    own = ("{% set q = namespace(ids=[]) %}{% for m in messages %}{% set _ = q.ids.append("
+           "m['role']) %}{% set _ = q.ids.append('x') %}{% endfor %}{% set d = {} %}{% set _ = d.setdefault('k', 1) %}"
+           "{{ q.ids.pop(0) }}-{{ q.ids | length }}-{{ d['k'] }}")
+    msgs = [{"role": "user", "content": "x"}]
+    assert ChatTemplate(own).render(msgs) == "user-1-1"
+    for bad in ("{{ messages.append(1) }}", "{{ messages.pop() }}",
+                "{{ messages[0].pop('content') }}", "{{ messages[0].setdefault('z', 1) }}",
+                "{{ tools.append(1) }}", "{% set l = [1] %}{{ l.extend(l) }}",
+                "{% set d = {} %}{{ d.update(messages[0]) }}"):
+        with pytest.raises(InvalidRequest):
+            ChatTemplate(bad).render(msgs, tools=[{"type": "function"}])
+    assert msgs == [{"role": "user", "content": "x"}]
+
+
 def test_raise_exception_becomes_400() -> None:
     t = ChatTemplate("{{ raise_exception('roles must alternate') }}")
     with pytest.raises(InvalidRequest) as info:
