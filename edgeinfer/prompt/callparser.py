@@ -67,8 +67,9 @@ class _Object:
     """The scan of one call object ``{"name": ..., "<args key>": ..., ...}``: where its
     name and arguments are. Only depth 1 (the object's own keys) is interpreted."""
 
-    def __init__(self, args_key: str) -> None:
+    def __init__(self, args_key: str, name_key: str = "name") -> None:
         self.args_key = args_key
+        self.name_key = name_key
         self.pos = 1  # the text starts with "{"
         self.depth = 1
         self.in_string = False
@@ -131,7 +132,7 @@ class _Object:
             value = None
         if self.expect == "key":
             self.key, self.expect = (value if isinstance(value, str) else ""), "colon"
-        elif self.key == "name" and isinstance(value, str) and self.name is None:
+        elif self.key == self.name_key and isinstance(value, str) and self.name is None:
             self.name = value
 
     def _value_ends(self) -> None:
@@ -188,7 +189,9 @@ class CallParser:
         if fmt.listed and buf.startswith("["):
             buf = buf[1:].lstrip()
         if buf.startswith("{"):
-            self._buf, self._mode, self._obj = buf, "object", _Object(fmt.args_key)
+            if self.num_calls == self._calls_before:  # kept, should this not be a call
+                self._opened += self._buf[:len(self._buf) - len(buf)]
+            self._buf, self._mode, self._obj = buf, "object", _Object(fmt.args_key, fmt.name_key)
             self._sent, self._announced = 0, False
             return True
         if fmt.listed and buf.startswith("]"):  # then the closing marker, where there is one

@@ -271,8 +271,12 @@ def after_marker(gbnf: str, marker: str) -> str:
 def _call_schema(name: str, parameters: dict[str, Any], fmt: ToolFormat
                  ) -> tuple[dict[str, Any], tuple[str, ...]]:
     """The JSON schema of one call object in ``fmt`` (and its key order)."""
-    props: dict[str, Any] = {"name": {"const": name}, fmt.args_key: parameters}
-    order: tuple[str, ...] = ("name", fmt.args_key)
+    props: dict[str, Any] = {fmt.name_key: {"const": name}, fmt.args_key: parameters}
+    order: tuple[str, ...] = (fmt.name_key, fmt.args_key)
+    if fmt.index_key:  # Cohere: "tool_call_id": "0" first
+        props = {fmt.index_key: {"type": "string", "pattern": "^[0-9A-Za-z_-]{1,32}$"},
+                 **props}
+        order = (fmt.index_key, *order)
     if fmt.id_length:
         props["id"] = {"type": "string", "pattern": f"^[a-zA-Z0-9]{{{fmt.id_length}}}$"}
         order += ("id",)
@@ -300,8 +304,9 @@ def tool_calls_gbnf(tools: list[tuple[str, dict[str, Any]]], max_calls: int,
     n = max(1, min(max_calls, fmt.max_calls))
     if fmt.listed:
         more = f' ("," space-c call){{0,{n - 1}}}' if n > 1 else ""
-        root = (f'root ::= "{fmt.open}" "[" space-c call{more} "]{fmt.close}"\n'
-                f'space-c ::= [ \\n]?\ncall ::= {obj}\n')
+        # Cohere writes each call on a line of its own, indented: "[\n    {...},\n    {...}\n]"
+        root = (f'root ::= "{fmt.open}" "[" space-c call{more} "\\n"? "]{fmt.close}"\n'
+                f'space-c ::= "\\n"? " "{{0,4}}\ncall ::= {obj}\n')
     elif fmt.close:
         more = f' ("\\n"? call){{0,{n - 1}}}' if n > 1 else ""  # some write none between
         root = (f"root ::= call{more}\n"

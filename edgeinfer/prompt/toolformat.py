@@ -12,6 +12,8 @@ JSON formats (``syntax = "json"``) write calls as JSON objects ``{"name": ...,
 - ``granite``: Granite 3.x: ``<|tool_call|>[{...}, ...]``.
 - ``nemotron``: Nemotron Nano 2: ``<TOOLCALL>[{...}, ...]</TOOLCALL>``.
 - ``firefunction``: FireFunction v2: `` functools[{...}, ...]``.
+- ``command_r``: Command R7B, Command A (Cohere2): ``<|START_ACTION|>[{"tool_call_id":
+  "0", "tool_name": ..., "parameters": {...}}, ...]<|END_ACTION|>``.
 - ``generic``: any other template: the tools go in a system message and the calls in
   the Hermes syntax (the model was not trained on it; a grammar keeps calls valid).
 
@@ -96,6 +98,8 @@ class ToolFormat:
     open: str  # the marker before the call(s) ("" for none)
     close: str = ""  # the marker after each call ("": none)
     args_key: str = "arguments"
+    name_key: str = "name"
+    index_key: str = ""  # a first key whose value is the call's index as text (Cohere)
     listed: bool = False  # the calls are one JSON list after ``open``
     bare: bool = False  # an output that starts with ``{`` is a call, without a marker
     native: bool = True  # the template renders tools, calls and results itself
@@ -152,6 +156,8 @@ MISTRAL = ToolFormat("mistral", "[TOOL_CALLS]", listed=True, id_length=9)
 GRANITE = ToolFormat("granite", "<|tool_call|>", listed=True)
 NEMOTRON = ToolFormat("nemotron", "<TOOLCALL>", "</TOOLCALL>", listed=True)
 FIREFUNCTION = ToolFormat("firefunction", "functools", listed=True)
+COMMAND_R = ToolFormat("command_r", "<|START_ACTION|>", "<|END_ACTION|>", listed=True,
+                       name_key="tool_name", args_key="parameters", index_key="tool_call_id")
 MISTRAL_ARGS = ToolFormat("mistral_args", "", syntax="named", call_open="[TOOL_CALLS]",
                           name_end="[ARGS]", id_marker="[CALL_ID]", id_length=9)
 _DS = ("<｜tool▁calls▁begin｜>", "<｜tool▁calls▁end｜>", "<｜tool▁call▁begin｜>",
@@ -189,7 +195,7 @@ LFM2 = ToolFormat("lfm2", "<|tool_call_start|>", "<|tool_call_end|>", syntax="py
 FORMATS = {f.name: f for f in (HERMES, GENERIC, LLAMA3, MISTRAL, GRANITE, MISTRAL_ARGS,
                                DEEPSEEK_V3, DEEPSEEK_R1, QWEN3_CODER, SEED_OSS, GLM, MINIMAX,
                                GEMMA4, HARMONY, LFM2, NEMOTRON,
-                               FIREFUNCTION, KIMI_K2, DSML)}
+                               FIREFUNCTION, KIMI_K2, DSML, COMMAND_R)}
 
 
 def detect(template_source: str) -> ToolFormat:
@@ -218,6 +224,8 @@ def detect(template_source: str) -> ToolFormat:
         return GLM
     if "[TOOL_CALLS]" in src:
         return MISTRAL_ARGS if "[ARGS]" in src else MISTRAL
+    if "<|START_ACTION|>" in src and '"tool_name"' in src:
+        return COMMAND_R
     if "<|tool_call|>" in src:
         return GRANITE
     if "<TOOLCALL>[" in src:

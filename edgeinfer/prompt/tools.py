@@ -111,7 +111,7 @@ def written_calls(calls: list[dict[str, Any]], fmt: ToolFormat) -> str:
     pairs = [(c["function"].get("name"), c["function"].get("arguments")) for c in calls]
     if fmt.syntax == "python":
         return python_calls_text(pairs, fmt)
-    objs = [{"name": n, fmt.args_key: a} for n, a in pairs]
+    objs = [{fmt.name_key: n, fmt.args_key: a} for n, a in pairs]
     if fmt.listed:
         return fmt.open + json.dumps(objs, ensure_ascii=False) + fmt.close
     return "".join(fmt.open + json.dumps(o, ensure_ascii=False) + fmt.close for o in objs)

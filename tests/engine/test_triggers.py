@@ -123,6 +123,12 @@ WRITTEN = [
      + "]"),
     ("lfm2", '<|tool_call_start|>[get_weather(city="Paris"), get_weather(city="Oslo")]'
              "<|tool_call_end|>"),
+    ("command_r", "<|START_ACTION|>[\n" + ",\n".join(
+        f'    {{"tool_call_id": "{k}", "tool_name": "get_weather", "parameters": {{"city": '
+        f'"{c}"}}}}' for k, c in enumerate(("Paris", "Oslo"))) + "\n]<|END_ACTION|>"),
+    ("mistral", '[TOOL_CALLS][{"name": "get_weather", "arguments": {"city": "Paris"}, '
+                '"id": "abcdefgh0"}, {"name": "get_weather", "arguments": {"city": "Oslo"}, '
+                '"id": "abcdefgh1"}]'),
     ("kimi_k2", "<|tool_calls_section_begin|>" + "".join(
         f'<|tool_call_begin|>functions.get_weather:{k}<|tool_call_argument_begin|>{{"city": '
         f'"{c}"}}<|tool_call_end|>' for k, c in enumerate(("Paris", "Oslo")))

@@ -71,6 +71,8 @@ FAMILIES = {  # template -> the format it must be detected as
     "deepseek-ai-DeepSeek-V3.2.jinja": "dsml",
     "deepseek-ai-DeepSeek-V4.jinja": "dsml",
     "deepseek-ai-DeepSeek-V4-Flash-0731.jinja": "dsml",
+    "CohereForAI-c4ai-command-r7b-12-2024-tool_use.jinja": "command_r",
+    "Cohere2MoE.jinja": "command_r",
     # no tool support in the template: the generic format (tools in a system message)
     "google-gemma-2-2b-it.jinja": "generic",
 }
@@ -93,7 +95,8 @@ SERVED = {"qwen": "Qwen-Qwen2.5-7B-Instruct.jinja",
           "nemotron": "NVIDIA-Nemotron-Nano-v2.jinja",
           "firefunction": "fireworks-ai-llama-3-firefunction-v2.jinja",
           "kimi": "Kimi-K2-Instruct.jinja",
-          "dsml": "deepseek-ai-DeepSeek-V3.2.jinja"}
+          "dsml": "deepseek-ai-DeepSeek-V3.2.jinja",
+          "cohere": "CohereForAI-c4ai-command-r7b-12-2024-tool_use.jinja"}
 WEATHER = {"type": "object", "properties": {"city": {"type": "string", "maxLength": 20},
                                             "days": {"type": "integer", "minimum": 1,
                                                      "maximum": 7}},
@@ -132,7 +135,7 @@ def test_the_prompt_is_what_the_template_itself_renders(name: str) -> None:
                                    takes_tools=ChatTemplate(source).takes_tools)
     ours = ChatTemplate(source).render(msgs, **extra)
     env = SandboxedEnvironment(trim_blocks=True, lstrip_blocks=True,  # (Kimi: .append)
-                               extensions=[_Generation])  # HF's {% generation %}
+                               extensions=["jinja2.ext.loopcontrols", _Generation])
     env.globals["raise_exception"] = lambda m: (_ for _ in ()).throw(ValueError(m))
     env.globals["strftime_now"] = lambda f: __import__("datetime").datetime.now().strftime(f)
     env.filters["tojson"] = tojson  # plain JSON, as transformers' chat templates have it

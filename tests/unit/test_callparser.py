@@ -11,6 +11,7 @@ import pytest
 from edgeinfer.prompt.callparser import CallArgs, CallOpen, CallParser, Content
 from edgeinfer.prompt.reasoning import Thought
 from edgeinfer.prompt.toolformat import (
+    COMMAND_R,
     DEEPSEEK_R1,
     DEEPSEEK_V3,
     DSML,
@@ -105,6 +106,13 @@ CASES: list[tuple[ToolFormat, str, str, list[tuple[str, object]]]] = [
               'Paris</parameter>\n<parameter name="days">3</parameter>\n</invoke>\n'
               '<invoke name="get_time">\n</invoke>\n</minimax:tool_call>',
      "", [("get_weather", {"city": "Paris", "days": 3}), ("get_time", {})]),
+    (COMMAND_R, '<|START_ACTION|>[\n    {"tool_call_id": "0", "tool_name": "get_weather", '
+                '"parameters": {"city": "Paris", "days": 3}},\n    {"tool_call_id": "1", '
+                '"tool_name": "get_time", "parameters": {}}\n]<|END_ACTION|>',
+     "", [("get_weather", {"city": "Paris", "days": 3}), ("get_time", {})]),
+    # "name" is not Cohere's key: not a call
+    (COMMAND_R, '<|START_ACTION|>[{"name": "get_time", "parameters": {}}]<|END_ACTION|>',
+     '<|START_ACTION|>[{"name": "get_time", "parameters": {}}]<|END_ACTION|>', []),
     (KIMI_K2, "Checking.<|tool_calls_section_begin|><|tool_call_begin|>functions.get_weather:0"
               '<|tool_call_argument_begin|>{"city": "Paris", "days": 3}<|tool_call_end|>'
               "<|tool_call_begin|>functions.get_time:1<|tool_call_argument_begin|>{}"

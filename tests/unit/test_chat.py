@@ -35,7 +35,8 @@ def test_a_template_may_fill_its_own_lists_but_not_change_what_it_was_given() ->
     made: allowed, one item at a time. The messages and tools stay immutable, and no
     method that copies a whole container (``extend``: a doubling loop) is open."""
     own = ("{% set q = namespace(ids=[]) %}{% for m in messages %}{% set _ = q.ids.append("
-           "m['role']) %}{% set _ = q.ids.append('x') %}{% endfor %}{% set d = {} %}{% set _ = d.setdefault('k', 1) %}"
+           "m['role']) %}{% set _ = q.ids.append('x') %}{% endfor %}{% set d = {} %}"
+           "{% set _ = d.setdefault('k', 1) %}"
            "{{ q.ids.pop(0) }}-{{ q.ids | length }}-{{ d['k'] }}")
     msgs = [{"role": "user", "content": "x"}]
     assert ChatTemplate(own).render(msgs) == "user-1-1"

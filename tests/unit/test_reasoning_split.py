@@ -71,6 +71,19 @@ def test_format_choice() -> None:
     assert not starts_in_thought("<|im_start|>assistant\n<think>\n\n</think>\n\n")
 
 
+def test_cohere_thinking_blocks_are_split() -> None:
+    """Command R7B / A write ``<|START_THINKING|> ... <|END_THINKING|>`` (Command A's
+    generation prompt leaves it open)."""
+    from edgeinfer.prompt.reasoning import COHERE_THINK, ReasoningSplit, markers_for
+    source = "<|CHATBOT_TOKEN|>{% if thinking %}<|START_THINKING|>{% endif %}"
+    assert markers_for("auto", source) == COHERE_THINK
+    assert starts_in_thought("<|CHATBOT_TOKEN|><|START_THINKING|>", COHERE_THINK)
+    s = ReasoningSplit(True, COHERE_THINK)
+    seen = s.feed("I should call it.<|END_") + s.feed("THINKING|>Done.") + s.finish()
+    assert "".join(e.text for e in seen if isinstance(e, Thought)) == "I should call it."
+    assert "".join(e.text for e in seen if isinstance(e, Said)) == "Done."
+
+
 def test_a_reasoning_budget_forces_the_closing_tokens_once_spent() -> None:
     from edgeinfer.engine.thought_budget import ThoughtBudget
 
