@@ -307,6 +307,10 @@ def tool_calls_gbnf(tools: list[tuple[str, dict[str, Any]]], max_calls: int,
         # Cohere writes each call on a line of its own, indented: "[\n    {...},\n    {...}\n]"
         root = (f'root ::= "{fmt.open}" "[" space-c call{more} "\\n"? "]{fmt.close}"\n'
                 f'space-c ::= "\\n"? " "{{0,4}}\ncall ::= {obj}\n')
+    elif fmt.joined:  # MiniMax M1: one block, a call per line
+        more = f' ("\\n" call){{0,{n - 1}}}' if n > 1 else ""
+        root = (f'root ::= "{fmt.open}" "\\n"? call{more} "\\n"? "{fmt.close}"\n'
+                f"call ::= {obj}\n")
     elif fmt.close:
         more = f' ("\\n"? call){{0,{n - 1}}}' if n > 1 else ""  # some write none between
         root = (f"root ::= call{more}\n"

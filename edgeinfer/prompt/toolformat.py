@@ -12,6 +12,9 @@ JSON formats (``syntax = "json"``) write calls as JSON objects ``{"name": ...,
 - ``granite``: Granite 3.x: ``<|tool_call|>[{...}, ...]``.
 - ``nemotron``: Nemotron Nano 2: ``<TOOLCALL>[{...}, ...]</TOOLCALL>``.
 - ``firefunction``: FireFunction v2: `` functools[{...}, ...]``.
+- ``apriel``: Apriel 1.5 / 1.6: ``<tool_calls>[{...}, ...]</tool_calls>``.
+- ``minimax_m1``: MiniMax M1: ``<tool_calls>`` and one ``{...}`` per line, then
+  ``</tool_calls>``.
 - ``command_r``: Command R7B, Command A (Cohere2): ``<|START_ACTION|>[{"tool_call_id":
   "0", "tool_name": ..., "parameters": {...}}, ...]<|END_ACTION|>``.
 - ``generic``: any other template: the tools go in a system message and the calls in
@@ -101,6 +104,7 @@ class ToolFormat:
     name_key: str = "name"
     index_key: str = ""  # a first key whose value is the call's index as text (Cohere)
     listed: bool = False  # the calls are one JSON list after ``open``
+    joined: bool = False  # the calls share one ``open`` ... ``close``, one per line
     bare: bool = False  # an output that starts with ``{`` is a call, without a marker
     native: bool = True  # the template renders tools, calls and results itself
     id_length: int = 0  # calls carry an "id" of this many letters and digits (0: none)
@@ -156,6 +160,8 @@ MISTRAL = ToolFormat("mistral", "[TOOL_CALLS]", listed=True, id_length=9)
 GRANITE = ToolFormat("granite", "<|tool_call|>", listed=True)
 NEMOTRON = ToolFormat("nemotron", "<TOOLCALL>", "</TOOLCALL>", listed=True)
 FIREFUNCTION = ToolFormat("firefunction", "functools", listed=True)
+APRIEL = ToolFormat("apriel", "<tool_calls>", "</tool_calls>", listed=True)
+MINIMAX_M1 = ToolFormat("minimax_m1", "<tool_calls>", "</tool_calls>", joined=True)
 COMMAND_R = ToolFormat("command_r", "<|START_ACTION|>", "<|END_ACTION|>", listed=True,
                        name_key="tool_name", args_key="parameters", index_key="tool_call_id")
 MISTRAL_ARGS = ToolFormat("mistral_args", "", syntax="named", call_open="[TOOL_CALLS]",
@@ -195,7 +201,8 @@ LFM2 = ToolFormat("lfm2", "<|tool_call_start|>", "<|tool_call_end|>", syntax="py
 FORMATS = {f.name: f for f in (HERMES, GENERIC, LLAMA3, MISTRAL, GRANITE, MISTRAL_ARGS,
                                DEEPSEEK_V3, DEEPSEEK_R1, QWEN3_CODER, SEED_OSS, GLM, MINIMAX,
                                GEMMA4, HARMONY, LFM2, NEMOTRON,
-                               FIREFUNCTION, KIMI_K2, DSML, COMMAND_R)}
+                               FIREFUNCTION, KIMI_K2, DSML, COMMAND_R, APRIEL,
+                               MINIMAX_M1)}
 
 
 def detect(template_source: str) -> ToolFormat:
@@ -224,6 +231,10 @@ def detect(template_source: str) -> ToolFormat:
         return GLM
     if "[TOOL_CALLS]" in src:
         return MISTRAL_ARGS if "[ARGS]" in src else MISTRAL
+    if "<tool_calls>[" in src:  # (Apriel 1.5's instructions name <tool_call> too)
+        return APRIEL
+    if "<tool_calls>" in src:
+        return MINIMAX_M1
     if "<|START_ACTION|>" in src and '"tool_name"' in src:
         return COMMAND_R
     if "<|tool_call|>" in src:

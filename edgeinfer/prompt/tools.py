@@ -114,6 +114,9 @@ def written_calls(calls: list[dict[str, Any]], fmt: ToolFormat) -> str:
     objs = [{fmt.name_key: n, fmt.args_key: a} for n, a in pairs]
     if fmt.listed:
         return fmt.open + json.dumps(objs, ensure_ascii=False) + fmt.close
+    if fmt.joined:
+        lines = "".join(json.dumps(o, ensure_ascii=False) + "\n" for o in objs)
+        return f"{fmt.open}\n{lines}{fmt.close}"
     return "".join(fmt.open + json.dumps(o, ensure_ascii=False) + fmt.close for o in objs)
 
 

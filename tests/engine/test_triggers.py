@@ -129,6 +129,10 @@ WRITTEN = [
     ("mistral", '[TOOL_CALLS][{"name": "get_weather", "arguments": {"city": "Paris"}, '
                 '"id": "abcdefgh0"}, {"name": "get_weather", "arguments": {"city": "Oslo"}, '
                 '"id": "abcdefgh1"}]'),
+    ("apriel", "<tool_calls>[" + ", ".join("{" + _W % c + "}" for c in ("Paris", "Oslo"))
+     + "]</tool_calls>"),
+    ("minimax_m1", "<tool_calls>\n" + "".join("{" + _W % c + "}\n" for c in ("Paris", "Oslo"))
+     + "</tool_calls>"),
     ("kimi_k2", "<|tool_calls_section_begin|>" + "".join(
         f'<|tool_call_begin|>functions.get_weather:{k}<|tool_call_argument_begin|>{{"city": '
         f'"{c}"}}<|tool_call_end|>' for k, c in enumerate(("Paris", "Oslo")))

@@ -73,6 +73,9 @@ FAMILIES = {  # template -> the format it must be detected as
     "deepseek-ai-DeepSeek-V4-Flash-0731.jinja": "dsml",
     "CohereForAI-c4ai-command-r7b-12-2024-tool_use.jinja": "command_r",
     "Cohere2MoE.jinja": "command_r",
+    "Apriel-1.6-15b-Thinker-fixed.jinja": "apriel",
+    "unsloth-Apriel-1.5.jinja": "apriel",
+    "MiniMax-M1.jinja": "minimax_m1",
     # no tool support in the template: the generic format (tools in a system message)
     "google-gemma-2-2b-it.jinja": "generic",
 }
@@ -96,7 +99,9 @@ SERVED = {"qwen": "Qwen-Qwen2.5-7B-Instruct.jinja",
           "firefunction": "fireworks-ai-llama-3-firefunction-v2.jinja",
           "kimi": "Kimi-K2-Instruct.jinja",
           "dsml": "deepseek-ai-DeepSeek-V3.2.jinja",
-          "cohere": "CohereForAI-c4ai-command-r7b-12-2024-tool_use.jinja"}
+          "cohere": "CohereForAI-c4ai-command-r7b-12-2024-tool_use.jinja",
+          "apriel": "Apriel-1.6-15b-Thinker-fixed.jinja",
+          "m1": "MiniMax-M1.jinja"}
 WEATHER = {"type": "object", "properties": {"city": {"type": "string", "maxLength": 20},
                                             "days": {"type": "integer", "minimum": 1,
                                                      "maximum": 7}},

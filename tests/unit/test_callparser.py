@@ -11,6 +11,7 @@ import pytest
 from edgeinfer.prompt.callparser import CallArgs, CallOpen, CallParser, Content
 from edgeinfer.prompt.reasoning import Thought
 from edgeinfer.prompt.toolformat import (
+    APRIEL,
     COMMAND_R,
     DEEPSEEK_R1,
     DEEPSEEK_V3,
@@ -26,6 +27,7 @@ from edgeinfer.prompt.toolformat import (
     LFM2,
     LLAMA3,
     MINIMAX,
+    MINIMAX_M1,
     MISTRAL,
     MISTRAL_ARGS,
     NEMOTRON,
@@ -113,6 +115,12 @@ CASES: list[tuple[ToolFormat, str, str, list[tuple[str, object]]]] = [
     # "name" is not Cohere's key: not a call
     (COMMAND_R, '<|START_ACTION|>[{"name": "get_time", "parameters": {}}]<|END_ACTION|>',
      '<|START_ACTION|>[{"name": "get_time", "parameters": {}}]<|END_ACTION|>', []),
+    (APRIEL, 'Sure.\n<tool_calls>[{"name": "get_weather", "arguments": {"city": "Paris"}, '
+             '"id": "call_1"}, {"name": "get_time", "arguments": {}}]</tool_calls>',
+     "Sure.", [("get_weather", {"city": "Paris"}), ("get_time", {})]),
+    (MINIMAX_M1, '<tool_calls>\n{"name": "get_weather", "arguments": {"city": "Paris"}}\n'
+                 '{"name": "get_time", "arguments": {}}\n</tool_calls>',
+     "", [("get_weather", {"city": "Paris"}), ("get_time", {})]),
     (KIMI_K2, "Checking.<|tool_calls_section_begin|><|tool_call_begin|>functions.get_weather:0"
               '<|tool_call_argument_begin|>{"city": "Paris", "days": 3}<|tool_call_end|>'
               "<|tool_call_begin|>functions.get_time:1<|tool_call_argument_begin|>{}"
