@@ -67,9 +67,10 @@ class _Object:
     """The scan of one call object ``{"name": ..., "<args key>": ..., ...}``: where its
     name and arguments are. Only depth 1 (the object's own keys) is interpreted."""
 
-    def __init__(self, args_key: str, name_key: str = "name") -> None:
+    def __init__(self, args_key: str, name_key: str = "name", keyed: bool = False) -> None:
         self.args_key = args_key
         self.name_key = name_key
+        self.keyed = keyed  # {NAME: ARGUMENTS}: the first key is the name
         self.pos = 1  # the text starts with "{"
         self.depth = 1
         self.in_string = False
@@ -102,7 +103,8 @@ class _Object:
             return
         if self.depth == 1 and self.expect == "value" and ch not in " \t\n\r":
             self.value_start = self.pos
-            if self.key == self.args_key and self.args_start < 0:
+            if self.args_start < 0 and (self.key == self.name if self.keyed
+                                        else self.key == self.args_key):
                 self.args_start = self.pos
             self.expect = "next"
         if ch == '"':
@@ -132,6 +134,8 @@ class _Object:
             value = None
         if self.expect == "key":
             self.key, self.expect = (value if isinstance(value, str) else ""), "colon"
+            if self.keyed and self.name is None and self.key:
+                self.name = self.key
         elif self.key == self.name_key and isinstance(value, str) and self.name is None:
             self.name = value
 
@@ -191,7 +195,8 @@ class CallParser:
         if buf.startswith("{"):
             if self.num_calls == self._calls_before:  # kept, should this not be a call
                 self._opened += self._buf[:len(self._buf) - len(buf)]
-            self._buf, self._mode, self._obj = buf, "object", _Object(fmt.args_key, fmt.name_key)
+            self._obj = _Object(fmt.args_key, fmt.name_key, fmt.keyed)
+            self._buf, self._mode = buf, "object"
             self._sent, self._announced = 0, False
             return True
         if fmt.listed and buf.startswith("]"):  # then the closing marker, where there is one

@@ -273,6 +273,8 @@ def _call_schema(name: str, parameters: dict[str, Any], fmt: ToolFormat
     """The JSON schema of one call object in ``fmt`` (and its key order)."""
     props: dict[str, Any] = {fmt.name_key: {"const": name}, fmt.args_key: parameters}
     order: tuple[str, ...] = (fmt.name_key, fmt.args_key)
+    if fmt.keyed:  # Apertus: {NAME: ARGUMENTS}
+        props, order = {name: parameters}, (name,)
     if fmt.index_key:  # Cohere: "tool_call_id": "0" first
         props = {fmt.index_key: {"type": "string", "pattern": "^[0-9A-Za-z_-]{1,32}$"},
                  **props}

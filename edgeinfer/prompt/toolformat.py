@@ -13,6 +13,8 @@ JSON formats (``syntax = "json"``) write calls as JSON objects ``{"name": ...,
 - ``nemotron``: Nemotron Nano 2: ``<TOOLCALL>[{...}, ...]</TOOLCALL>``.
 - ``firefunction``: FireFunction v2: `` functools[{...}, ...]``.
 - ``apriel``: Apriel 1.5 / 1.6: ``<tool_calls>[{...}, ...]</tool_calls>``.
+- ``apertus``: Apertus: ``<|tools_prefix|>[{"NAME": {...}}, ...]<|tools_suffix|>`` (each
+  call an object whose one key is the name, its value the arguments).
 - ``minimax_m1``: MiniMax M1: ``<tool_calls>`` and one ``{...}`` per line, then
   ``</tool_calls>``.
 - ``command_r``: Command R7B, Command A (Cohere2): ``<|START_ACTION|>[{"tool_call_id":
@@ -105,6 +107,7 @@ class ToolFormat:
     index_key: str = ""  # a first key whose value is the call's index as text (Cohere)
     listed: bool = False  # the calls are one JSON list after ``open``
     joined: bool = False  # the calls share one ``open`` ... ``close``, one per line
+    keyed: bool = False  # a call is ``{NAME: ARGUMENTS}`` (no name or arguments keys)
     bare: bool = False  # an output that starts with ``{`` is a call, without a marker
     native: bool = True  # the template renders tools, calls and results itself
     id_length: int = 0  # calls carry an "id" of this many letters and digits (0: none)
@@ -161,6 +164,8 @@ GRANITE = ToolFormat("granite", "<|tool_call|>", listed=True)
 NEMOTRON = ToolFormat("nemotron", "<TOOLCALL>", "</TOOLCALL>", listed=True)
 FIREFUNCTION = ToolFormat("firefunction", "functools", listed=True)
 APRIEL = ToolFormat("apriel", "<tool_calls>", "</tool_calls>", listed=True)
+APERTUS = ToolFormat("apertus", "<|tools_prefix|>", "<|tools_suffix|>", listed=True,
+                     keyed=True)
 MINIMAX_M1 = ToolFormat("minimax_m1", "<tool_calls>", "</tool_calls>", joined=True)
 COMMAND_R = ToolFormat("command_r", "<|START_ACTION|>", "<|END_ACTION|>", listed=True,
                        name_key="tool_name", args_key="parameters", index_key="tool_call_id")
@@ -202,7 +207,7 @@ FORMATS = {f.name: f for f in (HERMES, GENERIC, LLAMA3, MISTRAL, GRANITE, MISTRA
                                DEEPSEEK_V3, DEEPSEEK_R1, QWEN3_CODER, SEED_OSS, GLM, MINIMAX,
                                GEMMA4, HARMONY, LFM2, NEMOTRON,
                                FIREFUNCTION, KIMI_K2, DSML, COMMAND_R, APRIEL,
-                               MINIMAX_M1)}
+                               MINIMAX_M1, APERTUS)}
 
 
 def detect(template_source: str) -> ToolFormat:
@@ -231,6 +236,8 @@ def detect(template_source: str) -> ToolFormat:
         return GLM
     if "[TOOL_CALLS]" in src:
         return MISTRAL_ARGS if "[ARGS]" in src else MISTRAL
+    if "<|tools_prefix|>" in src:
+        return APERTUS
     if "<tool_calls>[" in src:  # (Apriel 1.5's instructions name <tool_call> too)
         return APRIEL
     if "<tool_calls>" in src:

@@ -111,7 +111,7 @@ def written_calls(calls: list[dict[str, Any]], fmt: ToolFormat) -> str:
     pairs = [(c["function"].get("name"), c["function"].get("arguments")) for c in calls]
     if fmt.syntax == "python":
         return python_calls_text(pairs, fmt)
-    objs = [{fmt.name_key: n, fmt.args_key: a} for n, a in pairs]
+    objs = [{n: a} if fmt.keyed else {fmt.name_key: n, fmt.args_key: a} for n, a in pairs]
     if fmt.listed:
         return fmt.open + json.dumps(objs, ensure_ascii=False) + fmt.close
     if fmt.joined:

@@ -131,6 +131,8 @@ WRITTEN = [
                 '"id": "abcdefgh1"}]'),
     ("apriel", "<tool_calls>[" + ", ".join("{" + _W % c + "}" for c in ("Paris", "Oslo"))
      + "]</tool_calls>"),
+    ("apertus", "<|tools_prefix|>[" + ", ".join(f'{{"get_weather": {{"city": "{c}"}}}}'
+                                                for c in ("Paris", "Oslo")) + "]<|tools_suffix|>"),
     ("minimax_m1", "<tool_calls>\n" + "".join("{" + _W % c + "}\n" for c in ("Paris", "Oslo"))
      + "</tool_calls>"),
     ("kimi_k2", "<|tool_calls_section_begin|>" + "".join(

@@ -76,6 +76,7 @@ FAMILIES = {  # template -> the format it must be detected as
     "Apriel-1.6-15b-Thinker-fixed.jinja": "apriel",
     "unsloth-Apriel-1.5.jinja": "apriel",
     "MiniMax-M1.jinja": "minimax_m1",
+    "Apertus-8B-Instruct.jinja": "apertus",
     # no tool support in the template: the generic format (tools in a system message)
     "google-gemma-2-2b-it.jinja": "generic",
 }
@@ -101,7 +102,8 @@ SERVED = {"qwen": "Qwen-Qwen2.5-7B-Instruct.jinja",
           "dsml": "deepseek-ai-DeepSeek-V3.2.jinja",
           "cohere": "CohereForAI-c4ai-command-r7b-12-2024-tool_use.jinja",
           "apriel": "Apriel-1.6-15b-Thinker-fixed.jinja",
-          "m1": "MiniMax-M1.jinja"}
+          "m1": "MiniMax-M1.jinja",
+          "apertus": "Apertus-8B-Instruct.jinja"}
 WEATHER = {"type": "object", "properties": {"city": {"type": "string", "maxLength": 20},
                                             "days": {"type": "integer", "minimum": 1,
                                                      "maximum": 7}},

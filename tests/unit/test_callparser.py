@@ -11,6 +11,7 @@ import pytest
 from edgeinfer.prompt.callparser import CallArgs, CallOpen, CallParser, Content
 from edgeinfer.prompt.reasoning import Thought
 from edgeinfer.prompt.toolformat import (
+    APERTUS,
     APRIEL,
     COMMAND_R,
     DEEPSEEK_R1,
@@ -121,6 +122,10 @@ CASES: list[tuple[ToolFormat, str, str, list[tuple[str, object]]]] = [
     (MINIMAX_M1, '<tool_calls>\n{"name": "get_weather", "arguments": {"city": "Paris"}}\n'
                  '{"name": "get_time", "arguments": {}}\n</tool_calls>',
      "", [("get_weather", {"city": "Paris"}), ("get_time", {})]),
+    (APERTUS, 'Ok.<|tools_prefix|>[{"get_weather": {"city": "Paris", "days": 3}}, '
+              '{"get_time": {}}]<|tools_suffix|>',
+     "Ok.", [("get_weather", {"city": "Paris", "days": 3}), ("get_time", {})]),
+    (APERTUS, '<|tools_prefix|>[{}]<|tools_suffix|>', '<|tools_prefix|>[{}]<|tools_suffix|>', []),
     (KIMI_K2, "Checking.<|tool_calls_section_begin|><|tool_call_begin|>functions.get_weather:0"
               '<|tool_call_argument_begin|>{"city": "Paris", "days": 3}<|tool_call_end|>'
               "<|tool_call_begin|>functions.get_time:1<|tool_call_argument_begin|>{}"
