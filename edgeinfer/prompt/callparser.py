@@ -268,6 +268,11 @@ class CallParser:
             if not changed:
                 return out
 
+    def _tail(self, rest: str) -> str:
+        """What is left after calls, without a listed format's closing ``]``."""
+        tail = rest.strip()
+        return tail[1:].lstrip() if self.fmt.listed and tail.startswith("]") else tail
+
     def finish(self, cut: bool = False) -> list[Event]:
         """End of output: release what was held back (an unfinished call's arguments
         go on as they are; its JSON will not parse). ``cut``: the output ran out
@@ -287,7 +292,7 @@ class CallParser:
             pass  # a call cut off before its name: not text (the output ran out in it)
         elif self._mode != "text" and self.num_calls == self._calls_before:
             out.append(Content(self._opened + rest))
-        elif self._mode == "calls" and self.fmt.close.startswith(rest.strip()):
+        elif self._mode == "calls" and self.fmt.close.startswith(self._tail(rest)):
             pass  # after calls, the start of the closing marker (the output ran out in it)
         elif rest.strip() or (self._mode == "text" and rest):
             out.append(Content(rest))

@@ -264,6 +264,22 @@ def test_named_formats_hold_no_marker_in_content(fmt: ToolFormat) -> None:
         assert marker.strip() not in seen
 
 
+@pytest.mark.parametrize("fmt", [COMMAND_R, NEMOTRON, APRIEL, APERTUS])
+def test_output_cut_off_inside_a_listed_formats_closing_marker_gives_no_content(
+        fmt: ToolFormat) -> None:
+    """A whole call, then max_tokens ran out in ``]`` and the closing marker: the call,
+    and none of the marker as content (it was ``]<|END_ACTION`` after Command R7B's)."""
+    text = next(t for f, t, _, calls in CASES if f is fmt and calls)
+    close = text.rindex(fmt.close)
+    content = text[:text.index(fmt.open)].strip()
+    for cut in range(text.rindex("]", 0, close) + 1, close + len(fmt.close)):
+        p = call_parser(fmt, TYPES)
+        events = p.feed(text[:cut]) + p.finish(cut=True)
+        said = "".join(e.text for e in events if isinstance(e, Content))
+        assert said.strip() == content, (fmt, cut)
+        assert len([e for e in events if isinstance(e, CallOpen)]) == 2, (fmt, cut)
+
+
 def test_a_string_parameter_streams_in_fragments() -> None:
     p = call_parser(QWEN3_CODER, TYPES)
     p.feed("<tool_call>\n<function=get_weather>\n<parameter=city>\nPar")
