@@ -150,7 +150,8 @@ class _BudgetedEnvironment(ImmutableSandboxedEnvironment):
         """The immutable sandbox's rule, except that the template may grow and shrink the
         lists, dicts and sets it made itself (Kimi K2's queue of call ids) one item at a
         time; what it was given stays immutable."""
-        if attr in _SCRATCH.get(type(obj), ()) and id(obj) not in _deadline.inputs:
+        inputs = getattr(_deadline, "inputs", None)  # None: not inside a rendering
+        if inputs is not None and attr in _SCRATCH.get(type(obj), ()) and id(obj) not in inputs:
             return True
         return super().is_safe_attribute(obj, attr, value)
 
@@ -159,15 +160,18 @@ class _BudgetedEnvironment(ImmutableSandboxedEnvironment):
 _SCRATCH: dict[type, frozenset[str]] = {
     list: frozenset({"append", "pop", "insert", "remove"}),
     dict: frozenset({"pop", "setdefault"}), set: frozenset({"add", "discard", "remove"})}
-_deadline.inputs = frozenset()
 
 
-def _containers(value: Any, found: set[int]) -> set[int]:
-    """The ids of the lists, dicts and sets in ``value``, however deep."""
-    if isinstance(value, (list, tuple, set, frozenset, dict)) and id(value) not in found:
-        found.add(id(value))
-        for item in (value.values() if isinstance(value, dict) else value):
-            _containers(item, found)
+def _containers(value: Any) -> set[int]:
+    """The ids of the lists, dicts and sets in ``value``, however deep (no recursion:
+    a call's arguments may nest as deep as JSON allows)."""
+    found: set[int] = set()
+    todo = [value]
+    while todo:
+        item = todo.pop()
+        if isinstance(item, (list, tuple, set, frozenset, dict)) and id(item) not in found:
+            found.add(id(item))
+            todo.extend(item.values() if isinstance(item, dict) else item)
     return found
 
 
@@ -368,7 +372,7 @@ class ChatTemplate:
         size = 0
         extra = {**self._context(extra), **extra}
         _deadline.end = time.monotonic() + RENDER_SECONDS
-        _deadline.inputs = _containers((messages, extra), set())
+        _deadline.inputs = _containers((messages, extra))
         try:
             for part in self._template.generate(
                 messages=messages, add_generation_prompt=add_generation_prompt,
@@ -386,5 +390,5 @@ class ChatTemplate:
             raise InvalidRequest(f"the chat template rejected the messages: {exc}",
                                  param="messages") from None
         finally:
-            _deadline.end, _deadline.inputs = None, frozenset()
+            _deadline.end, _deadline.inputs = None, None
         return "".join(parts)

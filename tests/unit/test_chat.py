@@ -47,6 +47,10 @@ def test_a_template_may_fill_its_own_lists_but_not_change_what_it_was_given() ->
         with pytest.raises(InvalidRequest):
             ChatTemplate(bad).render(msgs, tools=[{"type": "function"}])
     assert msgs == [{"role": "user", "content": "x"}]
+    deep: list[object] = []
+    for _ in range(5000):  # what the template is given may nest deeply (call arguments)
+        deep = [deep]
+    assert ChatTemplate(CHATML).render([{"role": "user", "content": "x", "deep": deep}])
 
 
 def test_raise_exception_becomes_400() -> None:
