@@ -54,13 +54,17 @@ def _with_defs(prop: Any, parameters: dict[str, Any]) -> dict[str, Any]:
     return {**prop, **defs} if defs and "$ref" in json.dumps(prop) else prop
 
 
+def _string_enum(prop: dict[str, Any]) -> bool:
+    return prop.get("type") == "string" and isinstance(prop.get("enum"), list) and all(
+        isinstance(v, str) for v in prop["enum"])
+
+
 def _value(prefix: str, prop: dict[str, Any], param: str, gemma: bool) -> tuple[str, str]:
     """(expression, rules) of one parameter's value."""
     if _is_text(prop):
         text = _text_rule(prop)
         return (f'"<|\\"|>" {text} "<|\\"|>"' if gemma else text), ""
-    if prop.get("type") == "string" and "enum" in prop and all(
-            isinstance(v, str) for v in prop["enum"]):
+    if _string_enum(prop):
         alts = " | ".join(lit(v) for v in prop["enum"])
         return (f'"<|\\"|>" ({alts}) "<|\\"|>"' if gemma else f"({alts})"), ""
     if gemma and prop.get("type") not in ("integer", "number", "boolean", "null"):
@@ -103,7 +107,9 @@ def _params(prefix: str, parameters: dict[str, Any], param: str, args: str) -> l
         if gemma:
             items.append((f"{lit(key + ':')} {expr}", key in required))
         else:
-            text = prop.get("type") == "string"
+            # DSML's string="true": a value written as raw text (the others, quoted
+            # strings of a pattern or format included, are JSON: string="false")
+            text = _is_text(prop) or _string_enum(prop)
             items.append((_tagged(TAGS[args], key, expr, text), key in required))
     return _sequence(items, prefix, "," if gemma else "") + [r for r in rules if r]
 

@@ -180,7 +180,8 @@ class NamedCallParser:
             if at == -1:
                 name = name[:len(name) - partial_suffix(name, fmt.id_marker)]
         bad_end = not fmt.name_end and at != -1 and buf[at] not in "\r\n<"
-        if _NAME.fullmatch(name.strip()) is None or len(name) > _MAX_NAME or bad_end:
+        if (_NAME.fullmatch(name.strip()) is None or bad_end
+                or len(name) > _MAX_NAME + len(fmt.name_prefix)):
             self._give_back(out)  # not a call: the markers and what follows are text
             return True
         if at == -1:

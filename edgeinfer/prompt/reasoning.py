@@ -97,10 +97,15 @@ class ReasoningSplit:
     ``</think>``, after which everything is answer (a later ``<think>`` is answer
     text). Text that could be the start of a marker is held back until it is
     known; ``finish`` releases it. Whitespace right after the block is dropped.
+    ``exits``: words that end an open block and are answer text themselves (a tool-call
+    marker: Kimi K2 Thinking may call a tool without closing its reasoning, and a lazy
+    call grammar has already started there).
     """
 
-    def __init__(self, in_thought: bool = False, markers: Markers = THINK) -> None:
+    def __init__(self, in_thought: bool = False, markers: Markers = THINK,
+                 exits: tuple[str, ...] = ()) -> None:
         self.markers = markers
+        self.exits = tuple(e for e in exits if e)
         self._buf = ""
         self._state = "thinking" if in_thought else "start"
         self._trim = False  # drop whitespace that follows the closing marker
@@ -126,9 +131,13 @@ class ReasoningSplit:
                 self._state = "answer"
         if self._state == "thinking":
             close = self.markers.close
-            at = self._buf.find(close)
+            at, used = self._buf.find(close), len(close)
+            for word in self.exits:  # kept: the answer starts with it
+                j = self._buf.find(word)
+                if j != -1 and (at == -1 or j < at):
+                    at, used = j, 0
             if at == -1:
-                keep = partial_suffix(self._buf, close)
+                keep = max(partial_suffix(self._buf, m) for m in (close, *self.exits))
                 cut = len(self._buf) - keep
                 if cut:
                     out.append(Thought(self._buf[:cut]))
@@ -136,8 +145,8 @@ class ReasoningSplit:
                 return out
             if at:
                 out.append(Thought(self._buf[:at]))
-            self._buf = self._buf[at + len(close):]
-            self._state, self._trim = "answer", True
+            self._buf = self._buf[at + used:]
+            self._state, self._trim = "answer", used > 0
         if self._trim:
             self._buf = self._buf.lstrip()
             if not self._buf:

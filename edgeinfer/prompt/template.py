@@ -226,6 +226,9 @@ def _listed(value: Any) -> Any:
 def _compile(source: str) -> Any:
     env = _BudgetedEnvironment(trim_blocks=True, lstrip_blocks=True,
                                extensions=["jinja2.ext.loopcontrols", _Generation])
+    # jinja's ``dict`` global is the type: ``dict.pop(messages[0], ...)`` would change
+    # what the template was given; a function that builds one has no such methods
+    env.globals["dict"] = lambda *args, **kwargs: dict(*args, **kwargs)
     env.globals["raise_exception"] = _raise_exception
     env.globals["strftime_now"] = _strftime_now
     env.filters["tojson"] = tojson

@@ -45,8 +45,10 @@ inside ``block_open ... block_close``:
 - ``kimi_k2``: Kimi K2 (Instruct, Thinking): ``<|tool_calls_section_begin|><|tool_call_begin|>
   functions.NAME:0<|tool_call_argument_begin|>{...}<|tool_call_end|>...
   <|tool_calls_section_end|>`` (the name after ``functions.``, a call index after ``:``).
-- ``dsml``: DeepSeek V3.2 / V4: MiniMax's layout in ``｜DSML｜`` tags, ``<｜DSML｜parameter
-  name="city" string="true">Paris</｜DSML｜parameter>`` (``string="false"``: a JSON value).
+- ``dsml``: DeepSeek V3.2: MiniMax's layout in ``｜DSML｜`` tags, ``<｜DSML｜parameter
+  name="city" string="true">Paris</｜DSML｜parameter>`` (``string="false"``: a JSON value),
+  in ``<｜DSML｜function_calls>``; ``dsml_v4``: DeepSeek V4, the same in
+  ``<｜DSML｜tool_calls>``.
 - ``gemma4``: Gemma 4: ``<|tool_call>call:NAME{key:<|"|>text<|"|>,n:3}<tool_call|>``
   (``edgeinfer.prompt.gemmaargs``).
 
@@ -199,6 +201,10 @@ KIMI_K2 = ToolFormat("kimi_k2", "", syntax="named", block_open="<|tool_calls_sec
 DSML = ToolFormat("dsml", "", syntax="named", args="dsml",
                   block_open="<｜DSML｜function_calls>", block_close="</｜DSML｜function_calls>",
                   call_open='<｜DSML｜invoke name="', name_end='">', call_close="</｜DSML｜invoke>")
+DSML_V4 = ToolFormat("dsml_v4", "", syntax="named", args="dsml",
+                     block_open="<｜DSML｜tool_calls>", block_close="</｜DSML｜tool_calls>",
+                     call_open='<｜DSML｜invoke name="', name_end='">',
+                     call_close="</｜DSML｜invoke>")
 GEMMA4 = ToolFormat("gemma4", "", syntax="named", args="gemma", call_open="<|tool_call>call:",
                     name_end="{", call_close="<tool_call|>")
 HARMONY = ToolFormat("harmony", "", syntax="harmony", max_calls=1)
@@ -206,7 +212,7 @@ LFM2 = ToolFormat("lfm2", "<|tool_call_start|>", "<|tool_call_end|>", syntax="py
 FORMATS = {f.name: f for f in (HERMES, GENERIC, LLAMA3, MISTRAL, GRANITE, MISTRAL_ARGS,
                                DEEPSEEK_V3, DEEPSEEK_R1, QWEN3_CODER, SEED_OSS, GLM, MINIMAX,
                                GEMMA4, HARMONY, LFM2, NEMOTRON,
-                               FIREFUNCTION, KIMI_K2, DSML, COMMAND_R, APRIEL,
+                               FIREFUNCTION, KIMI_K2, DSML, DSML_V4, COMMAND_R, APRIEL,
                                MINIMAX_M1, APERTUS)}
 
 
@@ -216,8 +222,8 @@ def detect(template_source: str) -> ToolFormat:
     src = template_source
     if "<|channel|>" in src and "<|call|>" in src:
         return HARMONY
-    if "｜DSML｜" in src:  # DeepSeek V3.2 / V4
-        return DSML
+    if "｜DSML｜" in src:  # DeepSeek V3.2 (function_calls) / V4 (tool_calls)
+        return DSML if "function_calls" in src else DSML_V4
     if "tool▁sep" in src:  # DeepSeek's templates render calls, but not the tools
         return DEEPSEEK_R1 if "```json" in src else DEEPSEEK_V3
     if "tools" not in src:

@@ -123,27 +123,34 @@ def written_calls(calls: list[dict[str, Any]], fmt: ToolFormat) -> str:
 def _native(messages: list[dict[str, Any]], tools: tuple[ToolSpec, ...], fmt: ToolFormat,
             shows_calls: bool = True) -> tuple[list[dict[str, Any]], dict[str, Any]]:
     out = []
-    named: dict[str, str] = {}  # Kimi K2: a call id -> functions.NAME:INDEX
+    named: list[tuple[str, str]] = []  # Kimi K2: the last turn's (call id, NAME:INDEX)
     for m in messages:
         if m["role"] == "assistant" and fmt.syntax == "harmony":
             m = _harmony_turn(m)
         if m["role"] == "assistant" and m.get("tool_calls"):
             calls = [_native_call(c, fmt) for c in m["tool_calls"]]
             if fmt.name_prefix:  # the templates name a call by its index in its turn
-                named.update({str(c.get("id")): f"{fmt.name_prefix}{c['function'].get('name')}"
-                              f"{fmt.id_marker}{k}" for k, c in enumerate(calls)})
+                named = [(str(c.get("id")), f"{fmt.name_prefix}{c['function'].get('name')}"
+                          f"{fmt.id_marker}{k}") for k, c in enumerate(calls)]
             m = {**m, "tool_calls": calls}
             # Python calls always (the LFM2.5 template's own writes lists with repr(),
             # which would undo the request-text marks of prompt.markup)
             if fmt.syntax == "python" or not shows_calls and fmt.syntax == "json":
                 m = {k: v for k, v in m.items() if k != "tool_calls"}
                 m["content"] = (m.get("content") or "") + written_calls(calls, fmt)
-        elif m["role"] == "tool" and str(m.get("tool_call_id")) in named:
-            m = {**m, "tool_call_id": named[str(m.get("tool_call_id"))]}
+        elif m["role"] == "tool" and named:
+            m = {**m, "tool_call_id": _result_name(named, str(m.get("tool_call_id")))}
         elif m["role"] == "tool" and fmt.id_length:
             m = {**m, "tool_call_id": fitted_id(str(m.get("tool_call_id", "")), fmt.id_length)}
         out.append(m)
     return out, ({"tools": [t.openai() for t in tools]} if tools else {})
+
+
+def _result_name(named: list[tuple[str, str]], call_id: str) -> str:
+    """The ``functions.NAME:INDEX`` of the call a result answers (and forget it): the
+    first left with its id, else the first left (ids missing or repeated)."""
+    k = next((i for i, (cid, _) in enumerate(named) if cid == call_id), 0)
+    return named.pop(k)[1]
 
 
 def native_tools_text(tools: tuple[ToolSpec, ...], fmt: ToolFormat) -> str:

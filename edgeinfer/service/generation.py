@@ -98,6 +98,7 @@ async def generate(pool: ModelPool, req: GenerateRequest, leases: list[Lease],
     fmt = served.tool_format
     gbnf, triggers = await served.run(grammar_for, served.runtime.vocab, req.constraint,
                                       close_marker, fmt)
+    reading = _calls_end_thought(reading, triggers)
     if gbnf is not None:
         params = replace(params, grammar=gbnf, grammar_triggers=triggers)
         if req.constraint.offers_tools and not triggers:  # calls from the first token:
@@ -214,6 +215,15 @@ async def _prompts(served: ServedModel, req: GenerateRequest) -> Prompts:
         return Prompts(out)
     return Prompts(out, Reading(tools=served.tool_format,
                                 types=parameter_types(req.constraint.tools)))
+
+
+def _calls_end_thought(reading: Reading, triggers: tuple[str, ...]) -> Reading:
+    """``reading``, where a call marker ends an open reasoning block when the call grammar
+    is triggered by the format's markers (tool_choice auto: the call is constrained from
+    its marker on, wherever it comes)."""
+    if reading.tools is not None and set(reading.tools.triggers) & set(triggers):
+        return replace(reading, calls_end_thought=True)
+    return reading
 
 
 def _without_marker_start(text: str, markers: tuple[str, ...]) -> str:

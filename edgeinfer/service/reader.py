@@ -26,7 +26,9 @@ class Reading:
     ``markers``: split reasoning blocks with these markers off as reasoning
     (``in_thought``: the output starts inside one); ``harmony``: read gpt-oss's
     channels (reasoning, answer and calls; ``harmony_thoughts``: analysis as reasoning,
-    else as text).
+    else as text); ``calls_end_thought``: the call grammar starts at the format's markers
+    wherever they come, so one inside an open reasoning block ends it (Kimi K2 Thinking
+    may call a tool without closing its reasoning).
     """
 
     tools: ToolFormat | None = None
@@ -35,6 +37,7 @@ class Reading:
     harmony: bool = False
     harmony_thoughts: bool = True
     types: dict[str, dict[str, str]] = field(default_factory=dict)
+    calls_end_thought: bool = False  # a call marker ends an open block (a lazy grammar's)
 
 
 def _event(choice: int, e: Thought | Content | CallOpen | CallArgs, thoughts: bool) -> Event:
@@ -61,7 +64,8 @@ class ChoiceReader:
         tools = None if r.harmony else r.tools
         self.calls = call_parser(tools, r.types) if tools is not None else None
         self.repeats = RepeatFilter()
-        self.split = (ReasoningSplit(r.in_thought, r.markers)
+        exits = tools.triggers if tools is not None and r.calls_end_thought else ()
+        self.split = (ReasoningSplit(r.in_thought, r.markers, exits)
                       if r.markers is not None and not r.harmony else None)
 
     @property

@@ -139,6 +139,10 @@ WRITTEN = [
         f'<|tool_call_begin|>functions.get_weather:{k}<|tool_call_argument_begin|>{{"city": '
         f'"{c}"}}<|tool_call_end|>' for k, c in enumerate(("Paris", "Oslo")))
      + "<|tool_calls_section_end|>"),
+    ("dsml_v4", "<｜DSML｜tool_calls>\n" + "".join(
+        f'<｜DSML｜invoke name="get_weather">\n<｜DSML｜parameter name="city" string="true">{c}'
+        "</｜DSML｜parameter>\n</｜DSML｜invoke>\n" for c in ("Paris", "Oslo"))
+     + "</｜DSML｜tool_calls>"),
     ("dsml", "<｜DSML｜function_calls>\n" + "".join(
         f'<｜DSML｜invoke name="get_weather">\n<｜DSML｜parameter name="city" string="true">{c}'
         "</｜DSML｜parameter>\n</｜DSML｜invoke>\n" for c in ("Paris", "Oslo"))

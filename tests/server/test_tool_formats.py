@@ -69,8 +69,8 @@ FAMILIES = {  # template -> the format it must be detected as
     "Kimi-K2-Thinking.jinja": "kimi_k2",
     "moonshotai-Kimi-K2.jinja": "kimi_k2",
     "deepseek-ai-DeepSeek-V3.2.jinja": "dsml",
-    "deepseek-ai-DeepSeek-V4.jinja": "dsml",
-    "deepseek-ai-DeepSeek-V4-Flash-0731.jinja": "dsml",
+    "deepseek-ai-DeepSeek-V4.jinja": "dsml_v4",
+    "deepseek-ai-DeepSeek-V4-Flash-0731.jinja": "dsml_v4",
     "CohereForAI-c4ai-command-r7b-12-2024-tool_use.jinja": "command_r",
     "Cohere2MoE.jinja": "command_r",
     "Apriel-1.6-15b-Thinker-fixed.jinja": "apriel",
@@ -100,6 +100,7 @@ SERVED = {"qwen": "Qwen-Qwen2.5-7B-Instruct.jinja",
           "firefunction": "fireworks-ai-llama-3-firefunction-v2.jinja",
           "kimi": "Kimi-K2-Instruct.jinja",
           "dsml": "deepseek-ai-DeepSeek-V3.2.jinja",
+          "dsmlv4": "deepseek-ai-DeepSeek-V4.jinja",
           "cohere": "CohereForAI-c4ai-command-r7b-12-2024-tool_use.jinja",
           "apriel": "Apriel-1.6-15b-Thinker-fixed.jinja",
           "m1": "MiniMax-M1.jinja",
@@ -307,8 +308,12 @@ def test_the_calls_a_template_writes_parse_back(name: str) -> None:
     start = (len(prompt) if whole.startswith(prompt)
              else whole.index("Weather and time?") + len("Weather and time?"))
     written = whole[start:whole.index("RESULT_0")]
-    _, calls = parse_tool_calls(written, fmt, parameter_types(tools))
+    content, calls = parse_tool_calls(written, fmt, parameter_types(tools))
     assert [(c.name, json.loads(c.arguments)) for c in calls] == want, (name, written)
+    # and none of the calls' markers is left in the text (V4's block was not known)
+    marks = [m.strip() for m in (fmt.open, fmt.close, fmt.block_open, fmt.block_close,
+                                 fmt.call_open, fmt.call_close) if len(m.strip()) > 1]
+    assert not any(m in (content or "") for m in marks), (name, content)
 
 
 FOLLOW_UP = [{"role": "user", "content": "Weather in Paris?"},

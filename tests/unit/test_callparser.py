@@ -17,6 +17,7 @@ from edgeinfer.prompt.toolformat import (
     DEEPSEEK_R1,
     DEEPSEEK_V3,
     DSML,
+    DSML_V4,
     FIREFUNCTION,
     GEMMA4,
     GENERIC,
@@ -144,6 +145,14 @@ CASES: list[tuple[ToolFormat, str, str, list[tuple[str, object]]]] = [
            "</｜DSML｜function_calls>",
      "Sure.", [("get_weather", {"city": 'Paris <b> "FR"', "days": 3, "zip": "75001",
                                 "opts": {"a": [1, None]}}), ("get_time", {})]),
+    (DSML_V4, 'Sure.\n\n<｜DSML｜tool_calls>\n<｜DSML｜invoke name="get_weather">\n'
+              '<｜DSML｜parameter name="city" string="true">Paris</｜DSML｜parameter>\n'
+              '</｜DSML｜invoke>\n</｜DSML｜tool_calls>',
+     "Sure.", [("get_weather", {"city": "Paris"})]),
+    # a 128-character name (the most the APIs allow) after Kimi's "functions."
+    (KIMI_K2, "<|tool_calls_section_begin|><|tool_call_begin|>functions." + "a" * 128
+              + ":0<|tool_call_argument_begin|>{}<|tool_call_end|><|tool_calls_section_end|>",
+     "", [("a" * 128, {})]),
     (GEMMA4, 'On it.<|tool_call>call:get_weather{city:<|"|>Paris, "FR" {x}]<|"|>,days:3,'
              'opts:{unit:<|"|>c<|"|>,list:[1,<|"|>a<|"|>,true]}}<tool_call|>'
              "<|tool_call>call:get_time{}<tool_call|>",

@@ -43,7 +43,8 @@ def test_a_template_may_fill_its_own_lists_but_not_change_what_it_was_given() ->
     for bad in ("{{ messages.append(1) }}", "{{ messages.pop() }}",
                 "{{ messages[0].pop('content') }}", "{{ messages[0].setdefault('z', 1) }}",
                 "{{ tools.append(1) }}", "{% set l = [1] %}{{ l.extend(l) }}",
-                "{% set d = {} %}{{ d.update(messages[0]) }}"):
+                "{% set d = {} %}{{ d.update(messages[0]) }}",
+                "{{ dict.pop(messages[0], 'content') }}", "{{ dict.clear(messages[0]) }}"):
         with pytest.raises(InvalidRequest):
             ChatTemplate(bad).render(msgs, tools=[{"type": "function"}])
     assert msgs == [{"role": "user", "content": "x"}]

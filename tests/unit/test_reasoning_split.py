@@ -84,6 +84,40 @@ def test_cohere_thinking_blocks_are_split() -> None:
     assert "".join(e.text for e in seen if isinstance(e, Said)) == "Done."
 
 
+def test_a_call_marker_ends_an_open_block_when_the_call_grammar_starts_there() -> None:
+    """Kimi K2 Thinking may write its calls without closing its reasoning; with a lazy call
+    grammar (tool_choice auto) the call is constrained from its marker on, so the block
+    ends there and the call is read, whole and streamed alike. Without that grammar (a
+    forced call waits for the block's end) the marker stays reasoning."""
+    from edgeinfer.engine.delta import Delta
+    from edgeinfer.prompt.reasoning import THINK
+    from edgeinfer.prompt.toolformat import KIMI_K2
+    from edgeinfer.service.events import ReasoningDelta, ToolCallDelta
+    from edgeinfer.service.reader import ChoiceReader, Reading
+    text = ("I will look it up.<|tool_calls_section_begin|><|tool_call_begin|>functions."
+            'get_weather:0<|tool_call_argument_begin|>{"city": "Oslo"}<|tool_call_end|>'
+            "<|tool_calls_section_end|>")
+    for ends in (True, False):
+        reading = Reading(tools=KIMI_K2, markers=THINK, in_thought=True,
+                          calls_end_thought=ends)
+        for pieces in ([text], list(text)):
+            reader = ChoiceReader(0, reading)
+            events = [e for k, p in enumerate(pieces) for e in reader.read(Delta(
+                p, finish_reason="stop" if k == len(pieces) - 1 else None))]
+            thought = "".join(e.text for e in events if isinstance(e, ReasoningDelta))
+            calls = [e for e in events if isinstance(e, ToolCallDelta)]
+            if ends:
+                assert thought == "I will look it up."
+                assert [c.name for c in calls if c.name] == ["get_weather"]
+                assert "".join(c.arguments for c in calls) == '{"city": "Oslo"}'
+            else:
+                assert thought == text and not calls
+    from edgeinfer.service.generation import _calls_end_thought
+    reading = Reading(tools=KIMI_K2, markers=THINK, in_thought=True)
+    assert _calls_end_thought(reading, KIMI_K2.triggers).calls_end_thought  # tool_choice auto
+    assert not _calls_end_thought(reading, ("</think>",)).calls_end_thought  # a forced call
+
+
 def test_a_reasoning_budget_forces_the_closing_tokens_once_spent() -> None:
     from edgeinfer.engine.thought_budget import ThoughtBudget
 

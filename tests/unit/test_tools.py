@@ -72,3 +72,39 @@ def test_generic_prompt_renders_tools_calls_and_results() -> None:
     native, extra = prepare_messages(msgs, tools, HERMES)
     assert native[1]["tool_calls"][0]["function"]["arguments"] == {"city": "Paris"}
     assert native[2] == msgs[2] and extra["tools"][0]["function"]["name"] == "get_weather"
+
+
+def test_kimi_results_name_their_calls_by_index_even_when_ids_repeat() -> None:
+    """Kimi K2's templates name a result's call ``functions.NAME:INDEX``: matched by id,
+    and in order where ids are missing or repeated."""
+    from edgeinfer.prompt.toolformat import KIMI_K2
+    calls = [{"id": cid, "type": "function", "function": {"name": n, "arguments": "{}"}}
+             for cid, n in (("x", "a"), ("x", "b"), ("y", "c"))]
+    msgs = [{"role": "user", "content": "hi"},
+            {"role": "assistant", "content": None, "tool_calls": calls},
+            {"role": "tool", "tool_call_id": "y", "content": "C"},
+            {"role": "tool", "tool_call_id": "x", "content": "A"},
+            {"role": "tool", "tool_call_id": "x", "content": "B"}]
+    out, _ = prepare_messages(msgs, (), KIMI_K2)
+    assert [m["tool_call_id"] for m in out[2:]] == [
+        "functions.c:2", "functions.a:0", "functions.b:1"]
+
+
+def test_dsml_marks_a_value_string_true_only_where_it_is_written_as_text() -> None:
+    """DeepSeek's string="true" values are raw text; a string with a pattern or a format
+    is written as JSON (quoted), so it is string="false", which reads back the same."""
+    from edgeinfer.prompt.callgrammar import named_calls_gbnf
+    from edgeinfer.prompt.toolformat import DSML
+    params = {"type": "object", "properties": {
+        "city": {"type": "string"}, "unit": {"type": "string", "enum": ["c", "f"]},
+        "day": {"type": "string", "format": "date"}, "n": {"type": "integer"}},
+        "required": ["city", "unit", "day", "n"]}
+    gbnf = named_calls_gbnf([("f", params)], 1, DSML)
+    for key, text in (("city", True), ("unit", True), ("day", False), ("n", False)):
+        mark = f'name=\\"{key}\\" string=\\"{"true" if text else "false"}\\">'
+        assert mark in gbnf, (key, gbnf)
+    text = ('<｜DSML｜function_calls><｜DSML｜invoke name="f"><｜DSML｜parameter name="day" '
+            'string="false">"2024-01-05"</｜DSML｜parameter></｜DSML｜invoke>'
+            "</｜DSML｜function_calls>")
+    assert [json.loads(c.arguments) for c in parse_tool_calls(text, DSML)[1]] == [
+        {"day": "2024-01-05"}]
