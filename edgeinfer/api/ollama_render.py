@@ -129,7 +129,7 @@ class Meta:
 def _arguments(call: CallOutcome) -> dict[str, Any] | None:
     try:
         args = json.loads(call.arguments or "{}")
-    except ValueError:
+    except (ValueError, RecursionError):
         return None
     return args if isinstance(args, dict) else None
 

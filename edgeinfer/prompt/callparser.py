@@ -102,6 +102,8 @@ class _Object:
                     self._string(buf[self.string_start:self.pos + 1])
             return
         if self.depth == 1 and self.expect == "value" and ch not in " \t\n\r":
+            if self.keyed and self.key == self.name and ch != "{":
+                self.name = None  # Apertus: the name's value must be the arguments object
             self.value_start = self.pos
             if self.args_start < 0 and (self.key == self.name if self.keyed
                                         else self.key == self.args_key):
@@ -136,7 +138,8 @@ class _Object:
             self.key, self.expect = (value if isinstance(value, str) else ""), "colon"
             if self.keyed and self.name is None and self.key:
                 self.name = self.key
-        elif self.key == self.name_key and isinstance(value, str) and self.name is None:
+        elif self.key == self.name_key and isinstance(value, str) and value and (
+                self.name is None):
             self.name = value
 
     def _value_ends(self) -> None:

@@ -32,7 +32,7 @@ def _json(text: str) -> str | None:
     """``text`` as canonical JSON (keys sorted, no spaces), None when it does not parse."""
     try:
         return json.dumps(json.loads(text or "{}"), sort_keys=True)
-    except ValueError:
+    except (ValueError, RecursionError):
         return None
 
 

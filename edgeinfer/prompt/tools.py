@@ -64,7 +64,7 @@ def _call_text(call: dict[str, Any]) -> str:
     fn = call.get("function", {})
     try:
         args = json.loads(fn.get("arguments") or "{}")
-    except ValueError:
+    except (ValueError, RecursionError):
         args = fn.get("arguments")
     body = json.dumps({"name": fn.get("name"), "arguments": args}, ensure_ascii=False)
     return f"{TOOL_CALL_OPEN}\n{body}\n{TOOL_CALL_CLOSE}"
@@ -86,7 +86,7 @@ def _native_call(call: dict[str, Any], fmt: ToolFormat) -> dict[str, Any]:
     fn = call.get("function", {})
     try:
         args: Any = json.loads(fn.get("arguments") or "{}")
-    except ValueError:
+    except (ValueError, RecursionError):
         args = fn.get("arguments")
     if fmt.args == "seed" and isinstance(args, dict):  # its template writes repr(), not JSON
         args = {k: v if isinstance(v, str) else json.dumps(v, ensure_ascii=False)
@@ -264,7 +264,7 @@ def parse_tool_calls(text: str, fmt: ToolFormat = GENERIC,
     for c in calls:
         try:
             json.loads(c.arguments)
-        except ValueError:
+        except (ValueError, RecursionError):
             continue
         complete.append(c)
     return (content.strip() or None), complete

@@ -49,7 +49,7 @@ class Outcome:
 def _parses(arguments: str) -> bool:
     try:
         json.loads(arguments)
-    except ValueError:
+    except (ValueError, RecursionError):
         return False
     return True
 

@@ -127,6 +127,12 @@ CASES: list[tuple[ToolFormat, str, str, list[tuple[str, object]]]] = [
               '{"get_time": {}}]<|tools_suffix|>',
      "Ok.", [("get_weather", {"city": "Paris", "days": 3}), ("get_time", {})]),
     (APERTUS, '<|tools_prefix|>[{}]<|tools_suffix|>', '<|tools_prefix|>[{}]<|tools_suffix|>', []),
+    # only an object is a call's arguments (unconstrained output)
+    (APERTUS, '<|tools_prefix|>[{"f": 5}]<|tools_suffix|>',
+     '<|tools_prefix|>[{"f": 5}]<|tools_suffix|>', []),
+    # an empty name is no call
+    (HERMES, '<tool_call>{"name": "", "arguments": {}}</tool_call>',
+     '<tool_call>{"name": "", "arguments": {}}</tool_call>', []),
     (KIMI_K2, "Checking.<|tool_calls_section_begin|><|tool_call_begin|>functions.get_weather:0"
               '<|tool_call_argument_begin|>{"city": "Paris", "days": 3}<|tool_call_end|>'
               "<|tool_call_begin|>functions.get_time:1<|tool_call_argument_begin|>{}"

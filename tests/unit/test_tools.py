@@ -108,3 +108,17 @@ def test_dsml_marks_a_value_string_true_only_where_it_is_written_as_text() -> No
             "</｜DSML｜function_calls>")
     assert [json.loads(c.arguments) for c in parse_tool_calls(text, DSML)[1]] == [
         {"day": "2024-01-05"}]
+
+
+def test_a_past_call_with_arguments_nested_too_deep_for_json_stays_text() -> None:
+    """A client's past call whose arguments nest deeper than the JSON reader goes: kept as
+    written (it made the request a 500)."""
+    from edgeinfer.prompt.toolformat import KIMI_K2
+    args = "[" * 5000 + "]" * 5000
+    msgs = [{"role": "user", "content": "x"},
+            {"role": "assistant", "content": "", "tool_calls": [
+                {"id": "a", "type": "function", "function": {"name": "f", "arguments": args}}]},
+            {"role": "tool", "tool_call_id": "a", "content": "r"}]
+    for fmt in (GENERIC, HERMES, KIMI_K2):
+        out, _ = prepare_messages(msgs, (), fmt)
+        assert args in json.dumps(out) or args in str(out), fmt.name
