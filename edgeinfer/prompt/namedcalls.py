@@ -186,8 +186,7 @@ class NamedCallParser:
             return True
         if at == -1:
             return False
-        self._name = name.strip().removeprefix(fmt.name_prefix) if fmt.name_prefix else (
-            name.strip())
+        self._name = name.strip().removeprefix(fmt.name_prefix)
         if not self._name:
             self._give_back(out)
             return True

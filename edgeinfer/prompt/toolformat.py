@@ -61,7 +61,7 @@ reasoning, ``final`` the answer, ``commentary to=functions.NAME`` a call.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 
 @dataclass(frozen=True, slots=True)
@@ -201,10 +201,8 @@ KIMI_K2 = ToolFormat("kimi_k2", "", syntax="named", block_open="<|tool_calls_sec
 DSML = ToolFormat("dsml", "", syntax="named", args="dsml",
                   block_open="<｜DSML｜function_calls>", block_close="</｜DSML｜function_calls>",
                   call_open='<｜DSML｜invoke name="', name_end='">', call_close="</｜DSML｜invoke>")
-DSML_V4 = ToolFormat("dsml_v4", "", syntax="named", args="dsml",
-                     block_open="<｜DSML｜tool_calls>", block_close="</｜DSML｜tool_calls>",
-                     call_open='<｜DSML｜invoke name="', name_end='">',
-                     call_close="</｜DSML｜invoke>")
+DSML_V4 = replace(DSML, name="dsml_v4", block_open="<｜DSML｜tool_calls>",
+                  block_close="</｜DSML｜tool_calls>")
 GEMMA4 = ToolFormat("gemma4", "", syntax="named", args="gemma", call_open="<|tool_call>call:",
                     name_end="{", call_close="<tool_call|>")
 HARMONY = ToolFormat("harmony", "", syntax="harmony", max_calls=1)

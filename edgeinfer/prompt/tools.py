@@ -244,6 +244,16 @@ def call_parser(fmt: ToolFormat, types: dict[str, dict[str, str]] | None = None)
     return CallParser(fmt)
 
 
+def arguments_parse(arguments: str) -> bool:
+    """Whether a call's arguments are whole JSON (not cut off, not nested past what the
+    JSON reader goes)."""
+    try:
+        json.loads(arguments)
+    except (ValueError, RecursionError):
+        return False
+    return True
+
+
 def parse_tool_calls(text: str, fmt: ToolFormat = GENERIC,
                      types: dict[str, dict[str, str]] | None = None
                      ) -> tuple[str | None, list[ToolCall]]:
@@ -260,11 +270,4 @@ def parse_tool_calls(text: str, fmt: ToolFormat = GENERIC,
             calls[e.index].arguments += e.text
     # The arguments are the model's own text (as streamed); a call cut off by max_tokens,
     # whose arguments do not parse, is left out.
-    complete = []
-    for c in calls:
-        try:
-            json.loads(c.arguments)
-        except (ValueError, RecursionError):
-            continue
-        complete.append(c)
-    return (content.strip() or None), complete
+    return (content.strip() or None), [c for c in calls if arguments_parse(c.arguments)]

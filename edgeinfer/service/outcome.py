@@ -3,11 +3,11 @@ answer with one body."""
 
 from __future__ import annotations
 
-import json
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 
 from edgeinfer.engine.logprobs import TokenLogprob
+from edgeinfer.prompt.tools import arguments_parse
 from edgeinfer.service.events import (
     ErrorEvent,
     Event,
@@ -44,14 +44,6 @@ class Outcome:
     choices: list[ChoiceOutcome]
     usage: UsageReport
     timings: dict[str, float] | None = None
-
-
-def _parses(arguments: str) -> bool:
-    try:
-        json.loads(arguments)
-    except (ValueError, RecursionError):
-        return False
-    return True
 
 
 async def gather(events: AsyncIterator[Event], num_choices: int) -> Outcome:
@@ -93,7 +85,7 @@ async def gather(events: AsyncIterator[Event], num_choices: int) -> Outcome:
     assert usage is not None, "a generation ends with its usage"
     for i, c in enumerate(choices):
         c.text, c.reasoning = "".join(texts[i]), "".join(reasoning[i])
-        c.calls = [k for k in calls[i] if c.finish == "length" or _parses(k.arguments)]
+        c.calls = [k for k in calls[i] if c.finish == "length" or arguments_parse(k.arguments)]
         if c.finish == "tool_calls" and not c.calls:
             c.finish = "stop"
     return Outcome(choices, usage, timings)
