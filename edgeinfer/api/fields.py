@@ -185,6 +185,16 @@ def texts_or_tokens(value: Any, param: str, limit: int
     return tuple(items)
 
 
+def token_ids(value: Any, param: str) -> tuple[int, ...]:
+    """A list of token ids (null or [] for none)."""
+    if value is None or value == []:
+        return ()
+    if not _is_tokens(value) or not all(0 <= t < MAX_VOCAB for t in value):
+        raise InvalidRequest(f"'{param}' must be a list of token ids (integers in "
+                             f"0..{MAX_VOCAB - 1})", param=param)
+    return tuple(value)
+
+
 def metadata(b: Body) -> dict[str, str]:
     """OpenAI's ``metadata``: at most 16 keys (64 characters) mapped to strings (512)."""
     raw = b.body.get("metadata", {})

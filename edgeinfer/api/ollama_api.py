@@ -25,7 +25,10 @@ answer 501: models come from models.toml (``edgeinfer pull`` installs their file
   (``ModelPool.keep``); a request without it changes nothing. No messages / an empty prompt loads
   the model, or with keep_alive 0 unloads it (409 while it serves requests).
 - /api/generate: ``system``; ``raw`` skips the template; a non-empty ``template``,
-  ``suffix``, ``context`` or ``images`` is refused; no ``context`` is returned.
+  ``suffix`` or ``images`` is refused. ``context`` (token ids, deprecated by Ollama) comes
+  before the rendered prompt, after its BOS; the last line of an answer that is not
+  ``raw`` gives ``context``: the prompt's tokens (BOS left out) and the answer's, so that
+  sending it back continues the conversation (from the prefix cache).
   A prompt longer than the context keeps its first ``options.num_keep`` tokens (4) and its
   tail, room left for the answer (``truncate`` false: a 400); ``shift`` is ignored.
 - Unknown body fields are logged and ignored, as Ollama does. A name may end in ``:latest``.
@@ -213,7 +216,8 @@ def conversation(raw: Any) -> tuple[dict[str, Any], ...]:
 
 
 def _parsed(b: Body, prompt: ChatPrompt | TextPrompts | None, headers: dict[str, str],
-            tools: tuple[Any, str, bool] = ((), "none", True)) -> Parsed:
+            tools: tuple[Any, str, bool] = ((), "none", True),
+            context: tuple[int, ...] = ()) -> Parsed:
     """Every field a generation body shares, checked even when ``prompt`` is None (a body
     that only loads or unloads the model)."""
     model = b.string("model", required=True)
@@ -226,7 +230,7 @@ def _parsed(b: Body, prompt: ChatPrompt | TextPrompts | None, headers: dict[str,
         constraint=Constraint(json_schema=json_schema, json_object=json_object, tools=tools[0],
                               tool_choice=tools[1], parallel_tool_calls=tools[2]),
         template_kwargs=_think(b), max_tokens_is_cap=True,
-        keep_head=_num_keep(b) if truncate else None)
+        keep_head=_num_keep(b) if truncate else None, context=context)
     return Parsed(model, req if prompt is not None else None, b.boolean("stream", True),
                   keep_alive(b.body.get("keep_alive")), truncate)
 
@@ -266,19 +270,22 @@ def parse_generate(body: Any, headers: dict[str, str]) -> Parsed:
     b = Body(known(body, GENERATE_FIELDS), GENERATE_FIELDS)
     for names, why in [(("template",), "the model's chat template is used ('raw': no template)"),
                        (("suffix",), "fill-in-the-middle is not available"),
-                       (("context",), "none is returned; send the conversation to /api/chat"),
                        (("images",), "no model here sees images"),
                        (("width", "height", "steps"), "image generation is not available")]:
         for name in names:
             if b.body.get(name) not in (None, "", [], 0):
                 raise InvalidRequest(f"'{name}' is not supported: {why}", param=name)
     prompt, system, raw = b.string("prompt") or "", b.string("system"), b.boolean("raw")
-    if raw and system:
-        raise InvalidRequest("'system' has no effect with 'raw'", param="system")
+    context = fields.token_ids(b.body.get("context"), "context")
+    for name, given in (("system", system), ("context", context)):
+        if raw and given:
+            raise InvalidRequest(f"'{name}' has no effect with 'raw'", param=name)
     msgs = ({"role": "system", "content": system},) if system else ()
     shaped = TextPrompts((prompt,)) if raw else ChatPrompt(
         (*msgs, {"role": "user", "content": prompt}), plain_without_template=True)
-    return _parsed(b, shaped if prompt else None, headers)
+    parsed = _parsed(b, shaped if prompt else None, headers, context=context)
+    parsed.returns_context = not raw
+    return parsed
 
 
 # -- handlers --------------------------------------------------------------------------

@@ -17,7 +17,7 @@ import logging
 import re
 import time
 import uuid
-from collections.abc import AsyncIterator, Iterable
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -88,6 +88,7 @@ class Parsed:
     stream: bool
     keep_alive: float | None  # seconds (inf: forever), None when not given
     truncate: bool = True  # a chat too long for the context drops its oldest turns
+    returns_context: bool = False  # the last line gives ``context`` (generate, not raw)
 
 
 @dataclass(slots=True)
@@ -99,6 +100,8 @@ class Meta:
     path: str  # the request's path, for the shape of a mid-stream error
     started_ns: int = field(default_factory=time.perf_counter_ns)
     load_ns: int = 0  # time spent loading the model for this request
+    # the raw output -> the last line's ``context`` (None: no context is given)
+    context: Callable[[str], Awaitable[list[int]]] | None = None
 
     def line(self, text: str = "", thinking: str = "",
              calls: list[CallOutcome] | None = None) -> dict[str, Any]:
@@ -113,10 +116,13 @@ class Meta:
             body["tool_calls"] = tool_calls(calls)
         return {**out, "done": False}
 
-    def final(self, line: dict[str, Any], finish: str, usage: ev.UsageReport | None,
-              timings: dict[str, float] | None) -> dict[str, Any]:
-        """``line`` as the last one: done, why, and the counts and durations."""
+    async def final(self, line: dict[str, Any], finish: str, usage: ev.UsageReport | None,
+                    timings: dict[str, float] | None, raw: str = "") -> dict[str, Any]:
+        """``line`` as the last one: done, why, the counts and durations, and
+        ``context`` when it is given."""
         t = timings or {}
+        if self.context is not None:
+            line = {**line, "context": await self.context(raw)}
         return {**line, "done": True, "done_reason": "length" if finish == "length" else "stop",
                 "total_duration": time.perf_counter_ns() - self.started_ns,
                 "load_duration": self.load_ns,
@@ -145,7 +151,7 @@ async def stream_lines(meta: Meta, events: AsyncIterator[ev.Event]
     """The NDJSON lines of a streamed answer (one choice); closes ``events`` at the end or
     when abandoned, which aborts the generation."""
     calls: list[CallOutcome] = []  # the call begun, sent whole when the next begins or at the end
-    finish, usage, timings = "stop", None, None
+    finish, usage, timings, raw = "stop", None, None, ""
     try:
         async for e in events:
             if isinstance(e, ev.ErrorEvent):
@@ -165,10 +171,10 @@ async def stream_lines(meta: Meta, events: AsyncIterator[ev.Event]
                     calls.append(CallOutcome(e.id or "", e.name, ""))
                 calls[-1].arguments += e.arguments
             elif isinstance(e, ev.Finish):
-                finish, timings = e.reason, e.timings
+                finish, timings, raw = e.reason, e.timings, e.raw
             elif isinstance(e, ev.UsageReport):
                 usage = e
-        yield meta.final(meta.line(), finish, usage, timings)
+        yield await meta.final(meta.line(), finish, usage, timings, raw)
     finally:
         await events.aclose()  # type: ignore[attr-defined]
 
@@ -178,7 +184,7 @@ async def whole(meta: Meta, events: AsyncIterator[ev.Event]) -> dict[str, Any]:
     out = await gather(events, 1)
     c = out.choices[0]
     line = meta.line(c.text, c.reasoning, c.calls)
-    return meta.final(line, c.finish, out.usage, out.timings)
+    return await meta.final(line, c.finish, out.usage, out.timings, c.raw)
 
 
 class NdjsonStream(StreamingResponse):
@@ -261,6 +267,8 @@ async def answer(request: Request, parsed: Parsed, name: str, chat: bool) -> Res
         return await _load_or_unload(p, name, parsed, meta)
     meta.load_ns = await _load(p, name)
     gen = await _fitting(request, replace(parsed.req, model=name), parsed.truncate)
+    if parsed.returns_context:
+        meta.context = gen.conversation
     after = _unload_after(request, gen.model) if parsed.keep_alive == 0 else None
     if parsed.keep_alive:  # seconds after this request (inf: for good) instead of the ttl
         p.keep(gen.model, parsed.keep_alive)

@@ -211,6 +211,10 @@ class ServedModel:
     def tokenize_text(self, text: str) -> list[int]:
         return self.runtime.tokenize(text, add_special=True, parse_special=True)
 
+    def bos_head(self) -> list[int]:
+        """The tokens the model puts before every prompt: [BOS], or none."""
+        return self.runtime.tokenize("", add_special=True, parse_special=False)
+
     def system_prefix(self, messages: list[dict[str, Any]]) -> list[int]:
         """Tokens of messages rendered as the start of a conversation (no generation prompt)."""
         return self.chat_prompt(messages, add_generation_prompt=False)

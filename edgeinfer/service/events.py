@@ -50,6 +50,7 @@ class Finish:
     timings: dict[str, float] | None = None
     stop_word: str | None = None  # the request's stop string that ended it, if one did
     stopped: bool = False  # a stop string ended it (the request's, or one the server added)
+    raw: str = ""  # the choice's whole output as the model wrote it, before it was read
 
 
 @dataclass(frozen=True, slots=True)

@@ -14,7 +14,7 @@ import asyncio
 import contextlib
 import functools
 import logging
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, replace
 
 from edgeinfer.engine.delta import Delta, Failure, FailureCode
@@ -50,6 +50,9 @@ class Generation:
     piece: Callable[[int], bytes]  # token id -> its bytes (for logprobs)
     events: AsyncIterator[Event]
     prompt_tokens: int = 0  # of every distinct prompt, before any generation
+    # a choice's raw output -> the first prompt's tokens (BOS left out) and the output's
+    # (Ollama's ``context``)
+    conversation: Callable[[str], Awaitable[list[int]]] | None = None
 
 
 MAX_PREDICTION = 8192  # tokens of a request's prediction that draft (the rest: not used)
@@ -127,8 +130,8 @@ async def generate(pool: ModelPool, req: GenerateRequest, leases: list[Lease],
                for k, (_, prompt, p) in enumerate(jobs)]
     events = to_events(merge(streams), [pi for pi, _, _ in jobs], [len(p) for p in prompts],
                        reading, implicit, lambda k: served.finish_early(f"{request_id}-{k}"))
-    return Generation(served.cfg.id, len(jobs), served.runtime.piece, events,
-                      sum(len(p) for p in prompts))
+    return Generation(served.cfg.id, len(jobs), served.runtime.piece, events, sum(
+        map(len, prompts)), functools.partial(_conversation, served, prompts[0]))
 
 
 def middle_cut(tokens: list[int], n_ctx: int, keep: int, max_tokens: int | None,
@@ -166,6 +169,9 @@ def _check_vocab(req: GenerateRequest, n_vocab: int) -> None:
         if tok >= n_vocab:
             raise InvalidRequest(f"'logit_bias' token id {tok} is outside the vocabulary "
                                  f"(0..{n_vocab - 1})", param="logit_bias")
+    if any(t >= n_vocab for t in req.context):
+        raise InvalidRequest(f"'context' token ids must be in 0..{n_vocab - 1}",
+                             param="context")
     if not isinstance(req.prompt, ChatPrompt):
         for p in req.prompt.prompts:
             if isinstance(p, list) and any(t >= n_vocab for t in p):
@@ -197,8 +203,26 @@ def reading_for(served: ServedModel, req: GenerateRequest, prompt_tail: str) -> 
         types=parameter_types(req.constraint.tools) if offers else {})
 
 
+async def _conversation(served: ServedModel, prompt: list[int], output: str) -> list[int]:
+    head, tail = await served.run(lambda: (served.bos_head(), served.runtime.tokenize(
+        output, add_special=False, parse_special=True)))
+    return [*prompt[len(head) if head and prompt[:len(head)] == head else 0:], *tail]
+
+
+def with_context(tokens: list[int], context: tuple[int, ...], head: list[int]) -> list[int]:
+    """``context`` placed before ``tokens``, after their BOS (``head``) when they start
+    with it: the tokens of Ollama's context text before a prompt, tokenized whole."""
+    if head and tokens[:len(head)] == head:
+        return [*head, *context, *tokens[len(head):]]
+    return [*context, *tokens]
+
+
 async def _prompts(served: ServedModel, req: GenerateRequest) -> Prompts:
-    """Render and tokenize the prompts (off the event loop)."""
+    """Render and tokenize the prompts (off the event loop), ``req.context`` first."""
+    if req.context:
+        read = await _prompts(served, replace(req, context=()))
+        head = await served.run(served.bos_head)
+        return replace(read, tokens=[with_context(t, req.context, head) for t in read.tokens])
     if isinstance(req.prompt, ChatPrompt):
         tools = req.constraint.tools if req.constraint.offers_tools else ()
         chat = await served.run(functools.partial(
@@ -274,6 +298,7 @@ async def to_events(merged: AsyncIterator[tuple[int, Delta]], prompt_of: list[in
     stop string, when one of them ends a choice); ``end(i)``: asks the engine to finish
     choice i now (its finishing delta still comes)."""
     readers = [ChoiceReader(i, reading) for i in range(len(prompt_of))]
+    raw: list[list[str]] = [[] for _ in prompt_of]  # each choice's output as written
     ended: set[int] = set()
     completion = 0
     cached: dict[int, int] = {}  # prompt index -> fewest cached tokens among its choices
@@ -284,6 +309,7 @@ async def to_events(merged: AsyncIterator[tuple[int, Delta]], prompt_of: list[in
                 return
             if d.finish_reason == "length" and implicit and d.text:
                 d = replace(d, text=_without_marker_start(d.text, implicit))
+            raw[i].append(d.text)
             for e in readers[i].read(d):
                 yield e
             if readers[i].repeated and i not in ended and end is not None:
@@ -298,7 +324,7 @@ async def to_events(merged: AsyncIterator[tuple[int, Delta]], prompt_of: list[in
                     reason = "tool_calls"
                 word = None if d.stop_word in implicit else d.stop_word
                 yield Finish(i, reason, d.completion_tokens, d.timings, word,
-                             d.stop_word is not None)
+                             d.stop_word is not None, "".join(raw[i]))
         yield UsageReport(sum(prompt_lengths), completion, sum(cached.values()))
     finally:
         await merged.aclose()  # type: ignore[attr-defined]

@@ -37,6 +37,7 @@ class ChoiceOutcome:
     stop_word: str | None = None  # the stop string that ended it, if one did
     stopped: bool = False  # a stop string ended it (the request's or the server's)
     logprobs: list[TokenLogprob] = field(default_factory=list)
+    raw: str = ""  # the output as the model wrote it (reasoning and call markup included)
 
 
 @dataclass(slots=True)
@@ -79,6 +80,7 @@ async def gather(events: AsyncIterator[Event], num_choices: int) -> Outcome:
                 choices[e.choice].completion_tokens = e.completion_tokens
                 choices[e.choice].stop_word = e.stop_word
                 choices[e.choice].stopped = e.stopped
+                choices[e.choice].raw = e.raw
                 timings = timings or e.timings
     finally:
         await events.aclose()  # type: ignore[attr-defined]

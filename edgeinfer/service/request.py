@@ -78,6 +78,9 @@ class GenerateRequest:
     keep_head: int | None = None
     # OpenAI's Predicted Outputs: text the answer is expected to repeat (drafts, not output)
     prediction: str | None = None
+    # token ids placed before each prompt's own (after its BOS): Ollama's ``context``, an
+    # earlier answer's conversation so far
+    context: tuple[int, ...] = ()
 
     @property
     def num_choices(self) -> int:

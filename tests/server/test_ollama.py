@@ -173,17 +173,62 @@ def test_generate_whole_streamed_raw_and_system(oc: ollama.Client) -> None:
     oc.generate(model="default", prompt="Name a color.", options=opts)
     r = oc.generate(model="default", prompt="Name a color.", options=opts)
     assert r.done is True and r.response and r.done_reason in ("stop", "length")
-    assert r.context is None and r.eval_count is not None and 0 < r.eval_count <= 12
+    assert r.context and r.eval_count is not None and 0 < r.eval_count <= 12
     parts = list(oc.generate(model="default", prompt="Name a color.", options=opts,
                              stream=True))
     assert "".join(p.response or "" for p in parts[:-1]) == r.response
     assert parts[-1].done is True and parts[-1].eval_count == r.eval_count
+    assert parts[-1].context == r.context and not any(p.context for p in parts[:-1])
     raw = oc.generate(model="default", prompt="1, 2, 3, 4,", raw=True, options=opts)
     assert raw.prompt_eval_count is not None and raw.prompt_eval_count < 15  # no template
+    assert raw.context is None  # as Ollama: a raw prompt has no conversation to continue
     short, long = (oc.generate(model="default", prompt="Name a color.", system=system,
                                options=opts) for system in ("Be brief.", "Be brief. " * 12))
     assert short.prompt_eval_count and long.prompt_eval_count
     assert long.prompt_eval_count >= short.prompt_eval_count + 20
+
+
+def _detokenize(server: ServerProcess, tokens: list[int]) -> str:
+    return str(_post(server, "/detokenize", {"tokens": tokens}).json()[
+        "content"])
+
+
+def test_generate_context_continues_the_conversation(oc: ollama.Client,
+                                                     server: ServerProcess) -> None:
+    """Ollama's (deprecated) ``context``: the last line gives the conversation's tokens;
+    sent back, they come before the next prompt, and their KV comes from the cache."""
+    opts = {"num_predict": 10, "temperature": 0}
+    first = oc.generate(model="default", prompt="My name is Ada.", options=opts)
+    assert first.context and first.prompt_eval_count
+    text = _detokenize(server, list(first.context))
+    assert "My name is Ada." in text and text.endswith(first.response)
+    # the prompt's tokens first (no BOS: this model adds none), then the answer's
+    assert len(first.context) >= first.prompt_eval_count + 1
+    hits = server.engine_stats()["prefix_cache"]
+    assert isinstance(hits, dict)
+    before = int(hits["hit_tokens"])
+    second = oc.generate(model="default", prompt="What is my name?", context=first.context,
+                         options=opts)
+    assert second.prompt_eval_count and second.prompt_eval_count > len(first.context) + 5
+    assert second.context and second.context[:len(first.context)] == first.context
+    text = _detokenize(server, list(second.context))
+    assert text.count("My name is Ada.") == 1 and "What is my name?" in text
+    after = server.engine_stats()["prefix_cache"]
+    assert isinstance(after, dict)
+    assert int(after["hit_tokens"]) - before >= first.prompt_eval_count  # not computed again
+    streamed = list(oc.generate(model="default", prompt="What is my name?",
+                                context=first.context, options=opts, stream=True))
+    assert streamed[-1].context == second.context
+    # an empty or null context is none at all
+    for empty in ([], None):
+        body = {"model": "default", "prompt": "My name is Ada.", "stream": False,
+                "context": empty, "options": opts}
+        assert _post(server, "/api/generate", body).json()["context"] == first.context
+    # a token id outside this model's vocabulary: a 400 naming it, the server unharmed
+    bad = _post(server, "/api/generate", {"model": "default", "prompt": "x",
+                                          "context": [1, 10_000_000]})
+    assert bad.status_code == 400 and "context" in bad.json()["error"]
+    assert oc.generate(model="default", prompt="Hi", options=opts).done
 
 
 def test_list_show_ps(oc: ollama.Client) -> None:
@@ -288,7 +333,11 @@ BAD: list[tuple[str, dict[str, Any], str]] = [
     ("/api/generate", {"model": "default", "prompt": "x", "suffix": "y"}, "suffix"),
     ("/api/generate", {"model": "default", "prompt": "x", "template": "{{ .Prompt }}"},
      "template"),
-    ("/api/generate", {"model": "default", "prompt": "x", "context": [1, 2]}, "context"),
+    ("/api/generate", {"model": "default", "prompt": "x", "context": "1 2"}, "context"),
+    ("/api/generate", {"model": "default", "prompt": "x", "context": [1, -2]}, "context"),
+    ("/api/generate", {"model": "default", "prompt": "x", "context": [1.5]}, "context"),
+    ("/api/generate", {"model": "default", "prompt": "x", "context": [1], "raw": True},
+     "context"),
     ("/api/generate", {"model": "default", "prompt": 5}, "prompt"),
     ("/api/embed", {"model": "default", "input": [1, 2]}, "input"),
     ("/api/embed", {"model": "default", "input": ["ok", ""]}, "input"),
@@ -412,6 +461,21 @@ def test_stream_lines_send_calls_whole_and_end_with_the_counts() -> None:
     assert (last["prompt_eval_count"], last["eval_count"]) == (5, 9)
     assert (last["prompt_eval_duration"], last["eval_duration"]) == (2_000_000, 3_500_000)
     assert closed == [True]
+
+
+def test_the_last_line_gives_the_context_of_the_raw_output() -> None:
+    seen: list[str] = []
+
+    async def conversation(raw: str) -> list[int]:
+        seen.append(raw)
+        return [7, 8]
+
+    items = [ev.TextDelta(0, "Hi"), ev.Finish(0, "stop", 2, raw="<think>x</think>Hi"),
+             ev.UsageReport(5, 2, 0)]
+    meta = Meta("m", False, "/api/generate", context=conversation)
+    lines = asyncio.run(_all(stream_lines(meta, _source(items, []))))
+    assert "context" not in lines[0] and lines[-1]["context"] == [7, 8]
+    assert seen == ["<think>x</think>Hi"]
 
 
 def test_stream_lines_end_with_an_error_line() -> None:

@@ -19,7 +19,13 @@ from edgeinfer.service.events import (
     ToolCallDelta,
     UsageReport,
 )
-from edgeinfer.service.generation import failure_error, merge, middle_cut, to_events
+from edgeinfer.service.generation import (
+    failure_error,
+    merge,
+    middle_cut,
+    to_events,
+    with_context,
+)
 from edgeinfer.service.reader import Reading
 
 
@@ -126,6 +132,14 @@ def test_reasoning_is_split_from_the_answer_and_a_call_after_it_is_parsed() -> N
     calls = [e for e in events if isinstance(e, ToolCallDelta)]
     assert calls[0].name == "f" and "".join(c.arguments for c in calls) == "{}"
     assert [e.reason for e in events if isinstance(e, Finish)] == ["tool_calls"]
+    # the finish carries the output as the model wrote it (Ollama's context is made of it)
+    assert [e.raw for e in events if isinstance(e, Finish)] == ["".join(pieces)]
+
+
+def test_context_goes_after_the_bos_or_first() -> None:
+    assert with_context([1, 5, 6], (7, 8), [1]) == [1, 7, 8, 5, 6]
+    assert with_context([5, 6], (7, 8), [1]) == [7, 8, 5, 6]  # no BOS in the prompt
+    assert with_context([5, 6], (7, 8), []) == [7, 8, 5, 6]  # a model with no BOS
 
 
 def test_reasoning_off_leaves_think_tags_in_the_text() -> None:
