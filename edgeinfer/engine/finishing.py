@@ -18,6 +18,7 @@ import numpy as np
 import numpy.typing as npt
 
 from edgeinfer.engine.delta import Delta, Failure, FailureCode
+from edgeinfer.engine.dry import DryCache
 from edgeinfer.engine.handles import ContextPtr
 from edgeinfer.engine.logprobs import TokenLogprob, token_logprob
 from edgeinfer.engine.native import LlamaRuntime
@@ -47,10 +48,10 @@ class Output:
 
 
 def open_output(seq: Sequence, sink: DeltaSink, runtime: LlamaRuntime,
-                eog_bans: tuple[int, ...]) -> Output:
+                eog_bans: tuple[int, ...], dry: DryCache | None = None) -> Output:
     """A request's Output; ValueError or MemoryError if its sampler cannot be built."""
     sampler = SamplerChain(seq.params, runtime.info.n_vocab, eog_bans, runtime.vocab,
-                           runtime.piece, runtime.info.n_ctx)
+                           runtime.piece, runtime.info.n_ctx, dry)
     return Output(sink, sampler, TextStream(seq.params.stop))
 
 

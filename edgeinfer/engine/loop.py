@@ -6,11 +6,10 @@ from a per-request asyncio queue that the engine fills with ``Delta`` objects,
 once per step, via ``loop.call_soon_threadsafe``. No lock is ever held around
 the model.
 
-One step: drain the inbox -> ``_schedule()`` (time limits, admission, the prefix
-policy of ``prefix_wait``, the scheduler's batch plan) -> one llama_decode for all
-slots -> ``_postprocess()``: sample each slot that needs a token and apply the
-finishing rules of ``finishing`` -> deliver deltas to the event loop. What the
-engine reports is computed in ``report``.
+One step: drain the inbox -> ``_schedule()`` (time limits, admission, ``prefix_wait``, the
+batch plan) -> one llama_decode for all slots -> ``_postprocess()`` (sampling, ``finishing``)
+-> deltas to the event loop. A DRY sampler (slow to make: ``dry``) is made before its request
+is submitted, off the engine thread. What the engine reports: ``report``.
 """
 
 from __future__ import annotations
@@ -27,6 +26,7 @@ from edgeinfer.engine.batch import Run
 from edgeinfer.engine.decode_errors import DECODE_OK, after_decode_error
 from edgeinfer.engine.delta import Delta, Failure, FailureCode
 from edgeinfer.engine.draft_model import DraftModel
+from edgeinfer.engine.dry import DryCache
 from edgeinfer.engine.finishing import DeltaSink, LogitsSource, Output, Sampled, overdue
 from edgeinfer.engine.lane import SEQ, Lane
 from edgeinfer.engine.messages import Abort, Call, FailAll, Message, Stop, Submit, Unpin
@@ -53,6 +53,7 @@ class Engine:
                                    cfg.prefill_batch, cfg.step_target_ms / 1000,
                                    draft_budget=2 * cfg.draft_max if drafts else 0)
         self.cache = open_cache(runtime)
+        self.dry = DryCache(runtime.vocab, runtime.info.n_ctx)  # prototypes, by setting
         self.stats = EngineStats()
         self.observer: LatencyObserver | None = None
         self._inbox: queue.SimpleQueue[Message] = queue.SimpleQueue()
@@ -109,17 +110,16 @@ class Engine:
         self, request_id: str, prompt: list[int], params: SamplingParams, *,
         use_cache: bool = True, pin: bool = False, priority: int = 0, group: str = "",
     ) -> AsyncIterator[Delta]:
-        """Run one request; yields deltas until (and including) the finishing one.
-
-        Closing or cancelling the iterator early aborts the request and frees
-        its slot at the engine's next step.
-        """
+        """Run one request; yields deltas until (and including) the finishing one. Closing
+        or cancelling the iterator early aborts the request and frees its slot."""
         if not self.is_running:
             raise EngineError("the engine is not running")
         n_ctx = self.runtime.info.n_ctx
         room = n_ctx - len(prompt)
         assert room > 0, "the HTTP layer rejects prompts that do not fit"
         max_tokens = room if params.max_tokens is None else min(params.max_tokens, room)
+        if params.dry_multiplier > 0.0:  # made in a worker thread, cloned on the engine's
+            await asyncio.to_thread(self.dry.prepare, params)
         sink: asyncio.Queue[Delta] = asyncio.Queue()
         seq = Sequence(request_id, prompt, params, max_tokens, use_cache=use_cache,
                        pin=pin, priority=priority, group=group)
@@ -165,8 +165,8 @@ class Engine:
             self._refuse_calls()
             self._close()
 
-    def _close(self) -> None:  # the lane, the draft model, the context: newest first
-        for part in (p for p in (self._lane, self.draft, self.runtime) if p is not None):
+    def _close(self) -> None:  # DRY prototypes, the lane, the draft model, the context
+        for part in (p for p in (self.dry, self._lane, self.draft, self.runtime) if p is not None):
             part.close()
 
     def _refuse_calls(self) -> None:  # calls still in the inbox when the engine stops
@@ -220,7 +220,7 @@ class Engine:
             if seq.deterministic and self._lane is None:
                 self._lane = Lane(self.runtime)
             bans = self.runtime.eog_tokens() if seq.params.ignore_eos else ()
-            out = finishing.open_output(seq, sink, self.runtime, bans)
+            out = finishing.open_output(seq, sink, self.runtime, bans, self.dry)
         except (ValueError, MemoryError, EngineError) as exc:
             log.warning("request %s: setup failed: %s", seq.request_id, exc)
             self._outbox.append((sink, Delta("", finish_reason="error", failure=Failure(

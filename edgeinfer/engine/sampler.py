@@ -13,6 +13,7 @@ import numpy as np
 import numpy.typing as npt
 
 from edgeinfer.engine.batch import logits_row
+from edgeinfer.engine.dry import DryCache
 from edgeinfer.engine.grammar_check import grammar_sampler
 from edgeinfer.engine.handles import ContextPtr, Sampler, SamplerPtr, VocabPtr
 from edgeinfer.engine.sequence import SamplingParams
@@ -21,7 +22,6 @@ from edgeinfer.engine.trigger import TriggerScan, safe_after
 
 LLAMA_DEFAULT_SEED = 0xFFFFFFFF
 SUBSET = 256  # candidates a grammar-constrained step checks before the whole vocabulary
-MAX_BREAKER_BYTES = 40  # llama.cpp's own cut for a DRY sequence breaker
 _TOKEN_DATA = np.dtype([("id", "<i4"), ("logit", "<f4"), ("p", "<f4")])
 assert _TOKEN_DATA.itemsize == ctypes.sizeof(llama_cpp.llama_token_data)
 
@@ -43,7 +43,7 @@ class SamplerChain:
 
     def __init__(self, params: SamplingParams, n_vocab: int, eog_bans: tuple[int, ...] = (),
                  vocab: VocabPtr | None = None, piece: Callable[[int], bytes] | None = None,
-                 n_ctx: int = 4096):
+                 n_ctx: int = 4096, dry: DryCache | None = None):
         sparams = llama_cpp.llama_sampler_chain_default_params()
         sparams.no_perf = True
         # owns the chain and, once made, the grammar; frees them newest first
@@ -58,7 +58,7 @@ class SamplerChain:
                         if params.reasoning_budget is not None else None)
         self._end_closes = vocab if params.reasoning_end_closes else None
         try:
-            self._build(params, n_vocab, eog_bans, vocab, n_ctx)
+            self._build(params, n_vocab, eog_bans, vocab, n_ctx, dry)
             if params.grammar is not None:
                 self._setup_grammar(params, params.grammar, n_vocab, vocab, piece)
         except BaseException:
@@ -90,7 +90,7 @@ class SamplerChain:
         llama_cpp.llama_sampler_chain_add(self._chain.ptr, smpl)
 
     def _build(self, p: SamplingParams, n_vocab: int, eog_bans: tuple[int, ...],
-               vocab: VocabPtr | None, n_ctx: int) -> None:
+               vocab: VocabPtr | None, n_ctx: int, dry: DryCache | None) -> None:
         bias = dict(p.logit_bias)
         for tok in eog_bans:
             bias[tok] = float("-inf")
@@ -104,8 +104,8 @@ class SamplerChain:
             self._add(llama_cpp.llama_sampler_init_penalties(
                 n_vocab, p.repeat_last_n, p.repeat_penalty, p.frequency_penalty,
                 p.presence_penalty))
-        if p.dry_multiplier > 0.0 and vocab is not None:
-            self._add_dry(p, vocab, n_ctx)
+        if p.dry_multiplier > 0.0 and vocab is not None:  # as llama-server sets it up
+            self._add((dry or DryCache(vocab, n_ctx, size=0)).make(p))
         if p.is_greedy:
             self._add(llama_cpp.llama_sampler_init_greedy())
             return
@@ -133,16 +133,6 @@ class SamplerChain:
             p.temperature, p.dynatemp_range, p.dynatemp_exponent) if p.dynatemp_range > 0.0
             else llama_cpp.llama_sampler_init_temp(p.temperature))
         self._add(llama_cpp.llama_sampler_init_dist(seed))
-
-    def _add_dry(self, p: SamplingParams, vocab: VocabPtr, n_ctx: int) -> None:
-        """DRY (don't repeat yourself), as llama-server sets it up: a penalty window of
-        -1 is the whole context."""
-        breakers = [b.encode()[:MAX_BREAKER_BYTES] for b in p.dry_sequence_breakers]
-        arr = (ctypes.c_char_p * max(1, len(breakers)))(*breakers)
-        last_n = n_ctx if p.dry_penalty_last_n < 0 else p.dry_penalty_last_n
-        self._add(llama_cpp.llama_sampler_init_dry(
-            vocab, p.dry_multiplier, p.dry_base, p.dry_allowed_length, last_n, arr,
-            len(breakers)))
 
     def sample(self, ctx: ContextPtr, batch_index: int) -> int:
         # a reasoning block over its budget is closed by force; never under an active

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import threading
 from collections.abc import Iterator
 from typing import Any
 
@@ -146,3 +147,46 @@ def test_a_lone_prompt_is_computed_in_prefill_sized_pieces() -> None:
         assert last.finish_reason == "length" and last.completion_tokens == 2
         steps[prefill] = served.engine.stats.steps
     assert steps[64] == 8 + 1 and steps[256] == 2 + 1  # 500 prompt tokens, then 1 decode
+
+
+def test_a_dry_sampler_is_made_off_the_engine_thread_then_cloned(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """DRY scans the vocabulary for each breaker when it is made (160 ms for long ones):
+    it is made once per setting in a worker thread and cloned on the engine thread, with
+    the same output as one made on the spot."""
+    from edgeinfer.engine.dry import DryCache
+    threads: list[str] = []
+    build = DryCache._build
+
+    def spy(self: DryCache, key: Any) -> Any:
+        threads.append(threading.current_thread().name)
+        return build(self, key)
+
+    monkeypatch.setattr(DryCache, "_build", spy)
+    params = SamplingParams(temperature=0, max_tokens=24, dry_multiplier=2.0,
+                            dry_allowed_length=1, dry_sequence_breakers=("abcdefghijklmnop",))
+    with _model(context=512, slots=2, batch=64, threads=2) as served:
+        prompt = served.tokenize_chat(served.template.render(
+            [{"role": "user", "content": "Repeat: one two one two one two one two"}]))
+
+        async def main() -> list[str]:
+            served.engine.start(asyncio.get_running_loop())
+            texts = []
+            for i in range(2):
+                async for d in served.engine.generate(f"dry{i}", prompt, params,
+                                                      use_cache=False):
+                    texts.append(d.text)
+                texts.append("|")
+            served.engine.dry.close()
+            served.engine.dry = DryCache(served.runtime.vocab, served.runtime.info.n_ctx,
+                                         size=0)  # made on the spot, for comparison
+            async for d in served.engine.generate("dry-spot", prompt, params,
+                                                  use_cache=False):
+                texts.append(d.text)
+            return "".join(texts).split("|")
+
+        first, second, spot = asyncio.run(main())
+    assert first == second == spot and first
+    engine = f"engine-{served.cfg.id}"
+    assert len(threads) == 2 and threads[0] != engine  # prepared once, then cloned
+    assert threads[1] == engine  # the one made on the spot
