@@ -28,6 +28,7 @@ from edgeinfer.api import (
     ollama_api,
     openai_responses,
     ops,
+    stored_chats,
     tokens,
 )
 from edgeinfer.api.apply_template import apply_template
@@ -73,6 +74,7 @@ ROUTES = [
     Route("/v1/cache/pin", cache_routes.pin_prefix, methods=["POST"]),
     Route("/v1/cache/pins", cache_routes.unpin_prefixes, methods=["DELETE"]),
     *openai_responses.ROUTES,
+    *stored_chats.ROUTES,
     *anthropic_messages.ROUTES,
     *ollama_api.ROUTES,
 ]

@@ -12,10 +12,13 @@
 
 from __future__ import annotations
 
+import hashlib
 import hmac
 import re
 from collections.abc import Awaitable, Callable, MutableMapping
 from typing import Any
+
+from starlette.requests import Request
 
 from edgeinfer.api.errors import dialect_path, error_body
 from edgeinfer.errors import APIError, AuthenticationFailed, PermissionDenied
@@ -146,6 +149,19 @@ class ApiKeyGuard:
                 code="invalid_api_key"))
             return
         await self.app(scope, receive, send)
+
+
+def key_owner(request: Request) -> str:
+    """Whose stored objects (responses, chat completions) these are: on a server with API
+    keys, the SHA-256 of the key the request gave (the bearer token, else x-api-key, as the
+    guard reads it); on a server without keys, everybody's ("": any local client reads what
+    another stored)."""
+    if not request.app.state.pool.config.api_keys:
+        return ""
+    headers = request.headers
+    auth = headers.get("authorization", "")
+    key = auth[7:].strip() if auth[:7].lower() == "bearer " else headers.get("x-api-key", "")
+    return hashlib.sha256(key.encode()).hexdigest() if key else ""
 
 
 def front_door(app: ASGIApp, *, api_keys: tuple[str, ...] = (),

@@ -19,6 +19,7 @@ from edgeinfer.api.fields import MAX_CHOICES, MAX_TOKENS_LIMIT, Body
 from edgeinfer.api.messages import messages
 from edgeinfer.api.openai_render import CompletionMeta
 from edgeinfer.api.respond import respond
+from edgeinfer.api.stored_chats import saver
 from edgeinfer.errors import InvalidRequest
 from edgeinfer.prompt.tools import ToolSpec
 from edgeinfer.service.request import ChatPrompt, Constraint, GenerateRequest
@@ -256,4 +257,4 @@ async def chat_completions(request: Request) -> Response:
     req, stream, include_usage = parse(body, dict(request.headers))
     legacy = isinstance(body, dict) and body.get("functions") is not None
     return await respond(request, req, CompletionMeta("chat", functions=legacy), stream,
-                         include_usage)
+                         include_usage, saver(request, body))

@@ -20,7 +20,6 @@ user message; instructions stay) until it fits; "disabled" (default): 400
 
 from __future__ import annotations
 
-import hashlib
 import re
 from dataclasses import dataclass, field
 from typing import Any
@@ -32,6 +31,7 @@ from starlette.routing import Route
 from edgeinfer.api import fields, openai_chat
 from edgeinfer.api.body import read_json
 from edgeinfer.api.fields import MAX_TOKENS_LIMIT, Body
+from edgeinfer.api.guard import key_owner
 from edgeinfer.api.messages import messages
 from edgeinfer.api.respond import (
     CLIENT_GONE,
@@ -247,18 +247,6 @@ def parse(body: Any, headers: dict[str, str], allowed: set[str]) -> Draft:
     return Draft(model, instructions, items, chat_messages(items), previous, constraint,
                  params, echo, b.boolean("stream"), store, echo["truncation"] == "auto",
                  priority, reasoning_format, template_kwargs)
-
-
-def key_owner(request: Request) -> str:
-    """Whose responses these are: on a server with API keys, the SHA-256 of the key the
-    request gave (the bearer token, else x-api-key, as the guard reads it); on a server
-    without keys, everybody's ("": any local client reads what another stored)."""
-    if not pool(request).config.api_keys:
-        return ""
-    headers = request.headers
-    auth = headers.get("authorization", "")
-    key = auth[7:].strip() if auth[:7].lower() == "bearer " else headers.get("x-api-key", "")
-    return hashlib.sha256(key.encode()).hexdigest() if key else ""
 
 
 async def _earlier(request: Request, previous_id: str | None) -> list[dict[str, Any]]:

@@ -5,7 +5,14 @@ from __future__ import annotations
 from typing import Any
 
 from edgeinfer import __version__
-from edgeinfer.api import anthropic_messages, llama_native, ollama_api, openai_responses, samplers
+from edgeinfer.api import (
+    anthropic_messages,
+    llama_native,
+    ollama_api,
+    openai_responses,
+    samplers,
+    stored_chats,
+)
 
 _INT = {"type": "integer"}
 _STR = {"type": "string"}
@@ -131,8 +138,9 @@ def openapi_spec() -> dict[str, Any]:
         "info": {"title": "edgeinfer", "version": __version__,
                  "description": "OpenAI-style API of a local llama.cpp server."},
         "paths": {
-            "/v1/chat/completions": _post("Chat completion", _body(chat, ["model", "messages"]),
-                                          stream=True),
+            "/v1/chat/completions": {"get": stored_chats.LIST_OPENAPI, **_post(
+                "Chat completion", _body(chat, ["model", "messages"]), stream=True)},
+            **stored_chats.OPENAPI_PATHS,
             "/v1/completions": _post("Text completion", _body(completion, ["model", "prompt"]),
                                      stream=True),
             "/v1/embeddings": _post("Embeddings", _body(embed, ["model", "input"])),

@@ -19,12 +19,14 @@ from edgeinfer.api.openai_render import CompletionMeta, Stream, collect, sse_chu
 from edgeinfer.errors import InvalidRequest
 from edgeinfer.models.lease import Lease
 from edgeinfer.models.pool import ModelPool
+from edgeinfer.service.events import Event, UsageReport
 from edgeinfer.service.generation import Generation, generate
 from edgeinfer.service.request import GenerateRequest
 
 LEASES = "edgeinfer.leases"
 CLIENT_GONE = 499  # nginx's status for a request whose client closed the connection
 T = TypeVar("T")
+Save = Callable[[dict[str, Any]], Awaitable[None]]
 
 
 def leases(request: Request) -> list[Lease]:
@@ -99,14 +101,38 @@ async def unless_disconnected(request: Request, work: Awaitable[T]) -> T | None:
 
 
 async def respond(request: Request, req: GenerateRequest, meta: CompletionMeta, stream: bool,
-                  include_usage: bool) -> Response:
-    """Generate ``req`` and answer in OpenAI's shape (``meta.kind``: chat or text)."""
+                  include_usage: bool, save: Save | None = None) -> Response:
+    """Generate ``req`` and answer in OpenAI's shape (``meta.kind``: chat or text);
+    ``save`` gets the whole body once it is answered (a stream's, once it has ended)."""
     gen = await start(request, req, meta.id)
     meta.model, meta.piece = gen.model, gen.piece
     meta.logprobs = req.params.logprobs is not None
     if stream:
-        return sse(request, sse_chunks(meta, gen.events, gen.num_choices, include_usage))
+        events = gen.events if save is None else _saved(meta, gen.events, gen.num_choices, save)
+        return sse(request, sse_chunks(meta, events, gen.num_choices, include_usage))
     body = await unless_disconnected(request, collect(meta, gen.events, gen.num_choices))
     if body is None:
         return Response(status_code=CLIENT_GONE)
+    if save is not None:
+        await save(body)
     return JSONResponse(body)
+
+
+async def _saved(meta: CompletionMeta, events: AsyncIterator[Event], num_choices: int,
+                 save: Save) -> AsyncIterator[Event]:
+    """``events`` passed on; after the last (the usage), the whole body they make is saved.
+    A stream ended early (an error, the client gone) saves nothing."""
+    seen: list[Event] = []
+    try:
+        async for e in events:
+            seen.append(e)
+            yield e
+    finally:
+        await events.aclose()  # type: ignore[attr-defined]
+    if seen and isinstance(seen[-1], UsageReport):
+        await save(await collect(meta, _replay(seen), num_choices))
+
+
+async def _replay(events: list[Event]) -> AsyncIterator[Event]:
+    for e in events:
+        yield e

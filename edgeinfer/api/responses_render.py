@@ -324,10 +324,12 @@ async def collect(meta: ResponseMeta, events: AsyncIterator[Event]) -> dict[str,
     return b.body(meta)
 
 
-def input_items_page(items: list[dict[str, Any]], query: Any) -> dict[str, Any]:
-    """One page of input items (``limit`` 1-100, default 20; ``order`` desc (default) or
-    asc; ``after`` an item id), as OpenAI lists them."""
-    limit, order, after = query.get("limit", "20"), query.get("order", "desc"), query.get("after")
+def input_items_page(items: list[dict[str, Any]], query: Any,
+                     default_order: str = "desc") -> dict[str, Any]:
+    """One page of items (``limit`` 1-100, default 20; ``order`` desc or asc; ``after`` an
+    item id), as OpenAI lists a response's input items (or a chat completion's messages)."""
+    limit, after = query.get("limit", "20"), query.get("after")
+    order = query.get("order", default_order)
     if not limit.isdigit() or not 1 <= int(limit) <= 100:
         raise InvalidRequest("'limit' must be an integer between 1 and 100", param="limit")
     if order not in ("asc", "desc"):
@@ -336,7 +338,7 @@ def input_items_page(items: list[dict[str, Any]], query: Any) -> dict[str, Any]:
     if after is not None:
         ids = [i["id"] for i in ordered]
         if after not in ids:
-            raise InvalidRequest(f"'after' names no input item of this response: {after!r}",
+            raise InvalidRequest(f"'after' names no item of this list: {after!r}",
                                  param="after")
         ordered = ordered[ids.index(after) + 1:]
     page = ordered[:int(limit)]

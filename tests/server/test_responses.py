@@ -552,7 +552,7 @@ def test_truncation_auto_drops_oldest_turns(keyed: tuple[ServerProcess, Path]) -
 
 def test_store_bounds(tmp_path: Path) -> None:
     async def run() -> None:
-        store = ResponseStore(tmp_path / "r.sqlite3", max_responses=3)
+        store = ResponseStore(tmp_path / "r.sqlite3", max_rows=3)
         for i in range(5):
             assert await store.put("o", StoredResponse(f"r{i}", {"i": i}, [], []))
         kept = [await store.get("o", f"r{i}") is not None for i in range(5)]
