@@ -6,9 +6,11 @@ call it.
 The body takes what /v1/completions takes (``n_predict``, llama-server's samplers and
 hints, ``grammar``) plus its ``json_schema`` and ``n_probs`` (each token's top
 probabilities as ``completion_probabilities``); ``model`` may be left out (the first
-configured model). One prompt: a string or token ids. Streamed, each event is a
-``data:`` line with a piece of ``content``; the last has ``stop: true`` and the totals
-(no ``[DONE]``, as llama-server streams it). GET /props describes the model.
+configured model). A prompt is a string or token ids; a list of them answers each (an
+array of objects, each with its prompt's ``index``, as llama-server answers). Streamed,
+each event is a ``data:`` line with a piece of ``content`` and its prompt's ``index``; a
+prompt's last has ``stop: true`` and its counts (no ``[DONE]``, as llama-server streams
+it). GET /props describes the model.
 """
 
 from __future__ import annotations
@@ -25,7 +27,7 @@ from starlette.responses import JSONResponse, Response
 from edgeinfer import __version__
 from edgeinfer.api import fields, samplers
 from edgeinfer.api.body import read_json_any
-from edgeinfer.api.fields import MAX_TOKENS_LIMIT, Body
+from edgeinfer.api.fields import MAX_PROMPTS, MAX_TOKENS_LIMIT, Body
 from edgeinfer.api.ollama_models import file_facts
 from edgeinfer.api.openai_render import HeldLogprobs, token_entries, within
 from edgeinfer.api.respond import CLIENT_GONE, pool, sse, start, unless_disconnected
@@ -57,7 +59,7 @@ def parse(body: Any, default_model: str) -> tuple[GenerateRequest, bool, int]:
                       ("lora", "LoRA adapters are not served")):
         if b.body.get(name) not in (None, False, []):
             raise InvalidRequest(f"'{name}' is not supported: {why}", param=name)
-    prompts = fields.texts_or_tokens(b.body.get("prompt"), "prompt", 1)
+    prompts = fields.texts_or_tokens(b.body.get("prompt"), "prompt", MAX_PROMPTS)
     n_probs = int(b.integer("n_probs", 0, 20, 0) or 0)
     max_tokens = (samplers.n_predict(b, None) if b.present("n_predict")  # llama-server's own
                   else b.integer("max_tokens", 1, MAX_TOKENS_LIMIT, None))
@@ -81,50 +83,56 @@ def _probs(piece: Callable[[int], bytes], items: list[TokenLogprob]) -> list[dic
     return token_entries(piece, items, ids=True)
 
 
-def _final(model: str, fin: ev.Finish | None, usage: ev.UsageReport, content: str,
+def _final(model: str, fin: ev.Finish, prompt_tokens: int, content: str,
            settings: dict[str, Any]) -> dict[str, Any]:
-    reason = fin.reason if fin is not None else "stop"
-    word = fin.stop_word if fin is not None else None
-    return {"index": 0, "content": content, "tokens": [], "id_slot": -1, "stop": True,
-            "model": model, "tokens_predicted": usage.completion_tokens,
-            "tokens_evaluated": usage.prompt_tokens, "generation_settings": settings,
+    """The last object of prompt ``fin.choice``'s answer (``stop: true``, the counts)."""
+    word = fin.stop_word
+    return {"index": fin.choice, "content": content, "tokens": [], "id_slot": -1, "stop": True,
+            "model": model, "tokens_predicted": fin.completion_tokens,
+            "tokens_evaluated": prompt_tokens, "generation_settings": settings,
             "prompt": "", "has_new_line": "\n" in content, "truncated": False,
-            "stop_type": "word" if word else STOP_TYPES.get(reason, "none"),
-            "stopping_word": word or "", "tokens_cached": usage.cached_tokens,
-            "timings": (fin.timings if fin is not None else None) or {}}
+            "stop_type": "word" if word else STOP_TYPES.get(fin.reason, "none"),
+            "stopping_word": word or "", "tokens_cached": fin.cached_tokens,
+            "timings": fin.timings or {}}
 
 
 async def _stream(model: str, piece: Callable[[int], bytes], events: AsyncIterator[ev.Event],
-                  prompt_tokens: int, n_probs: int, settings: dict[str, Any]
+                  prompt_lengths: tuple[int, ...], n_probs: int, settings: dict[str, Any]
                   ) -> AsyncIterator[dict[str, str]]:
-    held, made, fin = HeldLogprobs(piece), 0, None
+    """Each prompt's pieces (``index``: which prompt), then its last object, as each ends."""
+    held = [HeldLogprobs(piece) for _ in prompt_lengths]
+    made = [0] * len(prompt_lengths)
+
+    def piece_of(i: int, text: str, probs: list[TokenLogprob] | None) -> dict[str, str]:
+        out: dict[str, Any] = {
+            "index": i, "content": text, "tokens": [], "stop": False, "id_slot": -1,
+            "tokens_predicted": made[i], "tokens_evaluated": prompt_lengths[i]}
+        if probs is not None:
+            out["completion_probabilities"] = _probs(piece, probs)
+        return {"data": json.dumps(out, ensure_ascii=False)}
+
     try:
         async for e in events:
             if isinstance(e, ev.ErrorEvent):
                 yield {"data": json.dumps(e.error.to_dict())}
                 return
             if isinstance(e, ev.TextDelta):
-                made += 1 if e.logprob is not None or e.text else 0
-                out: dict[str, Any] = {
-                    "index": 0, "content": e.text, "tokens": [], "stop": False, "id_slot": -1,
-                    "tokens_predicted": made, "tokens_evaluated": prompt_tokens}
-                if n_probs:
-                    out["completion_probabilities"] = _probs(piece, held.add(e.text, e.logprob))
-                yield {"data": json.dumps(out, ensure_ascii=False)}
+                made[e.choice] += 1 if e.logprob is not None or e.text else 0
+                yield piece_of(e.choice, e.text, held[e.choice].add(e.text, e.logprob)
+                               if n_probs else None)
             elif isinstance(e, ev.Finish):
-                fin, rest = e, held.finish(e.stopped)
+                rest = held[e.choice].finish(e.stopped)
                 if n_probs and rest:  # the tokens of text released at the end
-                    yield {"data": json.dumps({
-                        "index": 0, "content": "", "tokens": [], "stop": False, "id_slot": -1,
-                        "tokens_predicted": made, "tokens_evaluated": prompt_tokens,
-                        "completion_probabilities": _probs(piece, rest)}, ensure_ascii=False)}
-            elif isinstance(e, ev.UsageReport):
-                yield {"data": json.dumps(_final(model, fin, e, "", settings), ensure_ascii=False)}
+                    yield piece_of(e.choice, "", rest)
+                yield {"data": json.dumps(_final(model, e, prompt_lengths[e.choice], "",
+                                                 settings), ensure_ascii=False)}
     finally:
         await events.aclose()  # type: ignore[attr-defined]
 
 
 async def completion(request: Request) -> Response:
+    """One prompt: one object (streamed: its pieces); several: an array of them, in the
+    prompts' order (streamed: the pieces of all, each with its prompt's ``index``)."""
     p = pool(request)
     req, stream, n_probs = parse(await read_json_any(request), p.config.models[0].id)
     gen = await start(request, req, f"cmpl-{uuid.uuid4().hex[:24]}")
@@ -134,18 +142,21 @@ async def completion(request: Request) -> Response:
                 "seed": -1 if req.params.seed is None else req.params.seed,
                 "stop": list(req.params.stop), "n_probs": n_probs}
     if stream:
-        return sse(request, _stream(gen.model, gen.piece, gen.events, gen.prompt_tokens,
+        return sse(request, _stream(gen.model, gen.piece, gen.events, gen.prompt_lengths,
                                     n_probs, settings))
-    out = await unless_disconnected(request, gather(gen.events, 1))
+    out = await unless_disconnected(request, gather(gen.events, gen.num_choices))
     if out is None:
         return Response(status_code=CLIENT_GONE)
-    c = out.choices[0]
-    fin = ev.Finish(0, c.finish, c.completion_tokens, out.timings, c.stop_word, c.stopped)
-    body = _final(gen.model, fin, out.usage, c.text, settings)
-    if n_probs:
-        kept = within(gen.piece, c.logprobs, c.text) if c.stopped else c.logprobs
-        body["completion_probabilities"] = _probs(gen.piece, kept)
-    return JSONResponse(body)
+    bodies = []
+    for i, c in enumerate(out.choices):
+        fin = ev.Finish(i, c.finish, c.completion_tokens, out.timings, c.stop_word, c.stopped,
+                        cached_tokens=c.cached_tokens)
+        body = _final(gen.model, fin, gen.prompt_lengths[i], c.text, settings)
+        if n_probs:
+            kept = within(gen.piece, c.logprobs, c.text) if c.stopped else c.logprobs
+            body["completion_probabilities"] = _probs(gen.piece, kept)
+        bodies.append(body)
+    return JSONResponse(bodies[0] if len(bodies) == 1 else bodies)
 
 
 async def props(request: Request) -> Response:

@@ -51,6 +51,7 @@ class Finish:
     stop_word: str | None = None  # the request's stop string that ended it, if one did
     stopped: bool = False  # a stop string ended it (the request's, or one the server added)
     raw: str = ""  # the choice's whole output as the model wrote it, before it was read
+    cached_tokens: int = 0  # of its prompt, taken from the prefix cache
 
 
 @dataclass(frozen=True, slots=True)

@@ -49,10 +49,15 @@ class Generation:
     num_choices: int
     piece: Callable[[int], bytes]  # token id -> its bytes (for logprobs)
     events: AsyncIterator[Event]
-    prompt_tokens: int = 0  # of every distinct prompt, before any generation
+    prompt_lengths: tuple[int, ...] = ()  # the tokens of each prompt
     # a choice's raw output -> the first prompt's tokens (BOS left out) and the output's
     # (Ollama's ``context``)
     conversation: Callable[[str], Awaitable[list[int]]] | None = None
+
+    @property
+    def prompt_tokens(self) -> int:
+        """Of every distinct prompt, before any generation."""
+        return sum(self.prompt_lengths)
 
 
 MAX_PREDICTION = 8192  # tokens of a request's prediction that draft (the rest: not used)
@@ -130,7 +135,7 @@ async def generate(pool: ModelPool, req: GenerateRequest, leases: list[Lease],
                for k, (_, prompt, p) in enumerate(jobs)]
     events = to_events(merge(streams), [pi for pi, _, _ in jobs], [len(p) for p in prompts],
                        reading, implicit, lambda k: served.finish_early(f"{request_id}-{k}"))
-    return Generation(served.cfg.id, len(jobs), served.runtime.piece, events, sum(
+    return Generation(served.cfg.id, len(jobs), served.runtime.piece, events, tuple(
         map(len, prompts)), functools.partial(_conversation, served, prompts[0]))
 
 
@@ -324,7 +329,7 @@ async def to_events(merged: AsyncIterator[tuple[int, Delta]], prompt_of: list[in
                     reason = "tool_calls"
                 word = None if d.stop_word in implicit else d.stop_word
                 yield Finish(i, reason, d.completion_tokens, d.timings, word,
-                             d.stop_word is not None, "".join(raw[i]))
+                             d.stop_word is not None, "".join(raw[i]), d.cached_tokens)
         yield UsageReport(sum(prompt_lengths), completion, sum(cached.values()))
     finally:
         await merged.aclose()  # type: ignore[attr-defined]

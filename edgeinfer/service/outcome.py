@@ -38,6 +38,7 @@ class ChoiceOutcome:
     stopped: bool = False  # a stop string ended it (the request's or the server's)
     logprobs: list[TokenLogprob] = field(default_factory=list)
     raw: str = ""  # the output as the model wrote it (reasoning and call markup included)
+    cached_tokens: int = 0  # of its prompt, from the prefix cache
 
 
 @dataclass(slots=True)
@@ -81,6 +82,7 @@ async def gather(events: AsyncIterator[Event], num_choices: int) -> Outcome:
                 choices[e.choice].stop_word = e.stop_word
                 choices[e.choice].stopped = e.stopped
                 choices[e.choice].raw = e.raw
+                choices[e.choice].cached_tokens = e.cached_tokens
                 timings = timings or e.timings
     finally:
         await events.aclose()  # type: ignore[attr-defined]

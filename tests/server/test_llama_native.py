@@ -53,6 +53,31 @@ def test_stream_stop_word_and_schema(server: ServerProcess) -> None:
     assert isinstance(json.loads(typed["content"])["name"], str)
 
 
+def test_several_prompts_answer_each_in_order_whole_and_streamed(server: ServerProcess) -> None:
+    """A list of prompts: an array of answers with their ``index`` (as llama-server); each
+    the answer the prompt gets alone."""
+    prompts = ["1, 2, 3,", "Once upon a time", [16, 28, 30]]
+    base = {"n_predict": 6, "temperature": 0, "cache_prompt": False}
+    alone = [_post(server, {**base, "prompt": p}).json() for p in prompts]
+    r = _post(server, {**base, "prompt": prompts})
+    assert r.status_code == 200, r.text
+    many = r.json()
+    assert isinstance(many, list) and [m["index"] for m in many] == [0, 1, 2]
+    for one, m in zip(alone, many, strict=True):
+        assert m["stop"] is True and m["tokens_predicted"] == one["tokens_predicted"] == 6
+        assert m["tokens_evaluated"] == one["tokens_evaluated"]
+    assert many[1]["content"].strip() and many[0]["content"] != many[1]["content"]
+    with httpx.stream("POST", f"{server.base_url}/completion", timeout=60,
+                      json={**base, "prompt": prompts, "stream": True}) as s:
+        events = [json.loads(ln[6:]) for ln in s.iter_lines() if ln.startswith("data: ")]
+    for i, m in enumerate(many):
+        mine = [e for e in events if e["index"] == i]
+        assert [e["stop"] for e in mine].count(True) == 1 and mine[-1]["stop"] is True
+        assert mine[-1]["tokens_predicted"] == 6
+        assert mine[-1]["tokens_evaluated"] == m["tokens_evaluated"]
+        assert len("".join(e["content"] for e in mine)) > 0
+
+
 def test_a_body_labelled_as_a_form_is_read_as_json(server: ServerProcess) -> None:
     """``curl -d`` labels the body a form; llama-server reads it as JSON all the same."""
     r = httpx.post(f"{server.base_url}/completion", timeout=60,
@@ -67,7 +92,8 @@ def test_bad_bodies_are_a_400(server: ServerProcess) -> None:
                         ({"prompt": "x", "return_tokens": True}, "return_tokens"),
                         ({"prompt": "x", "json_schema": 3}, "json_schema"),
                         ({"prompt": "x", "json_schema": {"type": "hiccup"}}, "json_schema"),
-                        ({"prompt": ["a", "b"]}, "prompt"),
+                        ({"prompt": ["a"] * 17}, "prompt"),
+                        ({"prompt": ["a", 5]}, "prompt"),
                         ({"prompt": "x", "nonsense": 1}, "nonsense")):
         r = _post(server, body)
         assert r.status_code == 400 and r.json()["error"]["param"] == param, (body, r.text)
