@@ -12,7 +12,8 @@ edgeinfer with drafts (the default) against the same server with ``"speculative"
 false`` per request (so both run in one process, alternating: the machine is noisy),
 and, when LLAMA_SERVER_BIN points at llama.cpp's llama-server, llama-server with
 ``--spec-type ngram-simple`` (its n-gram mode) and without. Each comparison runs
---rounds times alternately; medians are printed, with the draft acceptance rate.
+--rounds times, in turn, the order reversed every other round; medians are printed, with
+the draft acceptance rate.
 
 With ``--draft-model NAME`` (a configured model or a .gguf file), edgeinfer serves
 ``--target`` (default: the default model) drafted by that model (``serve --draft-model``),
@@ -132,14 +133,17 @@ def main() -> int:
             srv.wait_ready()
             asyncio.run(measure(srv.url, model, "free", 1, None))  # warm-up
         table: dict[tuple[str, str, int], list[float]] = {}
-        for _ in range(args.rounds):
+        runs = [(name, srv, model, spec) for name, srv, model, modes in servers
+                for spec in modes]
+        for r in range(args.rounds):
             for workload in ("copy", "free"):
                 for streams in (1, 4):
-                    for name, srv, model, modes in servers:
-                        for spec in modes:
-                            label = name if spec is not False else f"{name} (no drafts)"
-                            tps = asyncio.run(measure(srv.url, model, workload, streams, spec))
-                            table.setdefault((label, workload, streams), []).append(tps)
+                    # the order turns round every round: the first measured after another
+                    # process ran tends to measure lower
+                    for name, srv, model, spec in (runs if r % 2 == 0 else runs[::-1]):
+                        label = name if spec is not False else f"{name} (no drafts)"
+                        tps = asyncio.run(measure(srv.url, model, workload, streams, spec))
+                        table.setdefault((label, workload, streams), []).append(tps)
         drafted, accepted = acceptance(servers[0][1].url)
     finally:
         for _, srv, _, _ in servers:

@@ -7,12 +7,13 @@ the draft (the longest ``n`` that matches, down to ``n_min``). Text that copies 
 prompt (a rewrite, an extraction, code edits, JSON repeating input fields) is guessed
 well; other text rarely matches, and then nothing is drafted and nothing is spent.
 
-For a sequence generating alone, a match whose earlier occurrence lies in its own output
-(not its prompt) needs all ``n_max`` tokens: short matches inside generated text ("of
-the", a list's punctuation) mostly guess wrong (measured on SmolLM2: 4-token matches into
-the output were 38 % accepted, into the prompt 90 %), and a lone stream's extra rows cost
-about a step each. Beside other streams extra rows cost little, and such matches are
-drafted.
+A draft is proposed only when it is expected to pay: the share of its tokens expected to
+be accepted must pass the bar the step's measured cost sets (``step_cost``: what its rows
+add to the step against what a token costs without them). The expectation is kept per kind
+of match, each sequence's own record over a prior (``PRIOR``, measured on SmolLM2): a match
+into the prompt (90 % accepted), a match of all ``n_max`` tokens into the output, a
+shorter one into the output (38 %), and the request's prediction. A short match whose
+latest occurrence is in the output but that also occurs in the prompt copies the prompt.
 
 The engine decodes the drafts after the sequence's last token in the same batch as the
 other slots, samples the target at every drafted position in order, and keeps drafts
@@ -25,10 +26,17 @@ costs about a third of a decode step: drafts that miss are a loss). Pure Python.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Protocol
 
 COOLDOWN = 8  # tokens without drafts after a draft of which none was accepted
+# the share of a kind of draft expected to be accepted before a sequence has its own record
+PRIOR = {"prompt": 0.9, "predicted": 0.9, "long": 0.6, "short": 0.4}
+PRIOR_WEIGHT = 8.0  # the prior counts as this many proposed tokens
+
+
+def _free(k: int) -> float:  # no bar: every draft is proposed
+    return 0.0
 
 
 class DraftSource(Protocol):
@@ -90,6 +98,25 @@ class NgramDrafter(DraftLength):
         self._in_prompt: dict[tuple[int, ...], int] = {}  # the same, inside the prompt
         self._indexed = 0  # n-grams ending before this position are in ``_seen``
         self.prediction = Prediction(prediction, n_max) if prediction else None
+        self._record = {kind: [0, 0] for kind in PRIOR}  # kind -> [proposed, taken]
+        self._kind = "short"  # of the last draft proposed
+
+    def expect(self, kind: str) -> float:
+        """The share of a ``kind`` draft's tokens expected to be accepted."""
+        proposed, taken = self._record[kind]
+        return (taken + PRIOR_WEIGHT * PRIOR[kind]) / (proposed + PRIOR_WEIGHT)
+
+    def accepted(self, proposed: int, taken: int) -> None:
+        super().accepted(proposed, taken)
+        record = self._record[self._kind]
+        record[0] += proposed
+        record[1] += taken
+
+    def _offer(self, kind: str, draft: list[int], bar: Callable[[int], float]) -> list[int]:
+        if not draft or self.expect(kind) <= bar(len(draft)):
+            return []
+        self._kind = kind
+        return draft
 
     def _index(self, tokens: Sequence[int], prompt_len: int) -> None:
         """Index the n-grams that end before the last token (the last one is what is
@@ -105,15 +132,15 @@ class NgramDrafter(DraftLength):
                     self._in_prompt[gram] = pos
         self._indexed = max(self._indexed, end + 1)
 
-    def propose(self, tokens: Sequence[int], limit: int,
-                prompt_len: int | None = None, alone: bool = False) -> list[int]:
+    def propose(self, tokens: Sequence[int], limit: int, prompt_len: int | None = None,
+                bar: Callable[[int], float] = _free) -> list[int]:
         """Up to ``min(length, limit)`` tokens that may follow ``tokens``, whose first
-        ``prompt_len`` are the prompt (None: all of them; empty: no guess); ``alone``:
-        no other sequence generates in this step."""
+        ``prompt_len`` are the prompt (None: all of them; empty: no guess), if the share of
+        them expected to be accepted passes ``bar(number of tokens)``."""
         k = self.wants(limit)
         if k > 0 and self.prediction is not None and prompt_len is not None:
             if guess := self.prediction.follow(tokens[prompt_len:], k):
-                return guess
+                return self._offer("predicted", guess, bar)
         if k <= 0 or len(tokens) <= self.n_min:
             return []
         prompt_len = len(tokens) if prompt_len is None else prompt_len
@@ -121,10 +148,14 @@ class NgramDrafter(DraftLength):
         for n in range(min(self.n_max, len(tokens) - 1), self.n_min - 1, -1):
             gram = tuple(tokens[-n:])
             pos = self._seen.get(gram)
-            if alone and pos is not None and pos >= prompt_len and n < self.n_max:
-                pos = self._in_prompt.get(gram)  # a short match: only into the prompt
-            if pos is not None and len(tokens) - pos >= self.min_len:
-                return list(tokens[pos:pos + k])
+            if pos is None or len(tokens) - pos < self.min_len:
+                continue
+            kind = "prompt" if pos < prompt_len else "long" if n == self.n_max else "short"
+            copied = self._in_prompt.get(gram)
+            if kind != "prompt" and copied is not None and \
+                    self.expect("prompt") > self.expect(kind):
+                pos, kind = copied, "prompt"
+            return self._offer(kind, list(tokens[pos:pos + k]), bar)
         return []
 
 

@@ -259,7 +259,7 @@ class Engine:
             self._on_decode_error(decoded.rc, chunks, lane)
         else:
             self._postprocess(chunks, decoded.outputs, t2, lane)
-        self.scheduler.note_step(sum(len(r.tokens) for r in runs), t2 - t1)
+        self.scheduler.note_step(chunks, t2 - t1, lane is None)
         self.stats.decode_seconds += t2 - t1
 
     def _schedule(self) -> list[Chunk]:

@@ -21,11 +21,13 @@ stalls the streams already generating, and requests join and leave at any step.
 
 from __future__ import annotations
 
+import functools
 from collections import Counter, deque
 from dataclasses import dataclass
 
 from edgeinfer.engine.drafts import NgramDrafter, SourceDrafter
 from edgeinfer.engine.sequence import Sequence, SequenceStatus
+from edgeinfer.engine.step_cost import StepCost
 
 
 @dataclass(slots=True)
@@ -75,8 +77,10 @@ class Scheduler:
         # target): prompt chunks shrink to what the measured rate computes in that time
         self.step_target = step_target
         self._rate = 0.0  # tokens per second of recent steps (a moving average)
-        # draft tokens one step may verify, all sequences together (speculative decoding)
+        # draft tokens one step may verify, all sequences together (speculative decoding),
+        # each sequence's only when they are expected to pay at the measured step cost
         self.draft_budget = draft_budget
+        self.step_cost = StepCost()
         # by default one request leaves at least one slot to everybody else
         self.max_per_request = max_per_request or max(1, num_slots - 1)
         self.waiting: deque[Sequence] = deque()
@@ -179,13 +183,13 @@ class Scheduler:
                 budget -= n
         return chunks
 
-    @staticmethod
-    def _add_drafts(chunks: list[Chunk], spare: int) -> int:
+    def _add_drafts(self, chunks: list[Chunk], spare: int) -> int:
         """Append draft tokens to generating sequences' chunks, up to ``spare`` in all
         and never past a sequence's max_tokens; returns how many were added. Prompt-lookup
-        drafters propose one by one; sequences with a draft model are drafted together,
-        in one call of their source."""
-        added = 0
+        drafters propose one by one, each against the bar of what its rows would add to
+        the step (``step_cost``); sequences with a draft model are drafted together, in
+        one call of their source."""
+        added, streams, cost = 0, len(chunks), self.step_cost
         together: list[tuple[Chunk, int]] = []
         for chunk in chunks:
             seq = chunk.seq
@@ -193,8 +197,9 @@ class Scheduler:
             if seq.drafter is None or room <= 0:
                 continue
             if isinstance(seq.drafter, NgramDrafter):
-                added += _extend(chunk, seq.drafter.propose(seq.tokens, room, seq.num_prompt,
-                                                            alone=len(chunks) == 1))
+                added += _extend(chunk, seq.drafter.propose(
+                    seq.tokens, room, seq.num_prompt,
+                    functools.partial(cost.bar, streams, streams + added)))
             elif (k := seq.drafter.wants(room)) > 0:
                 together.append((chunk, k))
                 added += k  # reserved; what the source does not draft is given back
@@ -222,8 +227,12 @@ class Scheduler:
         prompt chunks; 0.0 before the first)."""
         return self._rate
 
-    def note_step(self, tokens: int, seconds: float) -> None:
-        """A decode of ``tokens`` took ``seconds``: update the measured rate."""
+    def note_step(self, chunks: list[Chunk], seconds: float, main: bool = True) -> None:
+        """A decode of ``chunks`` took ``seconds``: update the measured rate, and (``main``:
+        in the model's own context) the cost of a generation step of its rows."""
+        tokens = sum(len(c.tokens) for c in chunks)
+        if main and chunks and all(c.start >= c.seq.num_prompt for c in chunks):
+            self.step_cost.note(tokens, seconds)
         if tokens >= MIN_CHUNK and seconds > 0:
             rate = tokens / seconds
             self._rate = rate if not self._rate else 0.8 * self._rate + 0.2 * rate

@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import pytest
+
 from edgeinfer.engine.drafts import NgramDrafter
-from edgeinfer.engine.scheduler import Scheduler
+from edgeinfer.engine.scheduler import Chunk, Scheduler
 from edgeinfer.engine.sequence import SamplingParams, Sequence
+from edgeinfer.engine.step_cost import StepCost
 
 
 def test_the_tokens_after_the_latest_earlier_occurrence_are_proposed() -> None:
@@ -59,6 +62,48 @@ def test_the_scheduler_adds_drafts_within_the_budget_and_max_tokens() -> None:
     assert sum(c.drafts for c in chunks) == 5  # the step's draft budget
 
 
+def _two_streams(sch: Scheduler) -> list[Sequence]:
+    """Two generating sequences whose last tokens repeat their output only (a short match,
+    expected 0.4)."""
+    seqs = []
+    for rid in ("a", "b"):
+        seq = Sequence(rid, [9, 9, 9], SamplingParams(), max_tokens=100)
+        seq.drafter = NgramDrafter(max_len=4, n_min=2, n_max=4)
+        sch.add(seq)
+        seqs.append(seq)
+    sch.admit()
+    for seq in seqs:
+        seq.num_computed = seq.num_prompt
+        seq.tokens += [1, 2, 3, 4, 5, 6, 1, 2]  # generated, the last not yet computed
+        seq.num_computed = len(seq.tokens) - 1
+    return seqs
+
+
+def test_the_scheduler_drafts_only_what_the_measured_step_cost_pays_for() -> None:
+    """Measured rows that cost as much as a stream's token (Q4_1 here) bar a short match
+    into the output; cheap rows (Q8_0 here) let it through; nothing measured: drafted."""
+    for costly, drafted in ((None, 2), (True, 0), (False, 2)):
+        sch = Scheduler(2, 32, draft_budget=8)
+        _two_streams(sch)
+        if costly is not None:
+            for rows in range(2, 11):
+                sch.step_cost.note(rows, (2.5 * rows if costly else 5 + 0.2 * rows) / 1000)
+        chunks = sch.schedule()
+        assert sum(1 for c in chunks if c.drafts) == drafted, costly
+        assert all(c.tokens[1:] == [3, 4, 5, 6] for c in chunks if c.drafts)
+
+
+def test_only_generation_steps_of_the_main_context_are_measured() -> None:
+    sch = Scheduler(2, 32, draft_budget=8)
+    a, _ = _two_streams(sch)
+    prompt = Sequence("p", list(range(20)), SamplingParams(), max_tokens=4)
+    sch.note_step([Chunk(prompt, 0, list(range(20)), True)], 0.5)  # a prompt piece
+    sch.note_step([Chunk(a, 10, [2, 3, 4], True)], 0.02, main=False)  # the lane's
+    assert sch.step_cost.estimate(3) is None
+    sch.note_step([Chunk(a, 10, [2, 3, 4], True)], 0.02)
+    assert sch.step_cost._seconds == {3: 0.02}
+
+
 def test_drafts_shorter_than_the_minimum_are_not_proposed() -> None:
     """A one- or two-token draft costs a CPU step nearly as much as a long one (models.toml
     ``draft_min``): it is not proposed, and a miss shortens drafts no further."""
@@ -74,22 +119,58 @@ def test_drafts_shorter_than_the_minimum_are_not_proposed() -> None:
     assert d.length == 3
 
 
-def test_a_lone_streams_match_into_its_output_needs_the_longest_ngram() -> None:
-    """Short matches inside generated text mostly guess wrong, and a lone stream's extra
-    rows cost about a step each: alone, only the prompt is copied on a short match (even
-    when the latest occurrence is in the output); beside other streams, the output too."""
+def test_a_draft_is_proposed_only_when_its_expected_acceptance_passes_the_bar() -> None:
+    """A short match into the output is expected to be accepted less often than one into
+    the prompt: it copies the prompt when the n-gram is there too; a draft whose kind's
+    expected share does not pass the step's bar is not proposed."""
     prompt = [10, 11, 12, 1, 2, 3, 7, 14]
     out = [1, 2, 3, 4, 5, 6, 1, 2, 3]  # "1 2 3": latest in the output, also in the prompt
+    assert NgramDrafter(max_len=2, n_min=2, n_max=4).propose(prompt + out, 8,
+                                                             len(prompt)) == [7, 14]
+    out = [9, 8, 4, 5, 6, 9, 8]  # only in the output, short: expected 0.4
+    short = NgramDrafter(max_len=2, n_min=2, n_max=4)
+    assert short.propose(prompt + out, 8, len(prompt), lambda k: 0.5) == []
+    assert short.propose(prompt + out, 8, len(prompt), lambda k: 0.3) == [4, 5]
+    out = [9, 8, 7, 6, 5, 9, 8, 7, 6]  # 4 tokens in common (n_max): expected 0.6
     assert NgramDrafter(max_len=2, n_min=2, n_max=4).propose(
-        prompt + out, 8, len(prompt), alone=True) == [7, 14]
+        prompt + out, 8, len(prompt), lambda k: 0.5) == [5, 9]
     assert NgramDrafter(max_len=2, n_min=2, n_max=4).propose(
-        prompt + out, 8, len(prompt)) == [4, 5]
-    out = [9, 8, 4, 5, 6, 9, 8]  # only in the output
+        prompt + out, 8, len(prompt), lambda k: 0.7) == []
+    into_prompt = [1, 2, 3]  # expected 0.9: passes the bars a CPU sets
     assert NgramDrafter(max_len=2, n_min=2, n_max=4).propose(
-        prompt + out, 8, len(prompt), alone=True) == []
-    out = [9, 8, 7, 6, 5, 9, 8, 7, 6]  # 4 tokens in common (n_max): drafted alone too
-    assert NgramDrafter(max_len=2, n_min=2, n_max=4).propose(
-        prompt + out, 8, len(prompt), alone=True) == [5, 9]
+        prompt + into_prompt, 8, len(prompt), lambda k: 0.8) == [7, 14]
+
+
+def test_a_sequences_own_record_moves_its_expectation() -> None:
+    prompt = [10, 11, 12, 1, 2, 3, 7, 14]
+    d = NgramDrafter(max_len=2, n_min=2, n_max=4)
+    assert d.propose(prompt + [1, 2, 3], 8, len(prompt), lambda k: 0.8) == [7, 14]
+    for _ in range(4):
+        d.accepted(2, 0)  # its prompt matches miss: 0 of 8 accepted
+    assert d.expect("prompt") == (8 * 0.9) / 16
+    d.length, d._pause = 2, 0  # (the misses also shortened and paused its drafts)
+    assert d.propose(prompt + [1, 2, 3], 8, len(prompt), lambda k: 0.8) == []
+    assert d.propose(prompt + [1, 2, 3], 8, len(prompt), lambda k: 0.4) == [7, 14]
+
+
+def test_step_cost_bar_follows_what_rows_add() -> None:
+    cost = StepCost()
+    assert cost.bar(1, 1, 3) == 0.0  # nothing measured: draft, and so measure
+    for rows, ms in ((1, 5.3), (2, 11.0), (4, 15.8), (8, 24.5), (16, 41.0)):  # Q4_1, here
+        cost.note(rows, ms / 1000)
+    assert cost.bar(1, 1, 3) == pytest.approx((15.8 - 5.3) / 3 / 5.3)  # 0.66
+    assert cost.bar(8, 8, 8) == pytest.approx((41.0 - 24.5) / 8 / (24.5 / 8))  # 0.67
+    assert cost.estimate(12) == pytest.approx((24.5 + 41.0) / 2000)  # interpolated
+    assert cost.estimate(24) == pytest.approx((41.0 + 41.0 - 24.5) / 1000)  # extrapolated
+    assert cost.bar(4, 8, 4) == pytest.approx((32.75 - 24.5) / 4 / (15.8 / 4))
+    for rows, ms in ((4, 18.1), (8, 21.5), (16, 25.5)):  # Q8_0 here: rows past 4 are cheap
+        for _ in range(30):
+            cost.note(rows, ms / 1000)
+    assert cost.bar(4, 4, 4) < 0.2 and cost.bar(8, 8, 8) < 0.3
+    before = cost.estimate(16)
+    assert before == pytest.approx(0.0255, rel=0.01)
+    cost.note(16, 0.001)  # one fast outlier moves the average a fifth of the way
+    assert cost.estimate(16) == pytest.approx(before + 0.2 * (0.001 - before))
 
 
 def test_a_prediction_is_followed_through_an_edit() -> None:

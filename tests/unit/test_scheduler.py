@@ -222,6 +222,10 @@ def test_a_lone_prompt_goes_in_large_pieces_and_streams_keep_short_steps() -> No
     assert Scheduler(2, 64, prefill_budget=16).prefill_budget == 64  # never below the budget
 
 
+def _prompt_chunk(n: int) -> list[Chunk]:
+    return [Chunk(make_seq("measured", n), 0, list(range(n)), True)]
+
+
 def test_a_step_time_target_shrinks_prompt_chunks_while_streams_generate() -> None:
     sched = Scheduler(num_slots=2, token_budget=256, step_target=0.1)
     eng = FakeEngine(sched)
@@ -230,13 +234,13 @@ def test_a_step_time_target_shrinks_prompt_chunks_while_streams_generate() -> No
     eng.step()  # now it generates
     assert sched.streaming_budget() == 256  # nothing measured yet: the plain budget
     for _ in range(5):
-        sched.note_step(256, 1.0)  # 256 tokens/s measured
+        sched.note_step(_prompt_chunk(256), 1.0)  # 256 tokens/s measured
     assert sched.streaming_budget() == 2 + 32  # 25 fit in 0.1 s: the minimum chunk rules
     sched.add(make_seq("long", 500), 1.0)
     sizes = [sum(len(c.tokens) for c in eng.step()) for _ in range(3)]
     assert sizes == [34, 34, 34]  # the stream's token and 33 prompt tokens per step
     for _ in range(40):
-        sched.note_step(4000, 1.0)  # faster now: 400 tokens per 0.1 s, capped by the budget
+        sched.note_step(_prompt_chunk(4000), 1.0)  # faster: 400 per 0.1 s, capped by the budget
     assert sched.streaming_budget() == 256
     assert Scheduler(2, 256).streaming_budget() == 256  # no target: the plain budget
 

@@ -1,0 +1,54 @@
+"""What a generation step costs by its rows, as measured: the price of a draft.
+
+llama.cpp's CPU kernels charge rows very differently by quantization (README "Speculative
+decoding": on this CPU a second row costs as much as the first for both SmolLM2 files, and
+each row past four costs Q8_0 almost nothing but Q4_1 about 2 ms). Drafted rows pay only
+when the tokens they are expected to add are worth more than they cost.
+
+``StepCost`` keeps a moving average of the seconds of generation steps (no prompt piece
+in them) for each row count. ``bar(streams, rows, k)`` is the share of ``k`` drafted rows,
+added to a step of ``rows`` rows with ``streams`` generating sequences, that must be
+accepted for the step to yield tokens at least as cheaply as a step without drafts:
+``(cost(rows + k) - cost(rows)) / k`` against ``cost(streams) / streams``. Row counts not
+measured are interpolated, or extrapolated from the two nearest measured; with fewer than
+two measured the bar is 0 (draft, and so measure). Pure Python.
+"""
+
+from __future__ import annotations
+
+MAX_ROWS = 512
+ALPHA = 0.2  # weight of a new measurement in the moving average
+
+
+class StepCost:
+    def __init__(self) -> None:
+        self._seconds: dict[int, float] = {}
+
+    def note(self, rows: int, seconds: float) -> None:
+        """A generation step of ``rows`` rows took ``seconds``."""
+        if 0 < rows <= MAX_ROWS and seconds > 0:
+            old = self._seconds.get(rows)
+            self._seconds[rows] = seconds if old is None else old + ALPHA * (seconds - old)
+
+    def estimate(self, rows: int) -> float | None:
+        """The seconds of a step of ``rows`` rows (None: too little measured)."""
+        if rows in self._seconds:
+            return self._seconds[rows]
+        known = sorted(self._seconds)
+        if len(known) < 2:
+            return None
+        below = [r for r in known if r < rows]
+        above = [r for r in known if r > rows]
+        lo, hi = ((below[-1], above[0]) if below and above else
+                  (below[-2], below[-1]) if below else (above[0], above[1]))
+        slope = (self._seconds[hi] - self._seconds[lo]) / (hi - lo)
+        return max(0.0, self._seconds[lo] + slope * (rows - lo))
+
+    def bar(self, streams: int, rows: int, k: int) -> float:
+        """The share of ``k`` draft rows that must be accepted for them to pay (0.0 when
+        not known yet)."""
+        base, before, after = (self.estimate(streams), self.estimate(rows),
+                               self.estimate(rows + k))
+        if base is None or before is None or after is None or base <= 0 or k <= 0:
+            return 0.0
+        return max(0.0, after - before) / k / (base / streams)
