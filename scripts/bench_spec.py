@@ -99,6 +99,8 @@ def main() -> int:
     ap.add_argument("--draft-model", default=None, help="draft with this model (see above)")
     ap.add_argument("--draft-min", type=int, default=None,
                     help="also run edgeinfer with this --draft-min (\"edgeinfer min N\")")
+    ap.add_argument("--draft-max", type=int, default=None,
+                    help="also run edgeinfer with this --draft-max (\"edgeinfer max N\")")
     args = ap.parse_args()
     gguf = model_path(args.target)
     logs = Path(tempfile.mkdtemp(prefix="edgeinfer-bench-spec-"))
@@ -114,11 +116,12 @@ def main() -> int:
         port = free_port()
         servers.append(("edgeinfer ngram", Server("edgeinfer-ngram", [
             *serve, "--port", str(port)], port, logs), args.target, [True]))
-    if args.draft_min is not None:
-        port = free_port()
-        servers.append((f"edgeinfer min {args.draft_min}", Server("edgeinfer-min", [
-            *serve, "--port", str(port), "--draft-min", str(args.draft_min)], port, logs),
-            args.target, [True]))
+    for flag, value in (("min", args.draft_min), ("max", args.draft_max)):
+        if value is not None:
+            port = free_port()
+            servers.append((f"edgeinfer {flag} {value}", Server(f"edgeinfer-{flag}", [
+                *serve, "--port", str(port), f"--draft-{flag}", str(value)], port, logs),
+                args.target, [True]))
     binary = os.environ.get("LLAMA_SERVER_BIN")
     if binary:
         for name, extra in (("llama-server ngram", ["--spec-type", "ngram-simple"]),
@@ -165,7 +168,7 @@ def report(table: dict[tuple[str, str, int], list[float]], drafted: int, accepte
             base = med[("edgeinfer (no drafts)", workload, streams)]
             line = (f"{workload} x{streams}: drafts / no drafts "
                     f"{med[('edgeinfer', workload, streams)] / base:.2f}x")
-            for label in [k[0] for k in med if k[0].startswith("edgeinfer min")
+            for label in [k[0] for k in med if k[0].startswith(("edgeinfer min", "edgeinfer max"))
                           and k[1:] == (workload, streams)]:
                 line += (f"; {label} / no drafts "
                          f"{med[(label, workload, streams)] / base:.2f}x")
