@@ -149,7 +149,7 @@ async def completion(request: Request) -> Response:
         return Response(status_code=CLIENT_GONE)
     bodies = []
     for i, c in enumerate(out.choices):
-        fin = ev.Finish(i, c.finish, c.completion_tokens, out.timings, c.stop_word, c.stopped,
+        fin = ev.Finish(i, c.finish, c.completion_tokens, c.timings, c.stop_word, c.stopped,
                         cached_tokens=c.cached_tokens)
         body = _final(gen.model, fin, gen.prompt_lengths[i], c.text, settings)
         if n_probs:

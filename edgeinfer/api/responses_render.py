@@ -330,7 +330,7 @@ def input_items_page(items: list[dict[str, Any]], query: Any,
     item id), as OpenAI lists a response's input items (or a chat completion's messages)."""
     limit, after = query.get("limit", "20"), query.get("after")
     order = query.get("order", default_order)
-    if not limit.isdigit() or not 1 <= int(limit) <= 100:
+    if not (limit.isascii() and limit.isdigit()) or not 1 <= int(limit) <= 100:
         raise InvalidRequest("'limit' must be an integer between 1 and 100", param="limit")
     if order not in ("asc", "desc"):
         raise InvalidRequest("'order' must be 'asc' or 'desc'", param="order")

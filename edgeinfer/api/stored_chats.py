@@ -49,7 +49,7 @@ def saver(request: Request, body: Any) -> Callable[[dict[str, Any]], Coroutine[A
 
 def _query(params: Any) -> Query:
     limit, order = params.get("limit", "20"), params.get("order", "asc")
-    if not limit.isdigit() or not 1 <= int(limit) <= 100:
+    if not (limit.isascii() and limit.isdigit()) or not 1 <= int(limit) <= 100:
         raise InvalidRequest("'limit' must be an integer between 1 and 100", param="limit")
     if order not in ("asc", "desc"):
         raise InvalidRequest("'order' must be 'asc' or 'desc'", param="order")

@@ -33,7 +33,8 @@ class DryCache:
     def __init__(self, vocab: VocabPtr, n_ctx: int, size: int = MAX_PROTOTYPES) -> None:
         self._vocab, self._n_ctx, self._size = vocab, n_ctx, size
         self._protos: OrderedDict[Key, SamplerPtr] = OrderedDict()
-        self._lock = threading.Lock()
+        self._lock = threading.Condition()
+        self._building: set[Key] = set()  # prototypes being made in worker threads
         self._closed = False
         self.made = 0  # DRY samplers built from the vocabulary (not cloned)
 
@@ -42,24 +43,37 @@ class DryCache:
         return (p.dry_multiplier, p.dry_base, p.dry_allowed_length, last_n,
                 tuple(b.encode()[:MAX_BREAKER_BYTES] for b in p.dry_sequence_breakers))
 
+    def ready(self, p: SamplingParams) -> bool:
+        """Whether ``prepare(p)`` has nothing to do (its prototype is there, or none is kept)."""
+        with self._lock:
+            return not self._size or self._closed or self.key(p) in self._protos
+
     def prepare(self, p: SamplingParams) -> None:
-        """Make ``p``'s prototype unless it is there. Blocking: call it in a worker thread."""
+        """Make ``p``'s prototype unless it is there (or being made: then wait for it).
+        Blocking: call it in a worker thread. ``close`` waits for a build under way, so the
+        vocabulary is never read after the model is freed."""
         key = self.key(p)
         with self._lock:
+            while key in self._building:
+                self._lock.wait()
             if key in self._protos:
                 self._protos.move_to_end(key)
-            if key in self._protos or not self._size:
+            if key in self._protos or not self._size or self._closed:
                 return
-        proto = self._build(key)  # outside the lock: the engine thread never waits for it
-        if not proto:
-            return
-        with self._lock:
-            if key in self._protos or self._closed:
-                llama_cpp.llama_sampler_free(proto)
-                return
-            self._protos[key] = proto
-            while len(self._protos) > self._size:
-                llama_cpp.llama_sampler_free(self._protos.popitem(last=False)[1])
+            self._building.add(key)
+        proto: SamplerPtr | None = None
+        try:
+            proto = self._build(key)  # outside the lock: the engine thread never waits for it
+        finally:
+            with self._lock:
+                self._building.discard(key)
+                self._lock.notify_all()
+                if proto and (key in self._protos or self._closed):
+                    llama_cpp.llama_sampler_free(proto)
+                elif proto:
+                    self._protos[key] = proto
+                    while len(self._protos) > self._size:
+                        llama_cpp.llama_sampler_free(self._protos.popitem(last=False)[1])
 
     def make(self, p: SamplingParams) -> SamplerPtr | None:
         """A DRY sampler for ``p``, owned by the caller (None if llama.cpp made none)."""
@@ -73,11 +87,15 @@ class DryCache:
         return self._build(key)
 
     def close(self) -> None:
+        """Free the prototypes, once the builds under way have ended (before the model is
+        freed); later ``prepare`` calls do nothing."""
         with self._lock:
+            self._closed = True
+            while self._building:
+                self._lock.wait()
             for proto in self._protos.values():
                 llama_cpp.llama_sampler_free(proto)
             self._protos.clear()
-            self._closed = True
 
     def _build(self, key: Key) -> SamplerPtr | None:
         multiplier, base, allowed, last_n, breakers = key

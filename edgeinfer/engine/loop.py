@@ -118,8 +118,8 @@ class Engine:
         room = n_ctx - len(prompt)
         assert room > 0, "the HTTP layer rejects prompts that do not fit"
         max_tokens = room if params.max_tokens is None else min(params.max_tokens, room)
-        if params.dry_multiplier > 0.0:  # made in a worker thread, cloned on the engine's
-            await asyncio.to_thread(self.dry.prepare, params)
+        if params.dry_multiplier > 0.0 and not self.dry.ready(params):  # made off the engine
+            await asyncio.to_thread(self.dry.prepare, params)  # thread, cloned on it
         sink: asyncio.Queue[Delta] = asyncio.Queue()
         seq = Sequence(request_id, prompt, params, max_tokens, use_cache=use_cache,
                        pin=pin, priority=priority, group=group)

@@ -212,8 +212,10 @@ class ServedModel:
         return self.runtime.tokenize(text, add_special=True, parse_special=True)
 
     def bos_head(self) -> list[int]:
-        """The tokens the model puts before every prompt: [BOS], or none."""
-        return self.runtime.tokenize("", add_special=True, parse_special=False)
+        """The tokens the model puts before every prompt: [BOS], or none (an EOS it also
+        adds at the end is left out)."""
+        head = self.runtime.tokenize("", add_special=True, parse_special=False)
+        return head[:1] if self.runtime.info.add_bos else []
 
     def system_prefix(self, messages: list[dict[str, Any]]) -> list[int]:
         """Tokens of messages rendered as the start of a conversation (no generation prompt)."""

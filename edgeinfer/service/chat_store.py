@@ -4,9 +4,11 @@ Where: ``<cache dir>/chat_completions.sqlite3`` (``edgeinfer.models.source.cache
 which honours ``$EDGEINFER_CACHE``).
 
 What one row keeps: the completion as it was answered (a streamed one assembled whole),
-with its ``metadata``; the request's messages, each with an id (``<completion id>-<i>``);
-its model, for the list's filter; and its owner, the SHA-256 of the API key that created it
-("" without one). Another owner finds nothing, as if the row did not exist.
+with its ``metadata`` (also apart, for the list's filter); the request's messages, each with
+an id (``<completion id>-<i>``); its model and creation time, for the list; and its owner,
+the SHA-256 of the API key that created it ("" without one). Another owner finds nothing, as
+if the row did not exist. A deleted completion loses all but its id and time, kept (until
+pruned) as the cursor of a list whose page ended with it.
 
 Bounds, failure and blocking as ``response_store`` (``sqlite_store``): 10 000 rows, 512 MiB
 of JSON, 30 days; a completion whose JSON is over 4 MiB is not stored (logged).
@@ -56,10 +58,11 @@ class ChatStore(SqliteStore):
 
     file_name = "chat_completions.sqlite3"
     schema = """
-CREATE TABLE IF NOT EXISTS chats (
+CREATE TABLE IF NOT EXISTS completions (
     id TEXT PRIMARY KEY, owner TEXT NOT NULL, created REAL NOT NULL, model TEXT NOT NULL,
-    completion TEXT NOT NULL, messages TEXT NOT NULL);
-CREATE INDEX IF NOT EXISTS chats_created ON chats (created);
+    metadata TEXT NOT NULL, completion TEXT NOT NULL, messages TEXT NOT NULL,
+    deleted INTEGER NOT NULL DEFAULT 0);
+CREATE INDEX IF NOT EXISTS completions_created ON completions (created);
 """
 
     async def put(self, owner: str, completion: dict[str, Any],
@@ -96,9 +99,12 @@ CREATE INDEX IF NOT EXISTS chats_created ON chats (created);
             log.warning("chat completion %s not stored: %d bytes of JSON (limit %d)", cid,
                         size, MAX_RECORD_BYTES)
             return False
-        db.execute("INSERT OR REPLACE INTO chats VALUES (?, ?, ?, ?, ?, ?)",
-                   (cid, owner, time.time(), str(completion.get("model", "")), *fields))
-        self.prune(db, "chats", "length(completion) + length(messages)")
+        created = completion.get("created")  # listed in the order they were created
+        created = float(created) if isinstance(created, int | float) else time.time()
+        db.execute("INSERT OR REPLACE INTO completions VALUES (?, ?, ?, ?, ?, ?, ?, 0)",
+                   (cid, owner, created, str(completion.get("model", "")),
+                    json.dumps(completion.get("metadata") or {}, ensure_ascii=False), *fields))
+        self.prune(db, "completions", "length(completion) + length(messages)")
         return True
 
     def _live(self) -> float:
@@ -106,8 +112,9 @@ CREATE INDEX IF NOT EXISTS chats_created ON chats (created);
 
     def _get(self, db: sqlite3.Connection, owner: str, chat_id: str, column: str) -> Any:
         assert column in ("completion", "messages")
-        row = db.execute(f"SELECT {column} FROM chats WHERE id = ? AND owner = ? AND "
-                         "created >= ?", (chat_id, owner, self._live())).fetchone()
+        row = db.execute(f"SELECT {column} FROM completions WHERE id = ? AND owner = ? AND "
+                         "created >= ? AND NOT deleted", (chat_id, owner, self._live())
+                         ).fetchone()
         return None if row is None else json.loads(row[0])
 
     def _update(self, db: sqlite3.Connection, owner: str, chat_id: str,
@@ -116,12 +123,16 @@ CREATE INDEX IF NOT EXISTS chats_created ON chats (created);
         if found is None:
             return None
         found = {**found, "metadata": metadata}
-        db.execute("UPDATE chats SET completion = ? WHERE id = ? AND owner = ?",
-                   (json.dumps(found, ensure_ascii=False), chat_id, owner))
+        db.execute("UPDATE completions SET completion = ?, metadata = ? WHERE id = ? AND owner = ?",
+                   (json.dumps(found, ensure_ascii=False),
+                    json.dumps(metadata, ensure_ascii=False), chat_id, owner))
         return dict(found)
 
     def _delete(self, db: sqlite3.Connection, owner: str, chat_id: str) -> bool:
-        return db.execute("DELETE FROM chats WHERE id = ? AND owner = ?",
+        """Its content goes; its id and time stay (until pruned) as the cursor of a list
+        whose page ended with it (a client deleting what it lists, page by page)."""
+        return db.execute("UPDATE completions SET deleted = 1, completion = '{}', messages = '[]', "
+                          "metadata = '{}' WHERE id = ? AND owner = ? AND NOT deleted",
                           (chat_id, owner)).rowcount > 0
 
     def _list(self, db: sqlite3.Connection, owner: str, q: Query) -> Page | None:
@@ -130,24 +141,27 @@ CREATE INDEX IF NOT EXISTS chats_created ON chats (created);
         if q.model is not None:
             where, args = where + " AND model = ?", [*args, q.model]
         if q.after is not None:
-            cursor = db.execute(f"SELECT created, rowid FROM chats WHERE {where} AND id = ?",
+            cursor = db.execute(f"SELECT created, rowid FROM completions WHERE {where} AND id = ?",
                                 (*args, q.after)).fetchone()
             if cursor is None:
                 return None
             where += f" AND (created, rowid) {'<' if desc else '>'} (?, ?)"
             args = [*args, *cursor]
         way = "DESC" if desc else "ASC"
-        rows = db.execute(f"SELECT completion FROM chats WHERE {where} "
+        rows = db.execute(f"SELECT rowid, metadata FROM completions WHERE {where} AND NOT deleted "
                           f"ORDER BY created {way}, rowid {way}", args)
-        found: list[dict[str, Any]] = []
-        for (text,) in rows:  # metadata pairs are matched here, row by row, in order
-            completion = json.loads(text)
-            meta = completion.get("metadata") or {}
+        found: list[int] = []
+        for rowid, text in rows:  # metadata pairs matched here, row by row, in order
+            meta = json.loads(text)
             if all(meta.get(k) == v for k, v in q.metadata):
-                if len(found) == q.limit:
-                    return Page(found, True)
-                found.append(completion)
-        return Page(found, False)
+                found.append(rowid)
+                if len(found) > q.limit:
+                    break
+        page = found[:q.limit]
+        marks = ",".join("?" * len(page))
+        by_row = dict(db.execute(f"SELECT rowid, completion FROM completions WHERE rowid IN "
+                                 f"({marks})", page).fetchall()) if page else {}
+        return Page([json.loads(by_row[r]) for r in page], len(found) > q.limit)
 
 
 def chats_kept_on(state: Any) -> ChatStore:

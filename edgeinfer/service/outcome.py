@@ -39,6 +39,7 @@ class ChoiceOutcome:
     logprobs: list[TokenLogprob] = field(default_factory=list)
     raw: str = ""  # the output as the model wrote it (reasoning and call markup included)
     cached_tokens: int = 0  # of its prompt, from the prefix cache
+    timings: dict[str, float] | None = None  # its own (llama-server's ``timings``)
 
 
 @dataclass(slots=True)
@@ -83,6 +84,7 @@ async def gather(events: AsyncIterator[Event], num_choices: int) -> Outcome:
                 choices[e.choice].stopped = e.stopped
                 choices[e.choice].raw = e.raw
                 choices[e.choice].cached_tokens = e.cached_tokens
+                choices[e.choice].timings = e.timings
                 timings = timings or e.timings
     finally:
         await events.aclose()  # type: ignore[attr-defined]

@@ -6,6 +6,7 @@ import asyncio
 import contextlib
 import threading
 from collections.abc import Iterator
+from dataclasses import replace
 from typing import Any
 
 import pytest
@@ -190,3 +191,26 @@ def test_a_dry_sampler_is_made_off_the_engine_thread_then_cloned(
     engine = f"engine-{served.cfg.id}"
     assert len(threads) == 2 and threads[0] != engine  # prepared once, then cloned
     assert threads[1] == engine  # the one made on the spot
+
+
+def test_dry_prototypes_are_made_once_and_close_waits_for_a_build_under_way() -> None:
+    """Requests with the same DRY setting arriving together make its prototype once; closing
+    the cache (before the model is freed) waits for a build still reading the vocabulary."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    from edgeinfer.engine.dry import DryCache
+    params = SamplingParams(dry_multiplier=0.8, dry_sequence_breakers=("abcdefghijklmnop",) * 8)
+    with _model(context=256, slots=2, batch=64, threads=2) as served:
+        cache = DryCache(served.runtime.vocab, 256)
+        with ThreadPoolExecutor(4) as pool:
+            list(pool.map(lambda _: cache.prepare(params), range(4)))
+        assert cache.made == 1 and cache.ready(params)
+        slow = replace(params, dry_base=1.5)
+        with ThreadPoolExecutor(1) as pool:
+            building = pool.submit(cache.prepare, slow)
+            while not cache._building and not building.done():
+                pass
+            cache.close()  # returns only once the build has ended
+            assert building.done() and not cache._building and not cache._protos
+        cache.prepare(params)  # closed: nothing is made any more
+        assert cache.made == 2

@@ -234,7 +234,7 @@ def test_errors_are_openai_shaped(client: openai.OpenAI, server: ServerProcess) 
                    headers={"content-type": "application/json"})
     assert r.status_code == 400 and set(r.json()["error"]) == {"message", "type", "param", "code"}
     assert httpx.get(f"{server.base_url}/v1/nowhere").status_code == 404
-    assert httpx.get(f"{server.base_url}/v1/chat/completions").status_code == 405
+    assert httpx.get(f"{server.base_url}/v1/completions").status_code == 405
     wrong = httpx.get(f"{server.base_url}/v1/models/default/load")
     assert wrong.status_code == 405 and wrong.headers["allow"] == "POST"
     nan = httpx.post(f"{server.base_url}/v1/chat/completions", content=b'{"temperature": NaN}',

@@ -4,6 +4,7 @@ list with filters and pages, update metadata, the messages, delete; streamed one
 from __future__ import annotations
 
 import asyncio
+import time
 import uuid
 from pathlib import Path
 
@@ -78,7 +79,8 @@ def test_a_stored_completion_is_retrieved_listed_updated_and_deleted(
 
 def test_bad_list_and_update_requests_are_400s(server: ServerProcess) -> None:
     url = f"{server.base_url}/v1/chat/completions"
-    for query in ("limit=0", "limit=101", "limit=x", "order=up", "after=chatcmpl-none"):
+    for query in ("limit=0", "limit=101", "limit=x", "limit=²", "order=up",
+                  "after=chatcmpl-none"):
         r = httpx.get(f"{url}?{query}", timeout=30)
         assert r.status_code == 400, (query, r.text)
         assert r.json()["error"]["param"] == query.split("=")[0]
@@ -104,5 +106,22 @@ def test_the_chat_store_keeps_its_bounds_and_owners(tmp_path: Path) -> None:
         assert other is not None and other.data == []
         assert await store.page("o", Query(after="c0")) is None  # removed: no cursor
         assert await store.messages("o", "c4") == [{"id": "c4-0", "role": "user"}]
+        # a client deleting what it lists, page by page: the next page's cursor is gone
+        first = await store.page("o", Query(limit=1))
+        assert first is not None and [c["id"] for c in first.data] == ["c2"] and first.has_more
+        assert await store.delete("o", "c2") and not await store.delete("o", "c2")
+        after = await store.page("o", Query(limit=1, after="c2"))
+        assert after is not None and [c["id"] for c in after.data] == ["c3"]
+        assert await store.get("o", "c2") is None and await store.messages("o", "c2") is None
+        # listed in the order they were created, not stored (a stream is stored at its end)
+        ordered = ChatStore(tmp_path / "o.sqlite3")
+        for cid in ("c3", "c4"):
+            assert await ordered.put("o", {"id": cid}, [])
+        early = {"id": "early", "created": int(time.time()) - 100, "metadata": {"k": "v"}}
+        assert await ordered.put("o", early, [])
+        listed = await ordered.page("o", Query())
+        assert listed is not None and [c["id"] for c in listed.data] == ["early", "c3", "c4"]
+        tagged = await ordered.page("o", Query(metadata=(("k", "v"),)))
+        assert tagged is not None and [c["id"] for c in tagged.data] == ["early"]
 
     asyncio.run(run())

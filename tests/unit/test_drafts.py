@@ -7,7 +7,7 @@ import pytest
 from edgeinfer.engine.drafts import NgramDrafter
 from edgeinfer.engine.scheduler import Chunk, Scheduler
 from edgeinfer.engine.sequence import SamplingParams, Sequence
-from edgeinfer.engine.step_cost import StepCost
+from edgeinfer.engine.step_cost import LONE_BAR, StepCost
 
 
 def test_the_tokens_after_the_latest_earlier_occurrence_are_proposed() -> None:
@@ -155,10 +155,12 @@ def test_a_sequences_own_record_moves_its_expectation() -> None:
 
 def test_step_cost_bar_follows_what_rows_add() -> None:
     cost = StepCost()
-    assert cost.bar(1, 1, 3) == 0.0  # nothing measured: draft, and so measure
+    assert cost.bar(2, 2, 3) == 0.0  # nothing measured: draft, and so measure
+    assert cost.bar(1, 1, 3) == LONE_BAR  # alone: fixed, whatever the timing
     for rows, ms in ((1, 5.3), (2, 11.0), (4, 15.8), (8, 24.5), (16, 41.0)):  # Q4_1, here
         cost.note(rows, ms / 1000)
-    assert cost.bar(1, 1, 3) == pytest.approx((15.8 - 5.3) / 3 / 5.3)  # 0.66
+    assert cost.bar(1, 1, 3) == LONE_BAR
+    assert cost.bar(2, 2, 2) == pytest.approx((15.8 - 11.0) / 2 / (11.0 / 2))  # 0.44
     assert cost.bar(8, 8, 8) == pytest.approx((41.0 - 24.5) / 8 / (24.5 / 8))  # 0.67
     assert cost.estimate(12) == pytest.approx((24.5 + 41.0) / 2000)  # interpolated
     assert cost.estimate(24) == pytest.approx((41.0 + 41.0 - 24.5) / 1000)  # extrapolated
