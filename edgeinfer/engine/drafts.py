@@ -13,7 +13,9 @@ add to the step against what a token costs without them). The expectation is kep
 of match, each sequence's own record over a prior (``PRIOR``, measured on SmolLM2): a match
 into the prompt (90 % accepted), a match of all ``n_max`` tokens into the output, a
 shorter one into the output (38 %), and the request's prediction. A short match whose
-latest occurrence is in the output but that also occurs in the prompt copies the prompt.
+latest occurrence is in the output but that also occurs in the prompt copies the prompt; a
+refused match gives way to a shorter one; each refusal fades the kind's record, so early
+misses do not rule a kind out for the rest of the request.
 
 The engine decodes the drafts after the sequence's last token in the same batch as the
 other slots, samples the target at every drafted position in order, and keeps drafts
@@ -33,6 +35,7 @@ COOLDOWN = 8  # tokens without drafts after a draft of which none was accepted
 # the share of a kind of draft expected to be accepted before a sequence has its own record
 PRIOR = {"prompt": 0.9, "predicted": 0.9, "long": 0.6, "short": 0.4}
 PRIOR_WEIGHT = 8.0  # the prior counts as this many proposed tokens
+FORGET = 0.9  # what a kind's record keeps of itself each time a draft of it is refused
 
 
 def _free(k: int) -> float:  # no bar: every draft is proposed
@@ -98,7 +101,8 @@ class NgramDrafter(DraftLength):
         self._in_prompt: dict[tuple[int, ...], int] = {}  # the same, inside the prompt
         self._indexed = 0  # n-grams ending before this position are in ``_seen``
         self.prediction = Prediction(prediction, n_max) if prediction else None
-        self._record = {kind: [0, 0] for kind in PRIOR}  # kind -> [proposed, taken]
+        # kind -> [tokens proposed, tokens accepted], faded by refusals (``FORGET``)
+        self._record: dict[str, list[float]] = {kind: [0.0, 0.0] for kind in PRIOR}
         self._kind = "short"  # of the last draft proposed
 
     def expect(self, kind: str) -> float:
@@ -113,7 +117,14 @@ class NgramDrafter(DraftLength):
         record[1] += taken
 
     def _offer(self, kind: str, draft: list[int], bar: Callable[[int], float]) -> list[int]:
-        if not draft or self.expect(kind) <= bar(len(draft)):
+        """``draft`` if its kind is expected to pass the bar; a refusal fades the kind's
+        record a little (``FORGET``), so that a kind ruled out by early misses is tried
+        again some steps later."""
+        if not draft:
+            return []
+        if self.expect(kind) <= bar(len(draft)):
+            record = self._record[kind]
+            record[0], record[1] = record[0] * FORGET, record[1] * FORGET
             return []
         self._kind = kind
         return draft
@@ -139,8 +150,10 @@ class NgramDrafter(DraftLength):
         them expected to be accepted passes ``bar(number of tokens)``."""
         k = self.wants(limit)
         if k > 0 and self.prediction is not None and prompt_len is not None:
-            if guess := self.prediction.follow(tokens[prompt_len:], k):
-                return self._offer("predicted", guess, bar)
+            guess = self._offer("predicted", self.prediction.follow(tokens[prompt_len:], k),
+                                bar)
+            if guess:
+                return guess
         if k <= 0 or len(tokens) <= self.n_min:
             return []
         prompt_len = len(tokens) if prompt_len is None else prompt_len
@@ -155,7 +168,8 @@ class NgramDrafter(DraftLength):
             if kind != "prompt" and copied is not None and \
                     self.expect("prompt") > self.expect(kind):
                 pos, kind = copied, "prompt"
-            return self._offer(kind, list(tokens[pos:pos + k]), bar)
+            if draft := self._offer(kind, list(tokens[pos:pos + k]), bar):
+                return draft  # else a shorter match, perhaps of another kind
         return []
 
 

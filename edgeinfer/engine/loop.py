@@ -259,7 +259,7 @@ class Engine:
             self._on_decode_error(decoded.rc, chunks, lane)
         else:
             self._postprocess(chunks, decoded.outputs, t2, lane)
-        self.scheduler.note_step(chunks, t2 - t1, lane is None)
+        self.scheduler.note_step(chunks if decoded.rc == DECODE_OK else [], t2 - t1, lane is None)
         self.stats.decode_seconds += t2 - t1
 
     def _schedule(self) -> list[Chunk]:

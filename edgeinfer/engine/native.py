@@ -331,12 +331,14 @@ class LlamaRuntime:
         return self._ctx.ptr
 
     def decode(self, runs: list[Run]) -> Decoded:
-        """Decode one batch of runs: llama_decode's code and, per run that wants logits,
-        the batch index of its last token (the index to sample from)."""
+        """One llama_decode of ``runs``: its code, and each logits-wanting run's batch index.
+        It returns once computed (offloaded too), so a step's time is its whole cost."""
         batch = self._batch.batch
         out = fill_batch(batch, runs)
         assert 0 < batch.n_tokens <= self.max_step
-        return Decoded(llama_cpp.llama_decode(self._ctx.ptr, batch), out)
+        rc = llama_cpp.llama_decode(self._ctx.ptr, batch)
+        llama_cpp.llama_synchronize(self._ctx.ptr)
+        return Decoded(rc, out)
 
     def logits_row(self, batch_index: int) -> npt.NDArray[np.float32]:
         """The logits of one output of the last decode (a view, valid until the next)."""
@@ -353,9 +355,8 @@ class LlamaRuntime:
         return int(llama_cpp.llama_memory_seq_pos_max(self._mem, seq_id))
 
     def seq_state(self, seq_id: int) -> bytes:
-        """The KV state of one sequence (llama_state_seq_get_data): what
-        ``set_seq_state`` puts back, in this context or a fresh one of the same model
-        and parameters."""
+        """The KV state of one sequence (llama_state_seq_get_data): what ``set_seq_state``
+        puts back, in this context or a fresh one of the same model and parameters."""
         size = llama_cpp.llama_state_seq_get_size(self.ctx, seq_id)
         buf = (ctypes.c_uint8 * size)()
         n = llama_cpp.llama_state_seq_get_data(self.ctx, buf, size, seq_id)
@@ -395,6 +396,5 @@ class LlamaRuntime:
         return int(llama_cpp.llama_model_n_swa(self._model.ptr))
 
     def close(self) -> None:
-        """Free the batch, the context and the model (reverse order of creation, by the
-        ExitStack); idempotent."""
+        """Free the batch, the context and the model (newest first); idempotent."""
         self._handles.close()

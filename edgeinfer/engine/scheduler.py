@@ -189,7 +189,8 @@ class Scheduler:
         drafters propose one by one, each against the bar of what its rows would add to
         the step (``step_cost``); sequences with a draft model are drafted together, in
         one call of their source."""
-        added, streams, cost = 0, len(chunks), self.step_cost
+        cost = self.step_cost  # the streams of the main context (not the lane's)
+        added, streams = 0, sum(1 for c in chunks if not c.seq.deterministic)
         together: list[tuple[Chunk, int]] = []
         for chunk in chunks:
             seq = chunk.seq

@@ -9,9 +9,11 @@ when the tokens they are expected to add are worth more than they cost.
 in them) for each row count. ``bar(streams, rows, k)`` is the share of ``k`` drafted rows,
 added to a step of ``rows`` rows with ``streams`` generating sequences, that must be
 accepted for the step to yield tokens at least as cheaply as a step without drafts:
-``(cost(rows + k) - cost(rows)) / k`` against ``cost(streams) / streams``. Row counts not
-measured are interpolated, or extrapolated from the two nearest measured; with fewer than
-two measured the bar is 0 (draft, and so measure).
+``(cost(rows + k) - cost(rows)) / k`` against ``cost(streams) / streams``. A row count's
+average counts once it has ``MIN_SAMPLES`` measurements, until ``STALE`` generation steps
+pass without one; counts between two such are interpolated; where a count the bar needs is
+not covered the bar is 0 (draft, and so measure it again): a cost measured once, or long
+ago, never rules drafts out for good.
 
 A lone stream's bar is fixed (``LONE_BAR``), never measured: a lone row without drafts goes
 through another ggml kernel than a step of several rows once the KV view passes 512 cells,
@@ -25,6 +27,8 @@ from __future__ import annotations
 
 MAX_ROWS = 512
 ALPHA = 0.2  # weight of a new measurement in the moving average
+MIN_SAMPLES = 3  # measurements of a row count before its average is used
+STALE = 500  # generation steps after which a row count's average is measured again
 # a lone stream's bar: what its measured 3- to 7-token drafts asked here (SmolLM2 Q4_1 0.66
 # to 0.52, Q8_0 0.74 to 0.41); it admits prompt matches and whole n-gram matches into the
 # output, not shorter ones (see ``drafts.PRIOR``)
@@ -34,30 +38,38 @@ LONE_BAR = 0.5
 class StepCost:
     def __init__(self) -> None:
         self._seconds: dict[int, float] = {}
+        self._samples: dict[int, int] = {}
+        self._seen: dict[int, int] = {}  # row count -> the step it was last measured at
+        self._steps = 0
 
     def note(self, rows: int, seconds: float) -> None:
         """A generation step of ``rows`` rows took ``seconds``."""
         if 0 < rows <= MAX_ROWS and seconds > 0:
+            self._steps += 1
             old = self._seconds.get(rows)
             self._seconds[rows] = seconds if old is None else old + ALPHA * (seconds - old)
+            self._samples[rows] = self._samples.get(rows, 0) + 1
+            self._seen[rows] = self._steps
 
     def estimate(self, rows: int) -> float | None:
-        """The seconds of a step of ``rows`` rows (None: too little measured)."""
-        if rows in self._seconds:
+        """The seconds of a step of ``rows`` rows, from the row counts measured often and
+        lately (interpolated between two of them); None outside their range."""
+        known = [r for r in sorted(self._seconds) if self._samples[r] >= MIN_SAMPLES
+                 and self._steps - self._seen[r] < STALE]
+        if rows in known:
             return self._seconds[rows]
-        known = sorted(self._seconds)
-        if len(known) < 2:
-            return None
         below = [r for r in known if r < rows]
         above = [r for r in known if r > rows]
-        lo, hi = ((below[-1], above[0]) if below and above else
-                  (below[-2], below[-1]) if below else (above[0], above[1]))
+        if not below or not above:
+            return None
+        lo, hi = below[-1], above[0]
         slope = (self._seconds[hi] - self._seconds[lo]) / (hi - lo)
-        return max(0.0, self._seconds[lo] + slope * (rows - lo))
+        return self._seconds[lo] + slope * (rows - lo)
 
     def bar(self, streams: int, rows: int, k: int) -> float:
-        """The share of ``k`` draft rows that must be accepted for them to pay (0.0 when
-        not known yet; ``LONE_BAR`` for a lone stream)."""
+        """The share of ``k`` draft rows that must be accepted for them to pay: 0.0 where a
+        row count it needs is not known (draft, and so measure it), ``LONE_BAR`` for a
+        lone stream."""
         if streams == 1:
             return LONE_BAR
         base, before, after = (self.estimate(streams), self.estimate(rows),

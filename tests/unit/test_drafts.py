@@ -7,7 +7,7 @@ import pytest
 from edgeinfer.engine.drafts import NgramDrafter
 from edgeinfer.engine.scheduler import Chunk, Scheduler
 from edgeinfer.engine.sequence import SamplingParams, Sequence
-from edgeinfer.engine.step_cost import LONE_BAR, StepCost
+from edgeinfer.engine.step_cost import LONE_BAR, MIN_SAMPLES, STALE, StepCost
 
 
 def test_the_tokens_after_the_latest_earlier_occurrence_are_proposed() -> None:
@@ -86,7 +86,7 @@ def test_the_scheduler_drafts_only_what_the_measured_step_cost_pays_for() -> Non
         sch = Scheduler(2, 32, draft_budget=8)
         _two_streams(sch)
         if costly is not None:
-            for rows in range(2, 11):
+            for rows in [*range(2, 11)] * MIN_SAMPLES:
                 sch.step_cost.note(rows, (2.5 * rows if costly else 5 + 0.2 * rows) / 1000)
         chunks = sch.schedule()
         assert sum(1 for c in chunks if c.drafts) == drafted, costly
@@ -101,6 +101,8 @@ def test_only_generation_steps_of_the_main_context_are_measured() -> None:
     sch.note_step([Chunk(a, 10, [2, 3, 4], True)], 0.02, main=False)  # the lane's
     assert sch.step_cost.estimate(3) is None
     sch.note_step([Chunk(a, 10, [2, 3, 4], True)], 0.02)
+    assert sch.step_cost._seconds == {3: 0.02}
+    sch.note_step([], 0.0001)  # a decode that failed: nothing
     assert sch.step_cost._seconds == {3: 0.02}
 
 
@@ -153,17 +155,43 @@ def test_a_sequences_own_record_moves_its_expectation() -> None:
     assert d.propose(prompt + [1, 2, 3], 8, len(prompt), lambda k: 0.4) == [7, 14]
 
 
+def test_a_refused_match_gives_way_to_a_shorter_one_into_the_prompt() -> None:
+    prompt = [10, 11, 12, 1, 2, 3, 7, 14]
+    out = [9, 8, 1, 2, 5, 9, 8, 1, 2]  # "9 8 1 2" (n_max) and "8 1 2" only in the output
+    d = NgramDrafter(max_len=2, n_min=2, n_max=4)
+    assert d.propose(prompt + out, 8, len(prompt), lambda k: 0.7) == [3, 7]  # "1 2": prompt
+    assert d.propose(prompt + out, 8, len(prompt), lambda k: 0.5) == [5, 9]  # the long one
+
+
+def test_a_kind_ruled_out_by_early_misses_is_tried_again() -> None:
+    prompt = [10, 11, 12, 1, 2, 3, 7, 14]
+    d = NgramDrafter(max_len=2, n_min=2, n_max=4)
+    assert d.propose(prompt + [1, 2, 3], 8, len(prompt), lambda k: 0.5) == [7, 14]
+    d.accepted(2, 0)
+    d.accepted(6, 0)  # 8 tokens missed: expected 7.2 / 16 = 0.45, under the bar
+    tries = []
+    for _ in range(6):
+        d._pause, d.length = 0, 2
+        tries.append(d.propose(prompt + [1, 2, 3], 8, len(prompt), lambda k: 0.5))
+    assert tries[0] == [] and [7, 14] in tries  # refused at first, tried again later
+
+
 def test_step_cost_bar_follows_what_rows_add() -> None:
     cost = StepCost()
     assert cost.bar(2, 2, 3) == 0.0  # nothing measured: draft, and so measure
     assert cost.bar(1, 1, 3) == LONE_BAR  # alone: fixed, whatever the timing
-    for rows, ms in ((1, 5.3), (2, 11.0), (4, 15.8), (8, 24.5), (16, 41.0)):  # Q4_1, here
+    q4 = ((1, 5.3), (2, 11.0), (4, 15.8), (8, 24.5), (16, 41.0))  # SmolLM2 Q4_1, here
+    for rows, ms in q4:
         cost.note(rows, ms / 1000)
+    assert cost.bar(2, 2, 2) == 0.0  # measured once: not yet trusted
+    for _ in range(2):
+        for rows, ms in q4:
+            cost.note(rows, ms / 1000)
     assert cost.bar(1, 1, 3) == LONE_BAR
     assert cost.bar(2, 2, 2) == pytest.approx((15.8 - 11.0) / 2 / (11.0 / 2))  # 0.44
     assert cost.bar(8, 8, 8) == pytest.approx((41.0 - 24.5) / 8 / (24.5 / 8))  # 0.67
     assert cost.estimate(12) == pytest.approx((24.5 + 41.0) / 2000)  # interpolated
-    assert cost.estimate(24) == pytest.approx((41.0 + 41.0 - 24.5) / 1000)  # extrapolated
+    assert cost.estimate(24) is None and cost.bar(8, 16, 8) == 0.0  # beyond: measure it
     assert cost.bar(4, 8, 4) == pytest.approx((32.75 - 24.5) / 4 / (15.8 / 4))
     for rows, ms in ((4, 18.1), (8, 21.5), (16, 25.5)):  # Q8_0 here: rows past 4 are cheap
         for _ in range(30):
@@ -173,6 +201,9 @@ def test_step_cost_bar_follows_what_rows_add() -> None:
     assert before == pytest.approx(0.0255, rel=0.01)
     cost.note(16, 0.001)  # one fast outlier moves the average a fifth of the way
     assert cost.estimate(16) == pytest.approx(before + 0.2 * (0.001 - before))
+    for _ in range(STALE):  # long unmeasured, 4 and 8 rows are measured again
+        cost.note(16, 0.0255)
+    assert cost.estimate(8) is None and cost.bar(4, 4, 4) == 0.0
 
 
 def test_a_prediction_is_followed_through_an_edit() -> None:
