@@ -23,7 +23,7 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
-from edgeinfer.service.sqlite_store import MAX_RECORD_BYTES, SqliteStore
+from edgeinfer.service.sqlite_store import MAX_RECORD_BYTES, SqliteStore, kept
 
 log = logging.getLogger("edgeinfer.service.chat_store")
 
@@ -166,8 +166,4 @@ CREATE INDEX IF NOT EXISTS completions_created ON completions (created);
 
 def chats_kept_on(state: Any) -> ChatStore:
     """The chat store kept on ``state`` (an application's state object), made on first use."""
-    store: ChatStore | None = getattr(state, "chat_store", None)
-    if store is None:
-        store = ChatStore()
-        state.chat_store = store
-    return store
+    return kept(state, "chat_store", ChatStore)

@@ -25,7 +25,7 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
-from edgeinfer.service.sqlite_store import MAX_RECORD_BYTES, SqliteStore
+from edgeinfer.service.sqlite_store import MAX_RECORD_BYTES, SqliteStore, kept
 
 log = logging.getLogger("edgeinfer.service.responses")
 
@@ -92,8 +92,4 @@ CREATE INDEX IF NOT EXISTS responses_created ON responses (created);
 
 def kept_on(state: Any) -> ResponseStore:
     """The store kept on ``state`` (an application's state object), made on first use."""
-    store: ResponseStore | None = getattr(state, "response_store", None)
-    if store is None:
-        store = ResponseStore()
-        state.response_store = store
-    return store
+    return kept(state, "response_store", ResponseStore)

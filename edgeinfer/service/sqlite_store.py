@@ -114,3 +114,16 @@ class SqliteStore:
         db.execute(f"DELETE FROM {table} WHERE rowid IN (SELECT rowid FROM (SELECT rowid, "
                    f"SUM({size}) OVER (ORDER BY created DESC, rowid DESC) AS total FROM "
                    f"{table}) WHERE total > ?)", (self.max_bytes,))
+
+
+S = TypeVar("S", bound=SqliteStore)
+
+
+def kept(state: Any, name: str, kind: type[S]) -> S:
+    """The ``kind`` store kept on ``state`` (an application's state object) as ``name``,
+    made on first use."""
+    store = getattr(state, name, None)
+    if not isinstance(store, kind):
+        store = kind()
+        setattr(state, name, store)
+    return store
