@@ -11,9 +11,10 @@ added to a step of ``rows`` rows with ``streams`` generating sequences, that mus
 accepted for the step to yield tokens at least as cheaply as a step without drafts:
 ``(cost(rows + k) - cost(rows)) / k`` against ``cost(streams) / streams``. A row count's
 average counts once it has ``MIN_SAMPLES`` measurements, until ``STALE`` generation steps
-pass without one; counts between two such are interpolated; where a count the bar needs is
-not covered the bar is 0 (draft, and so measure it again): a cost measured once, or long
-ago, never rules drafts out for good.
+pass without one (then drafts that need it measure it again: a cost measured long ago, or
+one slow step, does not rule drafts out for good); other counts are interpolated, or
+extrapolated along the widest span measured; with fewer than two counts the bar is 0
+(draft, and so measure).
 
 A lone stream's bar is fixed (``LONE_BAR``), never measured: a lone row without drafts goes
 through another ggml kernel than a step of several rows once the KV view passes 512 cells,
@@ -27,8 +28,8 @@ from __future__ import annotations
 
 MAX_ROWS = 512
 ALPHA = 0.2  # weight of a new measurement in the moving average
-MIN_SAMPLES = 3  # measurements of a row count before its average is used
-STALE = 500  # generation steps after which a row count's average is measured again
+MIN_SAMPLES = 2  # measurements of a row count before its average is used
+STALE = 2000  # generation steps after which a row count's average is measured again
 # a lone stream's bar: what its measured 3- to 7-token drafts asked here (SmolLM2 Q4_1 0.66
 # to 0.52, Q8_0 0.74 to 0.41); it admits prompt matches and whole n-gram matches into the
 # output, not shorter ones (see ``drafts.PRIOR``)
@@ -52,19 +53,21 @@ class StepCost:
             self._seen[rows] = self._steps
 
     def estimate(self, rows: int) -> float | None:
-        """The seconds of a step of ``rows`` rows, from the row counts measured often and
-        lately (interpolated between two of them); None outside their range."""
+        """The seconds of a step of ``rows`` rows, from the row counts measured at least
+        ``MIN_SAMPLES`` times and lately: interpolated between the two nearest, or outside
+        them extrapolated along the line through the fewest and the most rows measured (the
+        widest span, the least noise); None with fewer than two such counts."""
         known = [r for r in sorted(self._seconds) if self._samples[r] >= MIN_SAMPLES
                  and self._steps - self._seen[r] < STALE]
         if rows in known:
             return self._seconds[rows]
+        if len(known) < 2:
+            return None
         below = [r for r in known if r < rows]
         above = [r for r in known if r > rows]
-        if not below or not above:
-            return None
-        lo, hi = below[-1], above[0]
+        lo, hi = (below[-1], above[0]) if below and above else (known[0], known[-1])
         slope = (self._seconds[hi] - self._seconds[lo]) / (hi - lo)
-        return self._seconds[lo] + slope * (rows - lo)
+        return max(0.0, self._seconds[lo] + slope * (rows - lo))
 
     def bar(self, streams: int, rows: int, k: int) -> float:
         """The share of ``k`` draft rows that must be accepted for them to pay: 0.0 where a

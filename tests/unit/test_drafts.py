@@ -184,14 +184,15 @@ def test_step_cost_bar_follows_what_rows_add() -> None:
     for rows, ms in q4:
         cost.note(rows, ms / 1000)
     assert cost.bar(2, 2, 2) == 0.0  # measured once: not yet trusted
-    for _ in range(2):
+    for _ in range(MIN_SAMPLES - 1):
         for rows, ms in q4:
             cost.note(rows, ms / 1000)
     assert cost.bar(1, 1, 3) == LONE_BAR
     assert cost.bar(2, 2, 2) == pytest.approx((15.8 - 11.0) / 2 / (11.0 / 2))  # 0.44
     assert cost.bar(8, 8, 8) == pytest.approx((41.0 - 24.5) / 8 / (24.5 / 8))  # 0.67
     assert cost.estimate(12) == pytest.approx((24.5 + 41.0) / 2000)  # interpolated
-    assert cost.estimate(24) is None and cost.bar(8, 16, 8) == 0.0  # beyond: measure it
+    span = (41.0 - 5.3) / 15  # extrapolated along the widest span, 1 to 16 rows
+    assert cost.estimate(24) == pytest.approx((41.0 + 8 * span) / 1000)
     assert cost.bar(4, 8, 4) == pytest.approx((32.75 - 24.5) / 4 / (15.8 / 4))
     for rows, ms in ((4, 18.1), (8, 21.5), (16, 25.5)):  # Q8_0 here: rows past 4 are cheap
         for _ in range(30):
@@ -201,7 +202,7 @@ def test_step_cost_bar_follows_what_rows_add() -> None:
     assert before == pytest.approx(0.0255, rel=0.01)
     cost.note(16, 0.001)  # one fast outlier moves the average a fifth of the way
     assert cost.estimate(16) == pytest.approx(before + 0.2 * (0.001 - before))
-    for _ in range(STALE):  # long unmeasured, 4 and 8 rows are measured again
+    for _ in range(STALE):  # long unmeasured, the other row counts are measured again
         cost.note(16, 0.0255)
     assert cost.estimate(8) is None and cost.bar(4, 4, 4) == 0.0
 
