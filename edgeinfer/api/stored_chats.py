@@ -17,7 +17,6 @@ the stream ran to its end).
 
 from __future__ import annotations
 
-from collections.abc import Callable, Coroutine
 from typing import Any
 
 from starlette.requests import Request
@@ -28,13 +27,13 @@ from edgeinfer.api import fields
 from edgeinfer.api.body import read_json
 from edgeinfer.api.fields import Body
 from edgeinfer.api.guard import key_owner
-from edgeinfer.api.responses_render import input_items_page
+from edgeinfer.api.respond import Save
+from edgeinfer.api.responses_render import input_items_page, list_body, page_query
 from edgeinfer.errors import InvalidRequest, NotFound
 from edgeinfer.service.chat_store import Query, chats_kept_on
 
 
-def saver(request: Request, body: Any) -> Callable[[dict[str, Any]], Coroutine[Any, Any, None]
-                                                 ] | None:
+def saver(request: Request, body: Any) -> Save | None:
     """What stores a chat completion's answer, when its ``body`` asks for it (``store``)."""
     if not isinstance(body, dict) or body.get("store") is not True:
         return None
@@ -48,14 +47,10 @@ def saver(request: Request, body: Any) -> Callable[[dict[str, Any]], Coroutine[A
 
 
 def _query(params: Any) -> Query:
-    limit, order = params.get("limit", "20"), params.get("order", "asc")
-    if not (limit.isascii() and limit.isdigit()) or not 1 <= int(limit) <= 100:
-        raise InvalidRequest("'limit' must be an integer between 1 and 100", param="limit")
-    if order not in ("asc", "desc"):
-        raise InvalidRequest("'order' must be 'asc' or 'desc'", param="order")
+    limit, order, after = page_query(params, "asc")
     pairs = tuple((k[len("metadata["):-1], v) for k, v in params.multi_items()
                   if k.startswith("metadata[") and k.endswith("]"))
-    return Query(params.get("model"), pairs, params.get("after"), int(limit), order)
+    return Query(params.get("model"), pairs, after, limit, order)
 
 
 async def list_chats(request: Request) -> Response:
@@ -63,7 +58,7 @@ async def list_chats(request: Request) -> Response:
                                                         _query(request.query_params))
     if page is None:
         raise InvalidRequest("'after' names no stored chat completion", param="after")
-    return JSONResponse(page.body())
+    return JSONResponse(list_body(page.data, page.has_more))
 
 
 def _missing(chat_id: str) -> NotFound:

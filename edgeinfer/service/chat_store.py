@@ -30,15 +30,10 @@ log = logging.getLogger("edgeinfer.service.chat_store")
 
 @dataclass(frozen=True, slots=True)
 class Page:
-    """One page of a list, as OpenAI lists: the items and whether more follow."""
+    """One page of a list: the items and whether more follow."""
 
     data: list[dict[str, Any]]
     has_more: bool
-
-    def body(self) -> dict[str, Any]:
-        return {"object": "list", "data": self.data,
-                "first_id": self.data[0]["id"] if self.data else None,
-                "last_id": self.data[-1]["id"] if self.data else None, "has_more": self.has_more}
 
 
 @dataclass(frozen=True, slots=True)
@@ -107,13 +102,10 @@ CREATE INDEX IF NOT EXISTS completions_created ON completions (created);
         self.prune(db, "completions", "length(completion) + length(messages)")
         return True
 
-    def _live(self) -> float:
-        return time.time() - self.max_age_s
-
     def _get(self, db: sqlite3.Connection, owner: str, chat_id: str, column: str) -> Any:
         assert column in ("completion", "messages")
         row = db.execute(f"SELECT {column} FROM completions WHERE id = ? AND owner = ? AND "
-                         "created >= ? AND NOT deleted", (chat_id, owner, self._live())
+                         "created >= ? AND NOT deleted", (chat_id, owner, self.oldest_kept())
                          ).fetchone()
         return None if row is None else json.loads(row[0])
 
@@ -137,7 +129,7 @@ CREATE INDEX IF NOT EXISTS completions_created ON completions (created);
 
     def _list(self, db: sqlite3.Connection, owner: str, q: Query) -> Page | None:
         desc = q.order == "desc"
-        where, args = "owner = ? AND created >= ?", [owner, self._live()]
+        where, args = "owner = ? AND created >= ?", [owner, self.oldest_kept()]
         if q.model is not None:
             where, args = where + " AND model = ?", [*args, q.model]
         if q.after is not None:

@@ -78,7 +78,7 @@ CREATE INDEX IF NOT EXISTS responses_created ON responses (created);
              ) -> StoredResponse | None:
         row = db.execute("SELECT response, input_items, conversation FROM responses "
                          "WHERE id = ? AND owner = ? AND created >= ?",
-                         (response_id, owner, time.time() - self.max_age_s)).fetchone()
+                         (response_id, owner, self.oldest_kept())).fetchone()
         if row is None:
             return None
         response, items, conversation = (json.loads(v) for v in row)

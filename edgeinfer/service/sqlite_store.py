@@ -105,10 +105,14 @@ class SqliteStore:
             return False
         return True
 
+    def oldest_kept(self) -> float:
+        """The creation time (epoch seconds) of the oldest row still within ``max_age_s``."""
+        return time.time() - self.max_age_s
+
     def prune(self, db: sqlite3.Connection, table: str, size: str) -> None:
         """Remove ``table``'s rows past the bounds, oldest first (``size``: the SQL of a
         row's bytes). ``table`` and ``size`` are this module's constants, never input."""
-        db.execute(f"DELETE FROM {table} WHERE created < ?", (time.time() - self.max_age_s,))
+        db.execute(f"DELETE FROM {table} WHERE created < ?", (self.oldest_kept(),))
         db.execute(f"DELETE FROM {table} WHERE rowid IN (SELECT rowid FROM {table} "
                    "ORDER BY created DESC, rowid DESC LIMIT -1 OFFSET ?)", (self.max_rows,))
         db.execute(f"DELETE FROM {table} WHERE rowid IN (SELECT rowid FROM (SELECT rowid, "
