@@ -42,9 +42,9 @@ _MODEL_KEYS = {
     "checkpoint_every", "cache_disk_hot", "speculative", "draft_max", "cache_type_k",
     "cache_type_v", "deterministic", "draft_model", "draft_min",
 }
-TOOL_FORMATS = tuple("auto hermes llama3 mistral granite nemotron firefunction mistral_args "
-                     "deepseek_v3 deepseek_r1 qwen3_coder seed_oss glm minimax gemma4 harmony lfm2 "
-                     "kimi_k2 dsml dsml_v4 command_r apriel minimax_m1 apertus generic".split())
+TOOL_FORMATS = tuple("""auto hermes llama3 mistral granite nemotron firefunction mistral_args
+deepseek_v3 deepseek_r1 qwen3_coder seed_oss glm minimax gemma4 harmony lfm2 kimi_k2 dsml dsml_v4
+command_r apriel minimax_m1 apertus hy3 minicpm5 generic""".split())
 REASONING_FORMATS = ("auto", "deepseek", "none")  # see edgeinfer.prompt.reasoning
 TAGS = {"chat", "completion", "code", "tools", "reasoning"}
 

@@ -110,6 +110,9 @@ def _params(prefix: str, parameters: dict[str, Any], param: str, args: str) -> l
             # DSML's string="true": a value written as raw text (the others, quoted
             # strings of a pattern or format included, are JSON: string="false")
             text = _is_text(prop) or _string_enum(prop)
+            if TAGS[args].cdata and _is_text(prop):  # MiniCPM5: text with "<" in CDATA
+                inner = _text_rule(prop).replace("<", "\\]")  # no "]" inside
+                expr = f'({expr} | "<![CDATA[" {inner} "]]>")'
             items.append((_tagged(TAGS[args], key, expr, text), key in required))
     return _sequence(items, prefix, "," if gemma else "") + [r for r in rules if r]
 

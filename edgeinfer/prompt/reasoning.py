@@ -3,7 +3,8 @@
 Models of the Qwen3, QwQ, DeepSeek R1, SmolLM3 and GLM families write their
 reasoning inside ``<think>`` tags (llama-server's "deepseek" reasoning format);
 Magistral / Ministral 3 use ``[THINK] ... [/THINK]``, Gemma 4 ``<|channel>thought
-... <channel|>``, Command R7B / A ``<|START_THINKING|> ... <|END_THINKING|>`` (gpt-oss's
+... <channel|>``, Command R7B / A ``<|START_THINKING|> ... <|END_THINKING|>``, Hunyuan 3
+``<think:opensource> ... </think:opensource>`` (gpt-oss's
 Harmony channels are read by ``edgeinfer.prompt.harmony``).
 Templates often open the block in the generation prompt itself, so the output starts
 inside it; ``ReasoningSplit(in_thought=True)`` covers that.
@@ -31,12 +32,20 @@ class Markers:
 
     open: str
     close: str
+    sign: str = ""  # what shows them in a template's source ("": the opening marker)
+
+    @property
+    def used_by(self) -> str:
+        return self.sign or self.open.rstrip()
 
 
 THINK = Markers(THINK_OPEN, THINK_CLOSE)
 MISTRAL_THINK = Markers("[THINK]", "[/THINK]")
 GEMMA_THOUGHT = Markers("<|channel>thought\n", "<channel|>")
 COHERE_THINK = Markers("<|START_THINKING|>", "<|END_THINKING|>")
+# Hunyuan 3's template builds its markers with format(): '<think{}>'.format(':opensource')
+HY3_THINK = Markers("<think:opensource>", "</think:opensource>", "'<think{}>'.format(HYTK)")
+KINDS = (MISTRAL_THINK, GEMMA_THOUGHT, COHERE_THINK, HY3_THINK, THINK)
 HARMONY_ANALYSIS = "<|channel|>analysis"
 
 
@@ -45,16 +54,15 @@ def markers_for(reasoning_format: str, template_source: str) -> Markers | None:
     Harmony templates are read by their own parser, see ``harmony_reasoning``)."""
     if reasoning_format == "none" or HARMONY_ANALYSIS in template_source:
         return None
-    for m in (MISTRAL_THINK, GEMMA_THOUGHT, COHERE_THINK, THINK):
-        if m.open.rstrip() in template_source:
+    for m in KINDS:
+        if m.used_by in template_source:
             return m
     return THINK if reasoning_format == "deepseek" else None
 
 
 def reasoning_markers(template_source: str) -> tuple[str, ...]:
     """Every reasoning marker a template uses (to be shown in the output)."""
-    found = [m for m in (MISTRAL_THINK, GEMMA_THOUGHT, COHERE_THINK, THINK)
-             if m.open.rstrip() in template_source]
+    found = [m for m in KINDS if m.used_by in template_source]
     return tuple(t.rstrip() for m in found for t in (m.open, m.close))
 
 

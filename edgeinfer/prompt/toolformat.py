@@ -40,8 +40,14 @@ inside ``block_open ... block_close``:
 - ``glm``: GLM 4.5 / 4.6 / 4.7, Laguna, Ling 3.0, Spark: ``<tool_call>NAME<arg_key>city
   </arg_key><arg_value>Paris</arg_value></tool_call>`` (line breaks between the tags as
   each template writes them).
+- ``hy3``: Hunyuan 3: GLM's layout in ``:opensource`` tags, ``<tool_calls:opensource>
+  <tool_call:opensource>NAME<tool_sep:opensource><arg_key:opensource>city</arg_key:opensource>
+  <arg_value:opensource>Paris</arg_value:opensource></tool_call:opensource>
+  </tool_calls:opensource>``.
 - ``minimax``: MiniMax M2: ``<minimax:tool_call><invoke name="NAME"><parameter
   name="city">Paris</parameter></invoke></minimax:tool_call>``.
+- ``minicpm5``: MiniCPM5: ``<function name="NAME"><param name="city">Paris</param>
+  </function>`` (a text value with ``<``, ``&`` or a line break in ``<![CDATA[ ... ]]>``).
 - ``kimi_k2``: Kimi K2 (Instruct, Thinking): ``<|tool_calls_section_begin|><|tool_call_begin|>
   functions.NAME:0<|tool_call_argument_begin|>{...}<|tool_call_end|>...
   <|tool_calls_section_end|>`` (the name after ``functions.``, a call index after ``:``).
@@ -77,6 +83,7 @@ class Tags:
     # after the name of a parameter that is not a string, when that differs (DeepSeek's
     # ``string="false"``; ``key_close`` is then the string parameters' ``string="true"``)
     key_close_other: str = ""
+    cdata: bool = False  # a value may be wrapped in ``<![CDATA[ ... ]]>`` (MiniCPM5)
 
     @property
     def key_closes(self) -> tuple[str, ...]:
@@ -94,6 +101,9 @@ TAGS = {
     "seed": Tags("<parameter=", ">", "", "</parameter>", "</function>", False),
     "glm": Tags("<arg_key>", "</arg_key>", "<arg_value>", "</arg_value>", "</tool_call>", False),
     "minimax": Tags('<parameter name="', '">', "", "</parameter>", "</invoke>", False),
+    "hy3": Tags("<arg_key:opensource>", "</arg_key:opensource>", "<arg_value:opensource>",
+                "</arg_value:opensource>", "</tool_call:opensource>", False),
+    "minicpm5": Tags('<param name="', '">', "", "</param>", "</function>", False, cdata=True),
     "dsml": Tags('<｜DSML｜parameter name="', '" string="true">', "", "</｜DSML｜parameter>",
                  "</｜DSML｜invoke>", False, '" string="false">'),
 }
@@ -205,13 +215,18 @@ DSML_V4 = replace(DSML, name="dsml_v4", block_open="<｜DSML｜tool_calls>",
                   block_close="</｜DSML｜tool_calls>")
 GEMMA4 = ToolFormat("gemma4", "", syntax="named", args="gemma", call_open="<|tool_call>call:",
                     name_end="{", call_close="<tool_call|>")
+HY3 = ToolFormat("hy3", "", syntax="named", args="hy3", block_open="<tool_calls:opensource>",
+                block_close="</tool_calls:opensource>", call_open="<tool_call:opensource>",
+                name_end="<tool_sep:opensource>", call_close="</tool_call:opensource>")
+MINICPM5 = ToolFormat("minicpm5", "", syntax="named", args="minicpm5",
+                     call_open='<function name="', name_end='">', call_close="</function>")
 HARMONY = ToolFormat("harmony", "", syntax="harmony", max_calls=1)
 LFM2 = ToolFormat("lfm2", "<|tool_call_start|>", "<|tool_call_end|>", syntax="python")
 FORMATS = {f.name: f for f in (HERMES, GENERIC, LLAMA3, MISTRAL, GRANITE, MISTRAL_ARGS,
                                DEEPSEEK_V3, DEEPSEEK_R1, QWEN3_CODER, SEED_OSS, GLM, MINIMAX,
                                GEMMA4, HARMONY, LFM2, NEMOTRON,
                                FIREFUNCTION, KIMI_K2, DSML, DSML_V4, COMMAND_R, APRIEL,
-                               MINIMAX_M1, APERTUS)}
+                               MINIMAX_M1, APERTUS, HY3, MINICPM5)}
 
 
 def detect(template_source: str) -> ToolFormat:
@@ -226,6 +241,10 @@ def detect(template_source: str) -> ToolFormat:
         return DEEPSEEK_R1 if "```json" in src else DEEPSEEK_V3
     if "tools" not in src:
         return GENERIC
+    if "<tool_sep{}>" in src and ":opensource" in src:  # Hunyuan 3 (its markers by format())
+        return HY3
+    if "Tool usage guidelines:" in src and '<param name="' in src:
+        return MINICPM5
     if "<|tool_calls_section_begin|>" in src and "<|tool_call_begin|>" in src:
         return KIMI_K2
     if "<|tool_call>call:" in src:

@@ -10,7 +10,8 @@ Seed-OSS (``"seed"``) the same without the line breaks inside; GLM 4.5-4.7, Lagu
 and Spark (``"glm"``) ``<arg_key>city</arg_key><arg_value>Paris</arg_value>``; MiniMax M2
 (``"minimax"``) ``<parameter name="city">Paris</parameter>``; DeepSeek V3.2 / V4
 (``"dsml"``) MiniMax's in ``｜DSML｜`` tags with ``string="true"`` (or ``"false"``) after
-the name. Each becomes
+the name; MiniCPM5 (``"minicpm5"``) ``<param name="city">Paris</param>``, a value with
+``<``, ``&`` or a line break in ``<![CDATA[ ... ]]>``. Each becomes
 ``{"city": "Paris"}``. A value is a string when its parameter is typed ``string``
 (streamed as it arrives); otherwise it is read whole and taken as JSON when it parses
 (the templates write objects and lists with ``tojson``), as a string when not.
@@ -42,6 +43,7 @@ def json_value(text: str, kind: str | None) -> str:
 
 
 _NOTHING = object()
+CDATA = "<![CDATA["
 
 
 def _parsed(text: str) -> Any:
@@ -64,6 +66,7 @@ class XmlArgs:
         self.value_sent = 0  # characters of a streamed string value already sent
         self.value_start = True  # the value's leading newline may still be skipped
         self.marked: str | None = None  # DSML: "string" or "other", from the marker
+        self.close = tags.value_close  # what ends the current value (after a CDATA: "]]>" too)
 
     def _open(self) -> str:
         text = ", " if self.emitted else "{"
@@ -123,6 +126,7 @@ class XmlArgs:
         self.marked = ("string" if close == self.tags.key_close else "other") if (
             self.tags.key_close_other) else None
         self.state, self.value_sent, self.value_start = "open", 0, True
+        self.close = self.tags.value_close
         out.append(self._open())
         return start + at + len(close), True, False
 
@@ -146,12 +150,18 @@ class XmlArgs:
                 return i, False, False
             if rest.startswith("\n"):
                 i, rest = i + 1, rest[1:]
+        if self.value_start and tags.cdata:
+            if CDATA.startswith(rest):
+                return i, False, False  # perhaps a CDATA section: wait for more
+            if rest.startswith(CDATA):
+                i, rest, self.close = i + len(CDATA), rest[len(CDATA):], "]]>" + tags.value_close
         self.value_start = False
         streamed = self._kind() == "string"
-        at = rest.find(tags.value_close)
+        close = self.close
+        at = rest.find(close)
         if at == -1:
             if streamed:
-                ends = [tags.value_close] + (["\n" + tags.value_close] if tags.newlines else [])
+                ends = [close] + (["\n" + close] if tags.newlines else [])
                 keep = max(partial_suffix(rest, e) for e in ends)
                 piece = rest[:len(rest) - keep]
                 if piece:
@@ -169,7 +179,7 @@ class XmlArgs:
         else:
             out.append(json_value(value, self._kind()))
         self.state = "between"
-        return i + at + len(tags.value_close), True, False
+        return i + at + len(close), True, False
 
     def _kind(self) -> str | None:
         """The current value's type: its parameter's, else what DSML's marker says."""

@@ -1,7 +1,8 @@
 """Each family's own reasoning markers, end to end: SmolLM2 wearing Ministral 3's
-(``[THINK]``), gpt-oss's (Harmony's analysis channel) and Gemma 4's (``<|channel>thought``)
-real templates. The model is not trained on them, so a grammar makes it write in the
-family's syntax; the server must split the reasoning off, streamed and not alike."""
+(``[THINK]``), gpt-oss's (Harmony's analysis channel), Gemma 4's (``<|channel>thought``)
+and Hunyuan 3's (``<think:opensource>``) real templates. The model is not trained on them,
+so a grammar makes it write in the family's syntax; the server must split the reasoning
+off, streamed and not alike."""
 
 from __future__ import annotations
 
@@ -24,6 +25,8 @@ FAMILIES = {  # model id -> (template, a grammar of one reasoning block then the
                f'<|channel|>final<|message|>" {WORDS}'),
     "gemma4": ("google-gemma-4-31B-it.jinja",
                f'root ::= "<|channel>thought\\n" {WORDS} "<channel|>" {WORDS}'),
+    "hy3": ("tencent-Hy3.jinja",
+            f'root ::= "<think:opensource>" {WORDS} "</think:opensource>" {WORDS}'),
 }
 ASK = [{"role": "user", "content": "What is two plus two?"}]
 
@@ -54,7 +57,8 @@ def test_the_familys_reasoning_block_becomes_reasoning_content(
     msg = c.chat.completions.create(**kw).choices[0].message
     reasoning, content = _extra(msg, "reasoning_content"), msg.content or ""
     assert reasoning.strip() and content.strip(), msg
-    for marker in ("[THINK]", "[/THINK]", "<|channel", "<|message|>", "<channel|>", "<|end|>"):
+    for marker in ("[THINK]", "[/THINK]", "<|channel", "<|message|>", "<channel|>", "<|end|>",
+                   "opensource>"):
         assert marker not in content and marker not in reasoning, msg
     thought, said = "", ""
     for chunk in c.chat.completions.create(**kw, stream=True):

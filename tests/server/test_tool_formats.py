@@ -77,6 +77,8 @@ FAMILIES = {  # template -> the format it must be detected as
     "unsloth-Apriel-1.5.jinja": "apriel",
     "MiniMax-M1.jinja": "minimax_m1",
     "Apertus-8B-Instruct.jinja": "apertus",
+    "tencent-Hy3.jinja": "hy3",
+    "openbmb-MiniCPM5-1B.jinja": "minicpm5",
     # no tool support in the template: the generic format (tools in a system message)
     "google-gemma-2-2b-it.jinja": "generic",
 }
@@ -104,7 +106,9 @@ SERVED = {"qwen": "Qwen-Qwen2.5-7B-Instruct.jinja",
           "cohere": "CohereForAI-c4ai-command-r7b-12-2024-tool_use.jinja",
           "apriel": "Apriel-1.6-15b-Thinker-fixed.jinja",
           "m1": "MiniMax-M1.jinja",
-          "apertus": "Apertus-8B-Instruct.jinja"}
+          "apertus": "Apertus-8B-Instruct.jinja",
+          "hy3": "tencent-Hy3.jinja",
+          "minicpm5": "openbmb-MiniCPM5-1B.jinja"}
 WEATHER = {"type": "object", "properties": {"city": {"type": "string", "maxLength": 20},
                                             "days": {"type": "integer", "minimum": 1,
                                                      "maximum": 7}},

@@ -25,9 +25,11 @@ from edgeinfer.prompt.toolformat import (
     GRANITE,
     HARMONY,
     HERMES,
+    HY3,
     KIMI_K2,
     LFM2,
     LLAMA3,
+    MINICPM5,
     MINIMAX,
     MINIMAX_M1,
     MISTRAL,
@@ -109,6 +111,20 @@ CASES: list[tuple[ToolFormat, str, str, list[tuple[str, object]]]] = [
     (MINIMAX, '\n<minimax:tool_call>\n<invoke name="get_weather">\n<parameter name="city">'
               'Paris</parameter>\n<parameter name="days">3</parameter>\n</invoke>\n'
               '<invoke name="get_time">\n</invoke>\n</minimax:tool_call>',
+     "", [("get_weather", {"city": "Paris", "days": 3}), ("get_time", {})]),
+    (MINICPM5, 'Sure.<function name="get_weather"><param name="city"><![CDATA[Paris <FR>\n'
+               '& co]]></param><param name="days">3</param></function>'
+               '<function name="get_time"></function>',
+     "Sure.", [("get_weather", {"city": "Paris <FR>\n& co", "days": 3}), ("get_time", {})]),
+    (MINICPM5, '<function name="get_weather"><param name="city">Paris</param>'
+               "<param name=\"opts\">{'unit': 'c', 'x': None}</param></function>",
+     "", [("get_weather", {"city": "Paris", "opts": {"unit": "c", "x": None}})]),
+    (HY3, "<tool_calls:opensource>\n<tool_call:opensource>get_weather<tool_sep:opensource>\n"
+          "<arg_key:opensource>city</arg_key:opensource>\n<arg_value:opensource>Paris"
+          "</arg_value:opensource>\n<arg_key:opensource>days</arg_key:opensource>\n"
+          "<arg_value:opensource>3</arg_value:opensource>\n</tool_call:opensource>\n"
+          "<tool_call:opensource>get_time<tool_sep:opensource>\n</tool_call:opensource>\n"
+          "</tool_calls:opensource>",
      "", [("get_weather", {"city": "Paris", "days": 3}), ("get_time", {})]),
     (COMMAND_R, '<|START_ACTION|>[\n    {"tool_call_id": "0", "tool_name": "get_weather", '
                 '"parameters": {"city": "Paris", "days": 3}},\n    {"tool_call_id": "1", '
