@@ -317,8 +317,9 @@ def tool_calls_gbnf(tools: list[tuple[str, dict[str, Any]]], max_calls: int,
         more = f' ("\\n"? call){{0,{n - 1}}}' if n > 1 else ""  # some write none between
         root = (f"root ::= call{more}\n"
                 f'call ::= "{fmt.open}" "\\n"? {obj} "\\n"? "{fmt.close}"\n')
-    elif lazy and fmt.open:  # a bare object after its marker (Llama 3's python tag)
-        root = f'root ::= "{fmt.open}" [ \\n]? {obj}\n'
+    elif fmt.open and (lazy or not fmt.bare):  # one object after its marker (GigaChat;
+        # Llama 3's python tag, which a forced call leaves out)
+        root = f"root ::= {json.dumps(fmt.open, ensure_ascii=False)} [ \\n]? {obj}\n"
     else:  # a bare object (Llama 3)
         root = f"root ::= {obj}\n"
     return root + "\n".join(parts)

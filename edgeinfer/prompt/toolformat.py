@@ -19,6 +19,9 @@ JSON formats (``syntax = "json"``) write calls as JSON objects ``{"name": ...,
   ``</tool_calls>``.
 - ``command_r``: Command R7B, Command A (Cohere2): ``<|START_ACTION|>[{"tool_call_id":
   "0", "tool_name": ..., "parameters": {...}}, ...]<|END_ACTION|>``.
+- ``gigachat3``: GigaChat 3: one call, a message of its own after the answer's:
+  ``<|message_sep|>\n\nfunction call<|role_sep|>\n{"name": ..., "arguments": {...}}``;
+  ``gigachat3_1``: GigaChat 3.1: ``<|function_call|>{...}`` after the answer.
 - ``generic``: any other template: the tools go in a system message and the calls in
   the Hermes syntax (the model was not trained on it; a grammar keeps calls valid).
 
@@ -181,6 +184,9 @@ APERTUS = ToolFormat("apertus", "<|tools_prefix|>", "<|tools_suffix|>", listed=T
 MINIMAX_M1 = ToolFormat("minimax_m1", "<tool_calls>", "</tool_calls>", joined=True)
 COMMAND_R = ToolFormat("command_r", "<|START_ACTION|>", "<|END_ACTION|>", listed=True,
                        name_key="tool_name", args_key="parameters", index_key="tool_call_id")
+GIGACHAT3 = ToolFormat("gigachat3", "<|message_sep|>\n\nfunction call<|role_sep|>\n",
+                       max_calls=1)
+GIGACHAT3_1 = ToolFormat("gigachat3_1", "<|function_call|>", max_calls=1)
 MISTRAL_ARGS = ToolFormat("mistral_args", "", syntax="named", call_open="[TOOL_CALLS]",
                           name_end="[ARGS]", id_marker="[CALL_ID]", id_length=9)
 _DS = ("<｜tool▁calls▁begin｜>", "<｜tool▁calls▁end｜>", "<｜tool▁call▁begin｜>",
@@ -226,7 +232,8 @@ FORMATS = {f.name: f for f in (HERMES, GENERIC, LLAMA3, MISTRAL, GRANITE, MISTRA
                                DEEPSEEK_V3, DEEPSEEK_R1, QWEN3_CODER, SEED_OSS, GLM, MINIMAX,
                                GEMMA4, HARMONY, LFM2, NEMOTRON,
                                FIREFUNCTION, KIMI_K2, DSML, DSML_V4, COMMAND_R, APRIEL,
-                               MINIMAX_M1, APERTUS, HY3, MINICPM5)}
+                               MINIMAX_M1, APERTUS, HY3, MINICPM5, GIGACHAT3,
+                               GIGACHAT3_1)}
 
 
 def detect(template_source: str) -> ToolFormat:
@@ -245,6 +252,8 @@ def detect(template_source: str) -> ToolFormat:
         return HY3
     if "Tool usage guidelines:" in src and '<param name="' in src:
         return MINICPM5
+    if "<|role_sep|>" in src and "<|message_sep|>" in src:  # GigaChat 3 / 3.1
+        return GIGACHAT3_1 if "<|function_call|>" in src else GIGACHAT3
     if "<|tool_calls_section_begin|>" in src and "<|tool_call_begin|>" in src:
         return KIMI_K2
     if "<|tool_call>call:" in src:

@@ -79,6 +79,8 @@ FAMILIES = {  # template -> the format it must be detected as
     "Apertus-8B-Instruct.jinja": "apertus",
     "tencent-Hy3.jinja": "hy3",
     "openbmb-MiniCPM5-1B.jinja": "minicpm5",
+    "GigaChat3-10B-A1.8B.jinja": "gigachat3",
+    "GigaChat3.1-10B-A1.8B.jinja": "gigachat3_1",
     # no tool support in the template: the generic format (tools in a system message)
     "google-gemma-2-2b-it.jinja": "generic",
 }
@@ -108,7 +110,9 @@ SERVED = {"qwen": "Qwen-Qwen2.5-7B-Instruct.jinja",
           "m1": "MiniMax-M1.jinja",
           "apertus": "Apertus-8B-Instruct.jinja",
           "hy3": "tencent-Hy3.jinja",
-          "minicpm5": "openbmb-MiniCPM5-1B.jinja"}
+          "minicpm5": "openbmb-MiniCPM5-1B.jinja",
+          "gigachat3": "GigaChat3-10B-A1.8B.jinja",
+          "gigachat31": "GigaChat3.1-10B-A1.8B.jinja"}
 WEATHER = {"type": "object", "properties": {"city": {"type": "string", "maxLength": 20},
                                             "days": {"type": "integer", "minimum": 1,
                                                      "maximum": 7}},

@@ -21,6 +21,8 @@ from edgeinfer.prompt.toolformat import (
     FIREFUNCTION,
     GEMMA4,
     GENERIC,
+    GIGACHAT3,
+    GIGACHAT3_1,
     GLM,
     GRANITE,
     HARMONY,
@@ -112,6 +114,11 @@ CASES: list[tuple[ToolFormat, str, str, list[tuple[str, object]]]] = [
               'Paris</parameter>\n<parameter name="days">3</parameter>\n</invoke>\n'
               '<invoke name="get_time">\n</invoke>\n</minimax:tool_call>',
      "", [("get_weather", {"city": "Paris", "days": 3}), ("get_time", {})]),
+    (GIGACHAT3, 'Sure.<|message_sep|>\n\nfunction call<|role_sep|>\n{"name": "get_weather", '
+                '"arguments": {"city": "Paris", "days": 3}}',
+     "Sure.", [("get_weather", {"city": "Paris", "days": 3})]),
+    (GIGACHAT3_1, 'Sure.<|function_call|>{"name": "get_time", "arguments": {}}',
+     "Sure.", [("get_time", {})]),
     (MINICPM5, 'Sure.<function name="get_weather"><param name="city"><![CDATA[Paris <FR>\n'
                '& co]]></param><param name="days">3</param></function>'
                '<function name="get_time"></function>',
