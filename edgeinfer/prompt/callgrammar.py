@@ -141,7 +141,7 @@ def _call(i: int, name: str, parameters: dict[str, Any], fmt: ToolFormat, param:
             named = (f"{lit(name)} ({lit(fmt.id_marker)} [a-zA-Z0-9]{{{fmt.id_length}}})? "
                      f"{lit(fmt.name_end)}")
             return [f"{p}call ::= {named} {p}root", args]
-        if fmt.id_marker:  # Kimi K2: the call's index, always
+        if fmt.id_marker and not fmt.id_first:  # Kimi K2: the call's index, always
             named = f"{lit(name + fmt.id_marker)} [0-9]{{1,3}} {lit(fmt.name_end)}"
             return [f"{p}call ::= {named} {p}root", args]
         return [f"{p}call ::= {lit(name + fmt.name_end)} {p}root", args]
@@ -166,7 +166,8 @@ def named_calls_gbnf(tools: list[tuple[str, dict[str, Any]]], max_calls: int,
         rules += _call(i, name, parameters, fmt, param)
     alts = " | ".join(f"t{i}-call" for i in range(len(tools)))
     close = f" {lit(fmt.call_close)}" if fmt.call_close else ""
-    rules.append(f"inner ::= {lit(fmt.call_open)} ({alts}){close}")
+    call_id = f' [a-zA-Z0-9_-]{{1,40}} {lit(fmt.id_marker)}' if fmt.id_first else ""
+    rules.append(f"inner ::= {lit(fmt.call_open)}{call_id} ({alts}){close}")
     bare = f'inner ("\\n"? inner){{0,{n - 1}}}'
     if fmt.block_each:  # Qwen3-Coder, Seed-OSS: each call in its own block
         rules.append(f"call ::= {lit(fmt.block_open + chr(10))} inner "

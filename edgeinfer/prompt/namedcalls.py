@@ -112,7 +112,7 @@ class NamedCallParser:
         self.types = types or {}
         self.num_calls = 0
         self._buf = ""
-        self._mode = "text"  # text | between | name | args | close
+        self._mode = "text"  # text | between | id | name | args | close
         self._held = ""  # markers consumed since the text (given back if no call follows)
         self._name = ""
         self._reader: ArgsReader | None = None
@@ -143,7 +143,8 @@ class NamedCallParser:
             if marker and buf.startswith(marker):
                 self._held += marker
                 self._buf = buf[len(marker):]
-                self._mode = "name" if marker == fmt.call_open else "between"
+                self._mode = ("id" if fmt.id_first else "name") if (
+                    marker == fmt.call_open) else "between"
                 self._name = ""
                 if marker == fmt.block_close:
                     self._mode, self._held = "text", ""
@@ -171,11 +172,25 @@ class NamedCallParser:
         head = _NAME.match(buf)
         return head.end() if head is not None and head.end() < len(buf) else -1
 
+    def _read_id(self, out: list[Event]) -> bool:
+        """Solar Open: the call's id before its name (not kept: calls get fresh ids)."""
+        fmt, buf = self.fmt, self._buf
+        at = buf.find(fmt.id_marker)
+        head = buf[:at] if at != -1 else buf[:len(buf) - partial_suffix(buf, fmt.id_marker)]
+        if _NAME.fullmatch(head) is None or len(head) > _MAX_NAME:
+            self._give_back(out)
+            return True
+        if at == -1:
+            return False
+        self._held += buf[:at + len(fmt.id_marker)]
+        self._buf, self._mode = buf[at + len(fmt.id_marker):], "name"
+        return True
+
     def _read_name(self, out: list[Event]) -> bool:
         fmt, buf = self.fmt, self._buf
         at = self._name_end(buf)
         name = buf[:at] if at != -1 else buf[:len(buf) - partial_suffix(buf, fmt.name_end)]
-        if fmt.id_marker:  # the id the model wrote is not kept: calls get fresh ids
+        if fmt.id_marker and not fmt.id_first:  # the id the model wrote is not kept
             name = name.split(fmt.id_marker, 1)[0]
             if at == -1:
                 name = name[:len(name) - partial_suffix(name, fmt.id_marker)]
@@ -230,8 +245,8 @@ class NamedCallParser:
     def feed(self, text: str) -> list[Event]:
         self._buf += text
         out: list[Event] = []
-        steps = {"text": self._text, "between": self._between, "name": self._read_name,
-                 "args": self._args}
+        steps = {"text": self._text, "between": self._between, "id": self._read_id,
+                 "name": self._read_name, "args": self._args}
         while True:
             changed = self._close() if self._mode == "close" else steps[self._mode](out)
             if not changed:
@@ -244,7 +259,7 @@ class NamedCallParser:
         out: list[Event] = []
         rest, self._buf = self._buf, ""
         fmt = self.fmt
-        if cut and (self._mode in ("between", "name") and not self.num_calls
+        if cut and (self._mode in ("between", "id", "name") and not self.num_calls
                     or self._mode == "text" and rest and any(
                         m.startswith(rest) for m in (fmt.call_open, fmt.block_open) if m)):
             pass
@@ -253,7 +268,7 @@ class NamedCallParser:
             if tail:
                 out.append(CallArgs(self.num_calls, tail))
             self.num_calls += 1
-        elif self._mode in ("between", "name") and not self.num_calls:
+        elif self._mode in ("between", "id", "name") and not self.num_calls:
             out.append(Content(self._held + rest))
         elif self._mode == "text" and rest:
             out.append(Content(rest))

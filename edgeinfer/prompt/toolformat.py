@@ -58,6 +58,8 @@ inside ``block_open ... block_close``:
   name="city" string="true">Paris</｜DSML｜parameter>`` (``string="false"``: a JSON value),
   in ``<｜DSML｜function_calls>``; ``dsml_v4``: DeepSeek V4, the same in
   ``<｜DSML｜tool_calls>``.
+- ``solar_open``: Solar Open: ``<|tool_calls|><|tool_call:begin|>ID<|tool_call:name|>NAME
+  <|tool_call:args|>{...}<|tool_call:end|>`` (the id first; ``<|calls|>`` ends the turn).
 - ``gemma4``: Gemma 4: ``<|tool_call>call:NAME{key:<|"|>text<|"|>,n:3}<tool_call|>``
   (``edgeinfer.prompt.gemmaargs``).
 
@@ -135,6 +137,7 @@ class ToolFormat:
     name_end: str = ""  # named: between the name and the arguments
     call_close: str = ""  # named: after each call's arguments
     id_marker: str = ""  # named: a call id may follow the name after this marker
+    id_first: bool = False  # named: the call's id comes first, ``id_marker`` after it
     name_prefix: str = ""  # named: written before the name (read without it too)
     block_each: bool = False  # named: each call in a block of its own
 
@@ -226,6 +229,10 @@ HY3 = ToolFormat("hy3", "", syntax="named", args="hy3", block_open="<tool_calls:
                 name_end="<tool_sep:opensource>", call_close="</tool_call:opensource>")
 MINICPM5 = ToolFormat("minicpm5", "", syntax="named", args="minicpm5",
                      call_open='<function name="', name_end='">', call_close="</function>")
+SOLAR_OPEN = ToolFormat("solar_open", "", syntax="named", block_open="<|tool_calls|>",
+                        call_open="<|tool_call:begin|>", id_marker="<|tool_call:name|>",
+                        id_first=True, name_end="<|tool_call:args|>",
+                        call_close="<|tool_call:end|>")
 HARMONY = ToolFormat("harmony", "", syntax="harmony", max_calls=1)
 LFM2 = ToolFormat("lfm2", "<|tool_call_start|>", "<|tool_call_end|>", syntax="python")
 FORMATS = {f.name: f for f in (HERMES, GENERIC, LLAMA3, MISTRAL, GRANITE, MISTRAL_ARGS,
@@ -233,7 +240,7 @@ FORMATS = {f.name: f for f in (HERMES, GENERIC, LLAMA3, MISTRAL, GRANITE, MISTRA
                                GEMMA4, HARMONY, LFM2, NEMOTRON,
                                FIREFUNCTION, KIMI_K2, DSML, DSML_V4, COMMAND_R, APRIEL,
                                MINIMAX_M1, APERTUS, HY3, MINICPM5, GIGACHAT3,
-                               GIGACHAT3_1)}
+                               GIGACHAT3_1, SOLAR_OPEN)}
 
 
 def detect(template_source: str) -> ToolFormat:
@@ -254,6 +261,8 @@ def detect(template_source: str) -> ToolFormat:
         return MINICPM5
     if "<|role_sep|>" in src and "<|message_sep|>" in src:  # GigaChat 3 / 3.1
         return GIGACHAT3_1 if "<|function_call|>" in src else GIGACHAT3
+    if "<|tool_call:begin|>" in src and "<|tool_call:name|>" in src:
+        return SOLAR_OPEN
     if "<|tool_calls_section_begin|>" in src and "<|tool_call_begin|>" in src:
         return KIMI_K2
     if "<|tool_call>call:" in src:

@@ -81,6 +81,7 @@ FAMILIES = {  # template -> the format it must be detected as
     "openbmb-MiniCPM5-1B.jinja": "minicpm5",
     "GigaChat3-10B-A1.8B.jinja": "gigachat3",
     "GigaChat3.1-10B-A1.8B.jinja": "gigachat3_1",
+    "upstage-Solar-Open-100B.jinja": "solar_open",
     # no tool support in the template: the generic format (tools in a system message)
     "google-gemma-2-2b-it.jinja": "generic",
 }
@@ -112,7 +113,8 @@ SERVED = {"qwen": "Qwen-Qwen2.5-7B-Instruct.jinja",
           "hy3": "tencent-Hy3.jinja",
           "minicpm5": "openbmb-MiniCPM5-1B.jinja",
           "gigachat3": "GigaChat3-10B-A1.8B.jinja",
-          "gigachat31": "GigaChat3.1-10B-A1.8B.jinja"}
+          "gigachat31": "GigaChat3.1-10B-A1.8B.jinja",
+          "solar": "upstage-Solar-Open-100B.jinja"}
 WEATHER = {"type": "object", "properties": {"city": {"type": "string", "maxLength": 20},
                                             "days": {"type": "integer", "minimum": 1,
                                                      "maximum": 7}},

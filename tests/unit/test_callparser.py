@@ -39,6 +39,7 @@ from edgeinfer.prompt.toolformat import (
     NEMOTRON,
     QWEN3_CODER,
     SEED_OSS,
+    SOLAR_OPEN,
     ToolFormat,
 )
 from edgeinfer.prompt.tools import call_parser
@@ -114,6 +115,14 @@ CASES: list[tuple[ToolFormat, str, str, list[tuple[str, object]]]] = [
               'Paris</parameter>\n<parameter name="days">3</parameter>\n</invoke>\n'
               '<invoke name="get_time">\n</invoke>\n</minimax:tool_call>',
      "", [("get_weather", {"city": "Paris", "days": 3}), ("get_time", {})]),
+    (SOLAR_OPEN, "<|tool_calls|><|tool_call:begin|>call_0<|tool_call:name|>get_weather"
+                 '<|tool_call:args|>{"city": "Paris", "days": 3}<|tool_call:end|>'
+                 "<|tool_call:begin|>x-1<|tool_call:name|>get_time<|tool_call:args|>{}"
+                 "<|tool_call:end|>",
+     "", [("get_weather", {"city": "Paris", "days": 3}), ("get_time", {})]),
+    # an id with a character no id holds: not a call
+    (SOLAR_OPEN, "<|tool_call:begin|>a b<|tool_call:name|>get_time<|tool_call:args|>{}",
+     "<|tool_call:begin|>a b<|tool_call:name|>get_time<|tool_call:args|>{}", []),
     (GIGACHAT3, 'Sure.<|message_sep|>\n\nfunction call<|role_sep|>\n{"name": "get_weather", '
                 '"arguments": {"city": "Paris", "days": 3}}',
      "Sure.", [("get_weather", {"city": "Paris", "days": 3})]),
