@@ -18,6 +18,8 @@ from edgeinfer.prompt.grammar import _rename_rules, schema_to_gbnf
 from edgeinfer.prompt.grammar import tool_calls_gbnf as json_calls_gbnf
 from edgeinfer.prompt.toolformat import GENERIC, TAGS, Tags, ToolFormat
 
+M3_NS = "]<]minimax[>["  # MiniMax M3's namespace token (``edgeinfer.prompt.nestedargs``)
+MAX_NESTING = 4  # M3's objects and lists nested this deep as elements, deeper as JSON
 HARMONY_CALL = "<|channel|>commentary to=functions."
 HARMONY_ARGS = " <|constrain|>json<|message|>"
 # text values of the XML and Gemma formats: no "<" (it would start a closing marker)
@@ -117,6 +119,47 @@ def _params(prefix: str, parameters: dict[str, Any], param: str, args: str) -> l
     return _sequence(items, prefix, "," if gemma else "") + [r for r in rules if r]
 
 
+def _nested(prefix: str, parameters: dict[str, Any], param: str, depth: int) -> list[str]:
+    """Rules of an object's members as MiniMax M3's elements (``{prefix}start``): required
+    ones in schema order, optional ones optional, objects and lists nested."""
+    props = parameters.get("properties") or {}
+    required = set(parameters.get("required") or [])
+    items, rules = [], []
+    for j, key in enumerate(props):
+        prop = _with_defs(props[key], parameters)
+        expr, more = _nested_value(f"{prefix}v{j}-", prop, param, depth)
+        rules += more
+        items.append((f"{lit(f'{M3_NS}<{key}>')} {expr} {lit(f'{M3_NS}</{key}>')}",
+                      key in required))
+    return _sequence(items, prefix, "") + rules
+
+
+def _nested_value(prefix: str, prop: dict[str, Any], param: str, depth: int
+                  ) -> tuple[str, list[str]]:
+    """(expression, rules) of one MiniMax M3 value: an object with properties as its
+    elements, a list as ``item`` elements (a few levels deep), anything else as text or
+    JSON like the other tagged formats."""
+    kind, items = prop.get("type"), prop.get("items")
+    if depth < MAX_NESTING and kind == "object" and isinstance(prop.get("properties"), dict) \
+            and prop["properties"]:
+        return f"{prefix}start", _nested(prefix, prop, param, depth + 1)
+    if depth < MAX_NESTING and kind == "array" and isinstance(items, dict):
+        item_schema = _with_defs(items, prop)
+        if _is_text(item_schema):  # an empty item reads as null (the template writes a
+            # null item empty): a text item has a character at least
+            shortest = item_schema.get("minLength")
+            item_schema = {**item_schema, "minLength": max(
+                1, shortest if isinstance(shortest, int) else 0)}
+        item, more = _nested_value(f"{prefix}i-", item_schema, param, depth + 1)
+        top, least = prop.get("maxItems"), prop.get("minItems")
+        hi = max(0, min(top, 16)) if isinstance(top, int) else 16
+        lo = max(0, min(least, hi)) if isinstance(least, int) else 0
+        tag = f"{lit(f'{M3_NS}<item>')} {item} {lit(f'{M3_NS}</item>')}"
+        return f"({tag}){{{lo},{hi}}}", more
+    expr, rules = _value(prefix, prop, param, False)
+    return expr, [rules] if rules else []
+
+
 def _tagged(tags: Tags, key: str, expr: str, text: bool = True) -> str:
     """One tagged parameter: Qwen3-Coder's values on lines of their own, the others'
     inline, with the optional line breaks their templates write between the tags
@@ -145,6 +188,9 @@ def _call(i: int, name: str, parameters: dict[str, Any], fmt: ToolFormat, param:
             named = f"{lit(name + fmt.id_marker)} [0-9]{{1,3}} {lit(fmt.name_end)}"
             return [f"{p}call ::= {named} {p}root", args]
         return [f"{p}call ::= {lit(name + fmt.name_end)} {p}root", args]
+    if fmt.args == "nested":  # MiniMax M3: the first element right after the name
+        return [f"{p}call ::= {lit(name + fmt.name_end)} {p}start",
+                *_nested(p, parameters, param, 0)]
     rules = _params(p, parameters, param, fmt.args)
     if fmt.args == "gemma":
         body = f'{p}start "}}"'  # Gemma: name_end is the "{"

@@ -97,6 +97,9 @@ def make_args_reader(fmt: ToolFormat, name: str,
     from edgeinfer.prompt.xmlargs import XmlArgs
     if fmt.args in TAGS:
         return XmlArgs(types.get(name, {}), TAGS[fmt.args])
+    if fmt.args == "nested":
+        from edgeinfer.prompt.nestedargs import NestedArgs
+        return NestedArgs(types.get(name, {}), fmt.call_close)
     if fmt.args == "gemma":
         from edgeinfer.prompt.gemmaargs import GemmaArgs
         return GemmaArgs()

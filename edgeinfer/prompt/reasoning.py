@@ -4,7 +4,8 @@ Models of the Qwen3, QwQ, DeepSeek R1, SmolLM3 and GLM families write their
 reasoning inside ``<think>`` tags (llama-server's "deepseek" reasoning format);
 Magistral / Ministral 3 use ``[THINK] ... [/THINK]``, Gemma 4 ``<|channel>thought
 ... <channel|>``, Command R7B / A ``<|START_THINKING|> ... <|END_THINKING|>``, Hunyuan 3
-``<think:opensource> ... </think:opensource>`` (gpt-oss's
+``<think:opensource> ... </think:opensource>``, MiniMax M3 ``<mm:think> ... </mm:think>``
+(gpt-oss's
 Harmony channels are read by ``edgeinfer.prompt.harmony``).
 Templates often open the block in the generation prompt itself, so the output starts
 inside it; ``ReasoningSplit(in_thought=True)`` covers that.
@@ -45,7 +46,8 @@ GEMMA_THOUGHT = Markers("<|channel>thought\n", "<channel|>")
 COHERE_THINK = Markers("<|START_THINKING|>", "<|END_THINKING|>")
 # Hunyuan 3's template builds its markers with format(): '<think{}>'.format(':opensource')
 HY3_THINK = Markers("<think:opensource>", "</think:opensource>", "'<think{}>'.format(HYTK)")
-KINDS = (MISTRAL_THINK, GEMMA_THOUGHT, COHERE_THINK, HY3_THINK, THINK)
+MM_THINK = Markers("<mm:think>", "</mm:think>")  # MiniMax M3
+KINDS = (MISTRAL_THINK, GEMMA_THOUGHT, COHERE_THINK, HY3_THINK, MM_THINK, THINK)
 HARMONY_ANALYSIS = "<|channel|>analysis"
 
 

@@ -86,7 +86,9 @@ class RepeatFilter:
         if self.ended:
             self.whole = self.num_calls > 0
         elif self.num_calls and not self._text_after:
-            self.whole = last is None or _json(last.args) is not None or not cut
+            # (a call cut off before any of its arguments was written is not whole)
+            self.whole = last is None or not cut or (
+                bool(last.args.strip()) and _json(last.args) is not None)
         if self._blank and not self.num_calls and not self.ended:
             out.append(Content(self._blank))  # an answer of blanks alone: as written
         self._blank = ""

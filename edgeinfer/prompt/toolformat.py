@@ -51,6 +51,9 @@ inside ``block_open ... block_close``:
   name="city">Paris</parameter></invoke></minimax:tool_call>``.
 - ``minicpm5``: MiniCPM5: ``<function name="NAME"><param name="city">Paris</param>
   </function>`` (a text value with ``<``, ``&`` or a line break in ``<![CDATA[ ... ]]>``).
+- ``minimax_m3``: MiniMax M3: ``<tool_call><invoke name="NAME"><city>Paris</city><opts>
+  <unit>c</unit></opts></invoke></tool_call>``, each tag after the token ``]<]minimax[>[``
+  (objects and lists nested as elements, ``edgeinfer.prompt.nestedargs``).
 - ``kimi_k2``: Kimi K2 (Instruct, Thinking): ``<|tool_calls_section_begin|><|tool_call_begin|>
   functions.NAME:0<|tool_call_argument_begin|>{...}<|tool_call_end|>...
   <|tool_calls_section_end|>`` (the name after ``functions.``, a call index after ``:``).
@@ -130,7 +133,7 @@ class ToolFormat:
     id_length: int = 0  # calls carry an "id" of this many letters and digits (0: none)
     max_calls: int = 4  # calls one answer may hold
     syntax: str = "json"  # json | named | harmony | python
-    args: str = "json"  # how named formats write arguments: json | xml | gemma
+    args: str = "json"  # how named formats write arguments: json | gemma | nested | TAGS
     block_open: str = ""  # named: before the calls
     block_close: str = ""  # named: after the calls
     call_open: str = ""  # named: before each call's name
@@ -229,6 +232,11 @@ HY3 = ToolFormat("hy3", "", syntax="named", args="hy3", block_open="<tool_calls:
                 name_end="<tool_sep:opensource>", call_close="</tool_call:opensource>")
 MINICPM5 = ToolFormat("minicpm5", "", syntax="named", args="minicpm5",
                      call_open='<function name="', name_end='">', call_close="</function>")
+_NS = "]<]minimax[>["  # MiniMax M3's namespace token, before each of its tags
+MINIMAX_M3 = ToolFormat("minimax_m3", "", syntax="named", args="nested",
+                        block_open=_NS + "<tool_call>", block_close=_NS + "</tool_call>",
+                        call_open=_NS + '<invoke name="', name_end='">',
+                        call_close=_NS + "</invoke>")
 SOLAR_OPEN = ToolFormat("solar_open", "", syntax="named", block_open="<|tool_calls|>",
                         call_open="<|tool_call:begin|>", id_marker="<|tool_call:name|>",
                         id_first=True, name_end="<|tool_call:args|>",
@@ -240,7 +248,7 @@ FORMATS = {f.name: f for f in (HERMES, GENERIC, LLAMA3, MISTRAL, GRANITE, MISTRA
                                GEMMA4, HARMONY, LFM2, NEMOTRON,
                                FIREFUNCTION, KIMI_K2, DSML, DSML_V4, COMMAND_R, APRIEL,
                                MINIMAX_M1, APERTUS, HY3, MINICPM5, GIGACHAT3,
-                               GIGACHAT3_1, SOLAR_OPEN)}
+                               GIGACHAT3_1, SOLAR_OPEN, MINIMAX_M3)}
 
 
 def detect(template_source: str) -> ToolFormat:
@@ -263,6 +271,8 @@ def detect(template_source: str) -> ToolFormat:
         return GIGACHAT3_1 if "<|function_call|>" in src else GIGACHAT3
     if "<|tool_call:begin|>" in src and "<|tool_call:name|>" in src:
         return SOLAR_OPEN
+    if _NS in src and "<invoke name=" in src:
+        return MINIMAX_M3
     if "<|tool_calls_section_begin|>" in src and "<|tool_call_begin|>" in src:
         return KIMI_K2
     if "<|tool_call>call:" in src:

@@ -82,6 +82,7 @@ FAMILIES = {  # template -> the format it must be detected as
     "GigaChat3-10B-A1.8B.jinja": "gigachat3",
     "GigaChat3.1-10B-A1.8B.jinja": "gigachat3_1",
     "upstage-Solar-Open-100B.jinja": "solar_open",
+    "MiniMax-M3.jinja": "minimax_m3",
     # no tool support in the template: the generic format (tools in a system message)
     "google-gemma-2-2b-it.jinja": "generic",
 }
@@ -114,7 +115,8 @@ SERVED = {"qwen": "Qwen-Qwen2.5-7B-Instruct.jinja",
           "minicpm5": "openbmb-MiniCPM5-1B.jinja",
           "gigachat3": "GigaChat3-10B-A1.8B.jinja",
           "gigachat31": "GigaChat3.1-10B-A1.8B.jinja",
-          "solar": "upstage-Solar-Open-100B.jinja"}
+          "solar": "upstage-Solar-Open-100B.jinja",
+          "m3": "MiniMax-M3.jinja"}
 WEATHER = {"type": "object", "properties": {"city": {"type": "string", "maxLength": 20},
                                             "days": {"type": "integer", "minimum": 1,
                                                      "maximum": 7}},
@@ -259,6 +261,38 @@ def test_forced_calls_are_written_in_the_family_syntax_and_parsed(
                 pass
             streamed = stream.get_final_completion().choices[0]
         assert _calls(streamed.message) == calls  # streamed and whole agree
+
+
+PLAN = {"type": "object", "properties": {
+    "city": {"type": "string", "maxLength": 20},
+    "opts": {"type": "object", "properties": {"unit": {"type": "string", "enum": ["c", "f"]},
+                                              "days": {"type": "integer"}},
+             "required": ["unit", "days"]},
+    "stops": {"type": "array", "items": {"type": "string", "maxLength": 10}, "minItems": 1,
+              "maxItems": 3}}, "required": ["city", "opts", "stops"]}
+
+
+def test_minimax_m3_writes_objects_and_lists_as_nested_elements(families: ServerProcess) -> None:
+    """MiniMax M3 nests an object's members and a list's items as elements: a forced call
+    with both is written so (by the grammar), read back, and valid for its schema,
+    streamed and whole alike."""
+    client = openai.OpenAI(base_url=f"{families.base_url}/v1", api_key="x", max_retries=0,
+                           timeout=120)
+    kw: dict[str, Any] = {
+        "model": "m3", "messages": [{"role": "user", "content": "Plan a trip to Paris"}],
+        "tools": [{"type": "function", "function": {"name": "plan", "description": "Plan",
+                                                    "parameters": PLAN}}],
+        "tool_choice": "required", "temperature": 0, "max_tokens": 400,
+        "extra_body": {"cache_prompt": False}}
+    c = client.chat.completions.create(**kw).choices[0]
+    assert c.finish_reason == "tool_calls", c
+    (name, args), = _calls(c.message)
+    assert name == "plan"
+    jsonschema.validate(args, PLAN)
+    with client.chat.completions.stream(**kw) as stream:
+        for _ in stream:
+            pass
+        assert _calls(stream.get_final_completion().choices[0].message) == [(name, args)]
 
 
 def test_a_tool_result_goes_back_in_the_family_turn(families: ServerProcess) -> None:

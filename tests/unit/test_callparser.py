@@ -34,6 +34,7 @@ from edgeinfer.prompt.toolformat import (
     MINICPM5,
     MINIMAX,
     MINIMAX_M1,
+    MINIMAX_M3,
     MISTRAL,
     MISTRAL_ARGS,
     NEMOTRON,
@@ -115,6 +116,16 @@ CASES: list[tuple[ToolFormat, str, str, list[tuple[str, object]]]] = [
               'Paris</parameter>\n<parameter name="days">3</parameter>\n</invoke>\n'
               '<invoke name="get_time">\n</invoke>\n</minimax:tool_call>',
      "", [("get_weather", {"city": "Paris", "days": 3}), ("get_time", {})]),
+    (MINIMAX_M3, "Let me see.]<]minimax[>[<tool_call>\n]<]minimax[>[<invoke name=\"get_weather\">"
+                 "]<]minimax[>[<city>Paris</b>]<]minimax[>[</city>]<]minimax[>[<days>3"
+                 "]<]minimax[>[</days>]<]minimax[>[<opts>]<]minimax[>[<opts>]<]minimax[>[<unit>c"
+                 "]<]minimax[>[</unit>]<]minimax[>[</opts>]<]minimax[>[<list>]<]minimax[>[<item>1"
+                 "]<]minimax[>[</item>]<]minimax[>[<item>]<]minimax[>[</item>]<]minimax[>[<item>x"
+                 "]<]minimax[>[</item>]<]minimax[>[</list>]<]minimax[>[</opts>]<]minimax[>[</invoke>"
+                 "\n]<]minimax[>[<invoke name=\"get_time\">]<]minimax[>[</invoke>\n"
+                 "]<]minimax[>[</tool_call>",
+     "Let me see.", [("get_weather", {"city": "Paris</b>", "days": 3, "opts": {
+         "opts": {"unit": "c"}, "list": [1, None, "x"]}}), ("get_time", {})]),
     (SOLAR_OPEN, "<|tool_calls|><|tool_call:begin|>call_0<|tool_call:name|>get_weather"
                  '<|tool_call:args|>{"city": "Paris", "days": 3}<|tool_call:end|>'
                  "<|tool_call:begin|>x-1<|tool_call:name|>get_time<|tool_call:args|>{}"
@@ -459,3 +470,14 @@ def test_written_python_calls_read_back() -> None:
             "m": "\ufdd0<|im_end|>\ufdd1"}
     text = python_calls_text([("f", args), ("g", {})], LFM2)
     assert _whole_and_streamed(LFM2, text, TYPES) == [("f", args), ("g", {})]
+
+
+def test_minimax_m3_arguments_nested_too_deep_or_unclosed_are_no_arguments() -> None:
+    """Hostile nesting is refused by depth, an unclosed element by its missing end: the
+    call keeps no arguments, and nothing raises."""
+    ns = "]<]minimax[>["
+    deep = "".join(f"{ns}<a>" for _ in range(40)) + "x" + "".join(f"{ns}</a>" for _ in range(40))
+    for body in (deep, f"{ns}<city>Paris{ns}</town>"):
+        text = f'{ns}<tool_call>{ns}<invoke name="get_time">{body}{ns}</invoke>{ns}</tool_call>'
+        _, calls, _ = parse(MINIMAX_M3, [text])
+        assert calls[:1] == [("get_time", {})]

@@ -9,7 +9,7 @@ from collections.abc import AsyncIterator
 from edgeinfer.engine.delta import Delta, Failure, FailureCode
 from edgeinfer.errors import Timeout
 from edgeinfer.prompt.reasoning import THINK
-from edgeinfer.prompt.toolformat import GENERIC
+from edgeinfer.prompt.toolformat import GENERIC, MINIMAX_M3, QWEN3_CODER, ToolFormat
 from edgeinfer.service.events import (
     ErrorEvent,
     Event,
@@ -255,6 +255,20 @@ def test_output_cut_after_whole_calls_ends_with_tool_calls() -> None:
         events = run([fake(Delta(text), end("length", 40))], [0], [4], tools=True)
         assert [c[2] for c in _calls(events)] == calls, text
         assert [e.reason for e in events if isinstance(e, Finish)] == [reason], text
+
+
+def test_output_cut_after_a_calls_name_before_its_arguments_is_length() -> None:
+    """A named format announces a call at its name: cut off before any argument was
+    written, the call is not whole (it was taken for a call without arguments)."""
+    for fmt, text in ((QWEN3_CODER, "<tool_call>\n<function=get_weather>\n"),
+                      (MINIMAX_M3, ']<]minimax[>[<tool_call>\n]<]minimax[>[<invoke name="'
+                                   'get_weather">]<]minimax[>[<city>Pa')):
+        async def main(text: str = text, fmt: ToolFormat = fmt) -> list[Event]:
+            streams = [fake(Delta(text), end("length", 40))]
+            return [e async for e in to_events(merge(streams), [0], [4], Reading(tools=fmt))]
+        events = asyncio.run(main())
+        assert [c[1] for c in _calls(events)] == ["get_weather"], fmt.name
+        assert [e.reason for e in events if isinstance(e, Finish)] == ["length"], fmt.name
 
 
 def test_a_reasoning_markers_tokens_carry_no_answer_logprob() -> None:
