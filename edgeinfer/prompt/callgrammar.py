@@ -223,6 +223,9 @@ def named_calls_gbnf(tools: list[tuple[str, dict[str, Any]]], max_calls: int,
         calls = f'{lit(fmt.block_open)} "\\n"? {bare} "\\n"? {lit(fmt.block_close)}'
     else:
         calls = bare  # GLM 4.6: a line break before each call
+    if fmt.prompt_opens and not lazy:  # Functionary: the prompt wrote the first ">>>"
+        rules.append(f"first ::= ({alts}){close}")
+        calls = f"first inner{{0,{n - 1}}}"
     if lazy and len(fmt.triggers) > 1:
         calls = f"({calls}) | {bare}"
     extra = _GEMMA_VALUE if fmt.args == "gemma" else ""

@@ -115,7 +115,8 @@ class NamedCallParser:
         self.types = types or {}
         self.num_calls = 0
         self._buf = ""
-        self._mode = "text"  # text | between | id | name | args | close
+        # text | between | id | name | args | close (Functionary: the output opens a name)
+        self._mode = "name" if fmt.prompt_opens else "text"
         self._held = ""  # markers consumed since the text (given back if no call follows)
         self._name = ""
         self._reader: ArgsReader | None = None
@@ -205,6 +206,9 @@ class NamedCallParser:
         if at == -1:
             return False
         self._name = name.strip().removeprefix(fmt.name_prefix)
+        if fmt.text_name and self._name == fmt.text_name:  # Functionary's "all": text
+            self._buf, self._mode, self._held = buf[at + len(fmt.name_end):], "text", ""
+            return True
         if not self._name:
             self._give_back(out)
             return True
@@ -263,6 +267,7 @@ class NamedCallParser:
         rest, self._buf = self._buf, ""
         fmt = self.fmt
         if cut and (self._mode in ("between", "id", "name") and not self.num_calls
+                    and self._held
                     or self._mode == "text" and rest and any(
                         m.startswith(rest) for m in (fmt.call_open, fmt.block_open) if m)):
             pass

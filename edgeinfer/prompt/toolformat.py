@@ -63,6 +63,8 @@ inside ``block_open ... block_close``:
   ``<｜DSML｜tool_calls>``.
 - ``solar_open``: Solar Open: ``<|tool_calls|><|tool_call:begin|>ID<|tool_call:name|>NAME
   <|tool_call:args|>{...}<|tool_call:end|>`` (the id first; ``<|calls|>`` ends the turn).
+- ``functionary_v32``: Functionary v3.2: messages to recipients, ``>>>all\nTEXT`` the
+  answer and ``>>>NAME\n{...}`` a call (the generation prompt writes the first ``>>>``).
 - ``gemma4``: Gemma 4: ``<|tool_call>call:NAME{key:<|"|>text<|"|>,n:3}<tool_call|>``
   (``edgeinfer.prompt.gemmaargs``).
 
@@ -143,6 +145,10 @@ class ToolFormat:
     id_first: bool = False  # named: the call's id comes first, ``id_marker`` after it
     name_prefix: str = ""  # named: written before the name (read without it too)
     block_each: bool = False  # named: each call in a block of its own
+    # named: the generation prompt ends with ``call_open`` (the output starts with a name),
+    # and a message to this name is the answer's text, not a call (Functionary's "all")
+    prompt_opens: bool = False
+    text_name: str = ""
 
     @property
     def trigger(self) -> str:
@@ -237,6 +243,8 @@ MINIMAX_M3 = ToolFormat("minimax_m3", "", syntax="named", args="nested",
                         block_open=_NS + "<tool_call>", block_close=_NS + "</tool_call>",
                         call_open=_NS + '<invoke name="', name_end='">',
                         call_close=_NS + "</invoke>")
+FUNCTIONARY_V32 = ToolFormat("functionary_v32", "", syntax="named", call_open=">>>",
+                             name_end="\n", prompt_opens=True, text_name="all")
 SOLAR_OPEN = ToolFormat("solar_open", "", syntax="named", block_open="<|tool_calls|>",
                         call_open="<|tool_call:begin|>", id_marker="<|tool_call:name|>",
                         id_first=True, name_end="<|tool_call:args|>",
@@ -248,7 +256,7 @@ FORMATS = {f.name: f for f in (HERMES, GENERIC, LLAMA3, MISTRAL, GRANITE, MISTRA
                                GEMMA4, HARMONY, LFM2, NEMOTRON,
                                FIREFUNCTION, KIMI_K2, DSML, DSML_V4, COMMAND_R, APRIEL,
                                MINIMAX_M1, APERTUS, HY3, MINICPM5, GIGACHAT3,
-                               GIGACHAT3_1, SOLAR_OPEN, MINIMAX_M3)}
+                               GIGACHAT3_1, SOLAR_OPEN, MINIMAX_M3, FUNCTIONARY_V32)}
 
 
 def detect(template_source: str) -> ToolFormat:
@@ -271,6 +279,8 @@ def detect(template_source: str) -> ToolFormat:
         return GIGACHAT3_1 if "<|function_call|>" in src else GIGACHAT3
     if "<|tool_call:begin|>" in src and "<|tool_call:name|>" in src:
         return SOLAR_OPEN
+    if ">>>all" in src and ">>>${recipient}" in src:
+        return FUNCTIONARY_V32
     if _NS in src and "<invoke name=" in src:
         return MINIMAX_M3
     if "<|tool_calls_section_begin|>" in src and "<|tool_call_begin|>" in src:

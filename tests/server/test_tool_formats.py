@@ -83,6 +83,7 @@ FAMILIES = {  # template -> the format it must be detected as
     "GigaChat3.1-10B-A1.8B.jinja": "gigachat3_1",
     "upstage-Solar-Open-100B.jinja": "solar_open",
     "MiniMax-M3.jinja": "minimax_m3",
+    "meetkai-functionary-medium-v3.2.jinja": "functionary_v32",
     # no tool support in the template: the generic format (tools in a system message)
     "google-gemma-2-2b-it.jinja": "generic",
 }
@@ -116,7 +117,8 @@ SERVED = {"qwen": "Qwen-Qwen2.5-7B-Instruct.jinja",
           "gigachat3": "GigaChat3-10B-A1.8B.jinja",
           "gigachat31": "GigaChat3.1-10B-A1.8B.jinja",
           "solar": "upstage-Solar-Open-100B.jinja",
-          "m3": "MiniMax-M3.jinja"}
+          "m3": "MiniMax-M3.jinja",
+          "functionary": "meetkai-functionary-medium-v3.2.jinja"}
 WEATHER = {"type": "object", "properties": {"city": {"type": "string", "maxLength": 20},
                                             "days": {"type": "integer", "minimum": 1,
                                                      "maximum": 7}},
@@ -160,7 +162,8 @@ def test_the_prompt_is_what_the_template_itself_renders(name: str) -> None:
     env.globals["strftime_now"] = lambda f: __import__("datetime").datetime.now().strftime(f)
     env.filters["tojson"] = tojson  # plain JSON, as transformers' chat templates have it
     reference = _conversation(call_id)
-    reference[1]["tool_calls"][0]["function"]["arguments"] = {"city": "Paris"}
+    reference[1]["tool_calls"][0]["function"]["arguments"] = (  # (Functionary: as text)
+        '{"city": "Paris"}' if ChatTemplate(source).call_shape[1] else {"city": "Paris"})
     if fmt.name_prefix:  # Kimi K2: a result names its call as the model wrote it
         reference[2]["tool_call_id"] = "functions.get_weather:0"
     if fmt.syntax == "python":  # LFM2: calls always in the content, as the model writes
@@ -293,6 +296,22 @@ def test_minimax_m3_writes_objects_and_lists_as_nested_elements(families: Server
         for _ in stream:
             pass
         assert _calls(stream.get_final_completion().choices[0].message) == [(name, args)]
+
+
+def test_functionarys_answer_to_all_is_the_content(families: ServerProcess) -> None:
+    """Functionary v3.2 writes its answer as a message to "all" (``all\nTEXT``; the prompt
+    wrote the ``>>>``): with tools offered or not, the content is the text alone."""
+    client = openai.OpenAI(base_url=f"{families.base_url}/v1", api_key="x", max_retries=0,
+                           timeout=120)
+    for tools in ({"tools": TOOLS}, {}):
+        kw: dict[str, Any] = {"model": "functionary", "messages": ASK, "max_tokens": 20,
+                              "extra_body": {"grammar": 'root ::= "all\\nIt is sunny."'},
+                              **tools}
+        msg = client.chat.completions.create(**kw).choices[0].message
+        assert (msg.content, msg.tool_calls) == ("It is sunny.", None)
+        streamed = "".join(c.choices[0].delta.content or "" for c in
+                           client.chat.completions.create(**kw, stream=True) if c.choices)
+        assert streamed == "It is sunny."
 
 
 def test_a_tool_result_goes_back_in_the_family_turn(families: ServerProcess) -> None:

@@ -19,6 +19,7 @@ from edgeinfer.prompt.toolformat import (
     DSML,
     DSML_V4,
     FIREFUNCTION,
+    FUNCTIONARY_V32,
     GEMMA4,
     GENERIC,
     GIGACHAT3,
@@ -134,6 +135,12 @@ CASES: list[tuple[ToolFormat, str, str, list[tuple[str, object]]]] = [
     # an id with a character no id holds: not a call
     (SOLAR_OPEN, "<|tool_call:begin|>a b<|tool_call:name|>get_time<|tool_call:args|>{}",
      "<|tool_call:begin|>a b<|tool_call:name|>get_time<|tool_call:args|>{}", []),
+    (FUNCTIONARY_V32, 'all\nLet me check.>>>get_weather\n{"city": "Paris", "days": 3}'
+                      ">>>get_time\n{}",
+     "Let me check.", [("get_weather", {"city": "Paris", "days": 3}), ("get_time", {})]),
+    (FUNCTIONARY_V32, 'get_weather\n{"city": "Paris"}', "", [("get_weather", {"city": "Paris"})]),
+    (FUNCTIONARY_V32, "all\nIt is 3 >>> 2, and a >>>b c.", "It is 3 >>> 2, and a >>>b c.", []),
+    (FUNCTIONARY_V32, "Hello there, no recipient.", "Hello there, no recipient.", []),
     (GIGACHAT3, 'Sure.<|message_sep|>\n\nfunction call<|role_sep|>\n{"name": "get_weather", '
                 '"arguments": {"city": "Paris", "days": 3}}',
      "Sure.", [("get_weather", {"city": "Paris", "days": 3})]),

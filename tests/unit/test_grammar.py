@@ -100,3 +100,26 @@ def test_a_pattern_no_grammar_can_express_is_dropped_not_refused(pattern: str) -
         "v": {"type": "string", "pattern": pattern}}}, "s")
     assert with_it == schema_to_gbnf({"type": "object", "properties": {"v": {"type": "string"}}},
                                      "s")
+
+
+def test_functionarys_calls_start_with_the_name_the_prompt_opened(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """Functionary v3.2's prompt ends with ``>>>``: a forced call starts with the name,
+    later ones with ``>>>NAME``; under "auto" the grammar waits for ``>>>`` and one of the
+    tools' names (``>>>all`` starts the answer's text, which no grammar constrains)."""
+    from edgeinfer.prompt.toolformat import FUNCTIONARY_V32
+    from edgeinfer.prompt.tools import ToolSpec
+    from edgeinfer.service import constraint
+    from edgeinfer.service.request import Constraint
+    monkeypatch.setattr(constraint, "check_generated", lambda *a: None)
+    tools = (ToolSpec("get_time", "", {"type": "object", "properties": {}}),
+             ToolSpec("get_date", "", {"type": "object", "properties": {}}))
+    forced, triggers = constraint.grammar_for(None, Constraint(tools=tools,
+                                                               tool_choice="required"),
+                                              fmt=FUNCTIONARY_V32)
+    assert forced is not None and triggers == ()
+    assert forced.startswith("root ::= first inner{0,3}") and 'inner ::= ">>>" (' in forced
+    lazy, triggers = constraint.grammar_for(None, Constraint(tools=tools, tool_choice="auto"),
+                                            fmt=FUNCTIONARY_V32)
+    assert triggers == (">>>get_time", ">>>get_date")
+    assert lazy is not None and lazy.startswith("root ::= inner")
