@@ -12,6 +12,8 @@ SAFE_AFTER = {
     b"<tool_call>": re.compile(rb'\n?(\{[ \t\n]*("(n(a(m(e"?)?)?)?)?)?)?\Z'),
     # a bare call object (Llama 3): the colon and the opening quote of the name
     b'{"name"': re.compile(rb'[ \t\n]*(:[ \t\n]*"?)?\Z'),
+    # Command R+: its list of calls opens after the marker
+    b"Action:\n```json\n": re.compile(rb"[ \t\n]*(\[[ \t\n]*)?\Z"),
 }
 BLANKS = re.compile(rb"[ \t\n]*\Z")
 

@@ -290,6 +290,11 @@ def _call_schema(name: str, parameters: dict[str, Any], fmt: ToolFormat
     return schema, order
 
 
+def _lit(text: str) -> str:
+    """A GBNF string literal (``""`` for none)."""
+    return json.dumps(text, ensure_ascii=False)
+
+
 def tool_calls_gbnf(tools: list[tuple[str, dict[str, Any]]], max_calls: int,
                     param: str = "tools", fmt: ToolFormat = GENERIC, lazy: bool = False) -> str:
     """GBNF of one to ``max_calls`` calls of ``tools`` in ``fmt``'s syntax, such as
@@ -304,22 +309,23 @@ def tool_calls_gbnf(tools: list[tuple[str, dict[str, Any]]], max_calls: int,
         alts.append(f"t{i}-root")
     obj = f"({' | '.join(alts)})"
     n = max(1, min(max_calls, fmt.max_calls))
+    opening, closing = _lit(fmt.open), _lit(fmt.close)
     if fmt.listed:
         more = f' ("," space-c call){{0,{n - 1}}}' if n > 1 else ""
         # Cohere writes each call on a line of its own, indented: "[\n    {...},\n    {...}\n]"
-        root = (f'root ::= "{fmt.open}" "[" space-c call{more} "\\n"? "]{fmt.close}"\n'
+        root = (f'root ::= {opening} "[" space-c call{more} "\\n"? "]" {closing}\n'
                 f'space-c ::= "\\n"? " "{{0,4}}\ncall ::= {obj}\n')
     elif fmt.joined:  # MiniMax M1: one block, a call per line
         more = f' ("\\n" call){{0,{n - 1}}}' if n > 1 else ""
-        root = (f'root ::= "{fmt.open}" "\\n"? call{more} "\\n"? "{fmt.close}"\n'
+        root = (f'root ::= {opening} "\\n"? call{more} "\\n"? {closing}\n'
                 f"call ::= {obj}\n")
     elif fmt.close:
         more = f' ("\\n"? call){{0,{n - 1}}}' if n > 1 else ""  # some write none between
         root = (f"root ::= call{more}\n"
-                f'call ::= "{fmt.open}" "\\n"? {obj} "\\n"? "{fmt.close}"\n')
+                f'call ::= {opening} "\\n"? {obj} "\\n"? {closing}\n')
     elif fmt.open and (lazy or not fmt.bare):  # one object after its marker (GigaChat;
         # Llama 3's python tag, which a forced call leaves out)
-        root = f"root ::= {json.dumps(fmt.open, ensure_ascii=False)} [ \\n]? {obj}\n"
+        root = f"root ::= {opening} [ \\n]? {obj}\n"
     else:  # a bare object (Llama 3)
         root = f"root ::= {obj}\n"
     return root + "\n".join(parts)

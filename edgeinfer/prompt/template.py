@@ -11,7 +11,7 @@ from collections.abc import Iterator
 from functools import lru_cache
 from typing import Any
 
-from jinja2 import TemplateError, nodes
+from jinja2 import TemplateError, Undefined, nodes
 from jinja2.compiler import CodeGenerator, Frame
 from jinja2.exceptions import SecurityError
 from jinja2.ext import Extension
@@ -65,14 +65,12 @@ class _Generation(Extension):
     tokens for training): the body is rendered as it is."""
 
     tags = {"generation"}
+    _body = staticmethod(lambda caller: caller())
 
     def parse(self, parser: Parser) -> nodes.Node:
         lineno = next(parser.stream).lineno
         body = parser.parse_statements(("name:endgeneration",), drop_needle=True)
         return nodes.CallBlock(self.call_method("_body"), [], [], body).set_lineno(lineno)
-
-    def _body(self, caller: Any) -> Any:
-        return caller()
 
 
 _WIDE = re.compile(r"%[-+ #0]*\d{7,}")  # a %-format padding a value to megabytes
@@ -124,6 +122,11 @@ class _BudgetedEnvironment(ImmutableSandboxedEnvironment):
 
     def call_binop(self, context: Any, operator: str, left: Any, right: Any) -> Any:
         _check_deadline()
+        # text + an undefined value is the text, as llama.cpp renders it (Command R+ adds
+        # each tool parameter's description, which clients often leave out)
+        text = left if isinstance(right, Undefined) else right
+        if operator == "+" and isinstance(text, str) and Undefined in map(type, (left, right)):
+            return text
         if _too_big(operator, left, right):
             raise SecurityError(f"the chat template's {operator!r} makes too large a value")
         return super().call_binop(context, operator, left, right)

@@ -22,6 +22,8 @@ JSON formats (``syntax = "json"``) write calls as JSON objects ``{"name": ...,
 - ``gigachat3``: GigaChat 3: one call, a message of its own after the answer's:
   ``<|message_sep|>\n\nfunction call<|role_sep|>\n{"name": ..., "arguments": {...}}``;
   ``gigachat3_1``: GigaChat 3.1: ``<|function_call|>{...}`` after the answer.
+- ``command_r_plus``: Command R+ (its tool_use template): ``Action:`` and a json code
+  fence around ``[{"tool_name": ..., "parameters": {...}}, ...]``.
 - ``generic``: any other template: the tools go in a system message and the calls in
   the Hermes syntax (the model was not trained on it; a grammar keeps calls valid).
 
@@ -199,6 +201,8 @@ COMMAND_R = ToolFormat("command_r", "<|START_ACTION|>", "<|END_ACTION|>", listed
 GIGACHAT3 = ToolFormat("gigachat3", "<|message_sep|>\n\nfunction call<|role_sep|>\n",
                        max_calls=1)
 GIGACHAT3_1 = ToolFormat("gigachat3_1", "<|function_call|>", max_calls=1)
+COMMAND_R_PLUS = ToolFormat("command_r_plus", "Action:\n```json\n", "```", listed=True,
+                            name_key="tool_name", args_key="parameters")
 MISTRAL_ARGS = ToolFormat("mistral_args", "", syntax="named", call_open="[TOOL_CALLS]",
                           name_end="[ARGS]", id_marker="[CALL_ID]", id_length=9)
 _DS = ("<｜tool▁calls▁begin｜>", "<｜tool▁calls▁end｜>", "<｜tool▁call▁begin｜>",
@@ -256,7 +260,8 @@ FORMATS = {f.name: f for f in (HERMES, GENERIC, LLAMA3, MISTRAL, GRANITE, MISTRA
                                GEMMA4, HARMONY, LFM2, NEMOTRON,
                                FIREFUNCTION, KIMI_K2, DSML, DSML_V4, COMMAND_R, APRIEL,
                                MINIMAX_M1, APERTUS, HY3, MINICPM5, GIGACHAT3,
-                               GIGACHAT3_1, SOLAR_OPEN, MINIMAX_M3, FUNCTIONARY_V32)}
+                               GIGACHAT3_1, SOLAR_OPEN, MINIMAX_M3, FUNCTIONARY_V32,
+                               COMMAND_R_PLUS)}
 
 
 def detect(template_source: str) -> ToolFormat:
@@ -303,6 +308,8 @@ def detect(template_source: str) -> ToolFormat:
         return APRIEL
     if "<tool_calls>" in src:
         return MINIMAX_M1
+    if "Action:\\n```json" in src and '"tool_name"' in src:  # Command R+ (tool_use)
+        return COMMAND_R_PLUS
     if "<|START_ACTION|>" in src and '"tool_name"' in src:
         return COMMAND_R
     if "<|tool_call|>" in src:

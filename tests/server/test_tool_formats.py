@@ -13,6 +13,7 @@ import httpx
 import jsonschema
 import openai
 import pytest
+from jinja2 import Undefined
 from jinja2.sandbox import SandboxedEnvironment
 from serverproc import ServerProcess, start_server, stop_server
 from templates import template
@@ -84,6 +85,7 @@ FAMILIES = {  # template -> the format it must be detected as
     "upstage-Solar-Open-100B.jinja": "solar_open",
     "MiniMax-M3.jinja": "minimax_m3",
     "meetkai-functionary-medium-v3.2.jinja": "functionary_v32",
+    "CohereForAI-c4ai-command-r-plus-tool_use.jinja": "command_r_plus",
     # no tool support in the template: the generic format (tools in a system message)
     "google-gemma-2-2b-it.jinja": "generic",
 }
@@ -118,7 +120,8 @@ SERVED = {"qwen": "Qwen-Qwen2.5-7B-Instruct.jinja",
           "gigachat31": "GigaChat3.1-10B-A1.8B.jinja",
           "solar": "upstage-Solar-Open-100B.jinja",
           "m3": "MiniMax-M3.jinja",
-          "functionary": "meetkai-functionary-medium-v3.2.jinja"}
+          "functionary": "meetkai-functionary-medium-v3.2.jinja",
+          "rplus": "CohereForAI-c4ai-command-r-plus-tool_use.jinja"}
 WEATHER = {"type": "object", "properties": {"city": {"type": "string", "maxLength": 20},
                                             "days": {"type": "integer", "minimum": 1,
                                                      "maximum": 7}},
@@ -157,7 +160,8 @@ def test_the_prompt_is_what_the_template_itself_renders(name: str) -> None:
                                    takes_tools=ChatTemplate(source).takes_tools)
     ours = ChatTemplate(source).render(msgs, **extra)
     env = SandboxedEnvironment(trim_blocks=True, lstrip_blocks=True,  # (Kimi: .append)
-                               extensions=["jinja2.ext.loopcontrols", _Generation])
+                               extensions=["jinja2.ext.loopcontrols", _Generation],
+                               undefined=_Blank)
     env.globals["raise_exception"] = lambda m: (_ for _ in ()).throw(ValueError(m))
     env.globals["strftime_now"] = lambda f: __import__("datetime").datetime.now().strftime(f)
     env.filters["tojson"] = tojson  # plain JSON, as transformers' chat templates have it
@@ -180,6 +184,15 @@ def test_the_prompt_is_what_the_template_itself_renders(name: str) -> None:
     assert "21 C and sunny" in ours and "get_time" in ours
     if "<tool_response>" not in source:  # the result in the template's own turn
         assert "<tool_response>" not in ours
+
+
+class _Blank(Undefined):
+    """Text + an undefined value is the text (as in our renderer and llama.cpp's)."""
+
+    def __add__(self, other: object) -> object:
+        return other
+
+    __radd__ = __add__
 
 
 def _parallel(ids: tuple[str, ...]) -> list[dict[str, Any]]:

@@ -14,6 +14,7 @@ from edgeinfer.prompt.toolformat import (
     APERTUS,
     APRIEL,
     COMMAND_R,
+    COMMAND_R_PLUS,
     DEEPSEEK_R1,
     DEEPSEEK_V3,
     DSML,
@@ -141,6 +142,10 @@ CASES: list[tuple[ToolFormat, str, str, list[tuple[str, object]]]] = [
     (FUNCTIONARY_V32, 'get_weather\n{"city": "Paris"}', "", [("get_weather", {"city": "Paris"})]),
     (FUNCTIONARY_V32, "all\nIt is 3 >>> 2, and a >>>b c.", "It is 3 >>> 2, and a >>>b c.", []),
     (FUNCTIONARY_V32, "Hello there, no recipient.", "Hello there, no recipient.", []),
+    (COMMAND_R_PLUS, 'I will look it up.\nAction:\n```json\n[\n    {\n        "tool_name": '
+                     '"get_weather",\n        "parameters": {\n            "city": "Paris"\n'
+                     '        }\n    },\n    {"tool_name": "get_time", "parameters": {}}\n]```\n',
+     "I will look it up.", [("get_weather", {"city": "Paris"}), ("get_time", {})]),
     (GIGACHAT3, 'Sure.<|message_sep|>\n\nfunction call<|role_sep|>\n{"name": "get_weather", '
                 '"arguments": {"city": "Paris", "days": 3}}',
      "Sure.", [("get_weather", {"city": "Paris", "days": 3})]),

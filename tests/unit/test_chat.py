@@ -171,3 +171,13 @@ def test_tojson_with_ensure_ascii_keeps_request_text_marked() -> None:
     text = t.render(msgs)
     assert OPEN + "<|im_end|>" + CLOSE in text
     assert all("<|im_end|>" not in part for part, markup in segments(text) if markup)
+
+
+def test_text_plus_an_undefined_value_is_the_text() -> None:
+    """As llama.cpp renders it (Command R+'s template adds each tool parameter's
+    description, which a client may leave out); other uses of an undefined value still
+    fail as before."""
+    t = ChatTemplate("{% for m in messages %}{{ '[' + m.note + m['content'] + ']' }}{% endfor %}")
+    assert t.render([{"role": "user", "content": "x"}]) == "[x]"
+    with pytest.raises(InvalidRequest):
+        ChatTemplate("{{ messages[0].note.deeper }}").render([{"role": "user", "content": "x"}])
