@@ -287,6 +287,9 @@ class CallParser:
         if cut and (self._mode == "calls" and self.num_calls == self._calls_before
                     or self._mode == "text" and self.fmt.open.startswith(rest)):
             pass
+        elif (self._mode == "text" and self.fmt.message_end and rest.strip()
+              and rest.startswith(self.fmt.message_end) and self.fmt.open.startswith(rest)):
+            pass  # the end of the model's message (GigaChat's), not text
         elif self._mode == "object" and o is not None and self._announced:
             if o.args_start >= 0 and len(rest) - o.args_start > self._sent:
                 out.append(CallArgs(self.num_calls, rest[o.args_start + self._sent:]))

@@ -90,8 +90,8 @@ class JsonArgs:
         return ""
 
 
-def make_args_reader(fmt: ToolFormat, name: str,
-                     types: dict[str, dict[str, str]]) -> ArgsReader:
+def make_args_reader(fmt: ToolFormat, name: str, types: dict[str, dict[str, str]],
+                     schemas: dict[str, dict[str, Any]] | None = None) -> ArgsReader:
     """The reader of ``fmt``'s arguments for a call of ``name`` (``types``: each tool's
     parameter types, which the XML format needs to tell ``"7"`` from ``7``)."""
     from edgeinfer.prompt.xmlargs import XmlArgs
@@ -99,7 +99,7 @@ def make_args_reader(fmt: ToolFormat, name: str,
         return XmlArgs(types.get(name, {}), TAGS[fmt.args])
     if fmt.args == "nested":
         from edgeinfer.prompt.nestedargs import NestedArgs
-        return NestedArgs(types.get(name, {}), fmt.call_close)
+        return NestedArgs(types.get(name, {}), fmt.call_close, (schemas or {}).get(name))
     if fmt.args == "gemma":
         from edgeinfer.prompt.gemmaargs import GemmaArgs
         return GemmaArgs()
@@ -110,9 +110,11 @@ class NamedCallParser:
     """Incremental parser for ``syntax = "named"`` formats: ``feed`` text, then
     ``finish`` at the end of the output."""
 
-    def __init__(self, fmt: ToolFormat, types: dict[str, dict[str, str]] | None = None) -> None:
+    def __init__(self, fmt: ToolFormat, types: dict[str, dict[str, str]] | None = None,
+                 schemas: dict[str, dict[str, Any]] | None = None) -> None:
         self.fmt = fmt
         self.types = types or {}
+        self.schemas = schemas or {}  # each tool's parameters schema (MiniMax M3 reads it)
         self.num_calls = 0
         self._buf = ""
         # text | between | id | name | args | close (Functionary: the output opens a name)
@@ -214,7 +216,7 @@ class NamedCallParser:
             return True
         out.append(CallOpen(self.num_calls, new_call_id(fmt.id_length), self._name))
         self._buf = buf[at + len(fmt.name_end):]
-        self._reader = make_args_reader(fmt, self._name, self.types)
+        self._reader = make_args_reader(fmt, self._name, self.types, self.schemas)
         self._mode, self._held = "args", ""
         return True
 
@@ -294,6 +296,11 @@ def parameter_types(tools: Any) -> dict[str, dict[str, str]]:
         out[t.name] = {k: "quoted" if quoted_string(v) else v["type"] for k, v in props.items()
                        if isinstance(v, dict) and isinstance(v.get("type"), str)}
     return out
+
+
+def parameter_schemas(tools: Any) -> dict[str, dict[str, Any]]:
+    """Each tool's parameters schema, from ToolSpecs (for formats that nest arguments)."""
+    return {t.name: t.parameters for t in tools if isinstance(t.parameters, dict)}
 
 
 def quoted_string(prop: dict[str, Any]) -> bool:

@@ -6,99 +6,144 @@ Each tag follows the namespace token ``]<]minimax[>[`` (``NS``)::
     NS<item>x NS</item> NS</list> NS</opts>
 
 (without the blanks) becomes ``{"city": "Paris", "opts": {"unit": "c", "list": [1, "x"]}}``.
-An element whose children are all ``item`` is a list, one with other children an object;
-a leaf is typed by its parameter's type at the top (``xmlargs.json_value``), below it as
-JSON (or a Python literal) when it parses, else as text. The template leaves out
-parameters that are null and writes a null item as an empty one. The arguments are read
-whole, once the call's end is written (they are not streamed).
+Values are typed by the tool's JSON schema, level by level, as llama.cpp reads them: a
+value that may be a string is the text as written (the whole element's text, tags and
+all, where the schema also allows structure), an array's children are its items and an
+object's its members (an empty element: ``[]`` / ``{}``), anything else JSON (or a Python
+literal) when it parses. Where the schema says nothing, an element of ``item`` children
+is a list, one of other children an object, and a leaf JSON when it parses, else text.
+The template leaves out null parameters and writes a null item empty. The arguments are
+read whole, once the call's end is written (not streamed); arguments that are not such
+elements (mismatched or unclosed tags, nesting past ``MAX_DEPTH``) are read as none.
 """
 
 from __future__ import annotations
 
 import json
+import re
+from dataclasses import dataclass
 from typing import Any
 
 from edgeinfer.prompt.xmlargs import json_value
 
 NS = "]<]minimax[>["
 MAX_DEPTH = 16
+_TAG = re.compile(re.escape(NS) + r"<(/?)([^<>/\s][^<>]{0,255})>")
+
+
+@dataclass(slots=True)
+class _Element:
+    tag: str
+    text: str  # everything between its tags
+    children: list[_Element]
 
 
 class NestedArgs:
     """``ArgsReader`` (``edgeinfer.prompt.namedcalls``) of MiniMax M3's parameters."""
 
-    def __init__(self, types: dict[str, str], end: str) -> None:
-        self.types = types
+    def __init__(self, types: dict[str, str], end: str,
+                 schema: dict[str, Any] | None = None) -> None:
+        self.types = types  # the top level's plain types, where no schema was given
+        self.schema = schema if isinstance(schema, dict) else {}
         self.end = end  # the call's end (``NS</invoke>``), left for the call parser
+        self._scanned = 0  # the end is not in the buffer before this
 
     def feed(self, buf: str) -> tuple[str, int, bool]:
-        at = buf.find(self.end)
+        at = buf.find(self.end, self._scanned)
         if at == -1:
+            self._scanned = max(0, len(buf) - len(self.end) + 1)
             return "", 0, False
-        members = _children(buf[:at], 0)
-        if members is None:  # text, not parameters: a call without arguments
-            if buf[:at].strip():
-                raise ValueError("not parameters")
-            members = []
-        args = {key: _typed(text_or_children, self.types.get(key), top=True)
-                for key, text_or_children in members}
+        try:
+            members = _elements(buf[:at])
+        except ValueError:
+            members = []  # not parameters: a call without arguments
+        props = self.schema.get("properties")
+        props = props if isinstance(props, dict) else {}
+        args = {}
+        for e in members:
+            schema = props.get(e.tag)
+            if isinstance(schema, dict):
+                args[e.tag] = _typed(e, schema)
+            else:
+                args[e.tag] = _typed(e, None, self.types.get(e.tag))
         return json.dumps(args, ensure_ascii=False), at, True
 
     def finish(self) -> str:
         return ""  # cut before the call's end: the arguments stay unfinished
 
 
-Node = str | list[tuple[str, Any]]  # a leaf's text, or (tag, node) children
+def _elements(text: str) -> list[_Element]:
+    """The top-level elements ``text`` is made of (ValueError: it is not elements)."""
+    top = _Element("", text, [])
+    stack: list[tuple[_Element, int]] = [(top, 0)]  # open elements, where their text starts
+    pos = 0
+    for m in _TAG.finditer(text):
+        element, start = stack[-1]
+        between = text[pos:m.start()]
+        if m.group(1):  # a closing tag: of the innermost open element, else not elements
+            if len(stack) == 1 or m.group(2) != element.tag:
+                raise ValueError("a closing tag of no open element")
+            if element.children and between.strip():
+                raise ValueError("text after an element's children")
+            element.text = text[start:m.start()]
+            stack.pop()
+        else:
+            if between.strip():
+                raise ValueError("text beside an element")
+            if len(stack) > MAX_DEPTH:
+                raise ValueError("parameters nested too deep")
+            child = _Element(m.group(2), "", [])
+            element.children.append(child)
+            stack.append((child, m.end()))
+        pos = m.end()
+    if len(stack) > 1 or text[pos:].strip():
+        raise ValueError("an unclosed element, or text after the parameters")
+    return top.children
 
 
-def _children(text: str, depth: int) -> list[tuple[str, Node]] | None:
-    """The elements ``text`` is made of (None: it is a leaf's text)."""
-    if depth > MAX_DEPTH:
-        raise ValueError("parameters nested too deep")
-    rest = text.strip(" \t\r\n")
-    if not rest.startswith(NS + "<") or rest.startswith(NS + "</"):
-        return None
-    out: list[tuple[str, Node]] = []
-    while rest:
-        if not rest.startswith(NS + "<"):
-            raise ValueError("text between parameters")
-        close_at = rest.find(">", len(NS) + 1)
-        tag = rest[len(NS) + 1:close_at] if close_at != -1 else ""
-        if not tag or tag.startswith("/") or "<" in tag or len(tag) > 256:
-            raise ValueError("bad parameter tag")
-        body_start = close_at + 1
-        end = _matching_close(rest, tag, body_start)
-        body = rest[body_start:end]
-        inner = _children(body, depth + 1)
-        out.append((tag, body if inner is None else inner))
-        rest = rest[end + len(f"{NS}</{tag}>"):].lstrip(" \t\r\n")
-    return out
+def _types(schema: dict[str, Any]) -> set[str]:
+    """The JSON types a schema allows (empty: not said), unions included."""
+    kind = schema.get("type")
+    found = {kind} if isinstance(kind, str) else {k for k in kind if isinstance(k, str)} if (
+        isinstance(kind, list)) else set()
+    for key in ("anyOf", "oneOf"):
+        for alt in schema.get(key) or ():
+            if isinstance(alt, dict):
+                found |= _types(alt) or {"any"}
+    enum = schema.get("enum")
+    values = enum if isinstance(enum, list) else [schema["const"]] if "const" in schema else []
+    found |= {"string" if isinstance(v, str) else "other" for v in values}
+    return found
 
 
-def _matching_close(text: str, tag: str, start: int) -> int:
-    """Where the element opened before ``start`` closes (elements of the same tag may
-    nest inside it)."""
-    opening, closing = f"{NS}<{tag}>", f"{NS}</{tag}>"
-    depth, i = 1, start
-    while True:
-        close = text.find(closing, i)
-        if close == -1:
-            raise ValueError(f"parameter {tag!r} is not closed")
-        nested = text.find(opening, i, close)
-        if nested != -1:
-            depth, i = depth + 1, nested + len(opening)
-            continue
-        depth -= 1
-        if depth == 0:
-            return close
-        i = close + len(closing)
+def _typed(e: _Element, schema: dict[str, Any] | None, kind: str | None = None,
+           in_list: bool = False) -> Any:
+    """An element's value, by its schema (None: guessed; ``kind``: a plain type known)."""
+    if schema is not None:
+        types = _types(schema)
+        if "string" in types or "any" in types:
+            return e.text  # a string (or possibly one): as written
+        if "array" in types and (e.children or not e.text.strip()):
+            items = schema.get("items")
+            return [_typed(c, items if isinstance(items, dict) else None, in_list=True)
+                    for c in e.children]
+        if "object" in types and (e.children or not e.text.strip()):
+            props = schema.get("properties")
+            props = props if isinstance(props, dict) else {}
+            return {c.tag: _typed(c, props.get(c.tag) if isinstance(props.get(c.tag), dict)
+                                  else None) for c in e.children}
+        if e.children:
+            return _guessed(e)
+        kind = next(iter(types)) if len(types) == 1 else None
+    if e.children:
+        return _guessed(e)
+    if not e.text and in_list:
+        return None  # the template writes a null item as an empty one
+    return json.loads(json_value(e.text, kind))
 
 
-def _typed(node: Node, kind: str | None, top: bool = False, in_list: bool = False) -> Any:
-    if isinstance(node, str):
-        if not node and in_list:
-            return None  # the template writes a null item as an empty one
-        return json.loads(json_value(node, kind if top else None))
-    if node and all(tag == "item" for tag, _ in node):
-        return [_typed(child, None, in_list=True) for _, child in node]
-    return {tag: _typed(child, None) for tag, child in node}
+def _guessed(e: _Element) -> Any:
+    """Children without a schema: ``item`` children a list, others an object."""
+    if all(c.tag == "item" for c in e.children):
+        return [_typed(c, None, in_list=True) for c in e.children]
+    return {c.tag: _typed(c, None) for c in e.children}

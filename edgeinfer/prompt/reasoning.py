@@ -4,8 +4,8 @@ Models of the Qwen3, QwQ, DeepSeek R1, SmolLM3 and GLM families write their
 reasoning inside ``<think>`` tags (llama-server's "deepseek" reasoning format);
 Magistral / Ministral 3 use ``[THINK] ... [/THINK]``, Gemma 4 ``<|channel>thought
 ... <channel|>``, Command R7B / A ``<|START_THINKING|> ... <|END_THINKING|>``, Hunyuan 3
-``<think:opensource> ... </think:opensource>``, MiniMax M3 ``<mm:think> ... </mm:think>``
-(gpt-oss's
+``<think:opensource> ... </think:opensource>``, MiniMax M3 ``<mm:think> ... </mm:think>``,
+Solar Open ``<|think|> ... <|end|><|begin|>assistant`` (gpt-oss's
 Harmony channels are read by ``edgeinfer.prompt.harmony``).
 Templates often open the block in the generation prompt itself, so the output starts
 inside it; ``ReasoningSplit(in_thought=True)`` covers that.
@@ -47,7 +47,9 @@ COHERE_THINK = Markers("<|START_THINKING|>", "<|END_THINKING|>")
 # Hunyuan 3's template builds its markers with format(): '<think{}>'.format(':opensource')
 HY3_THINK = Markers("<think:opensource>", "</think:opensource>", "'<think{}>'.format(HYTK)")
 MM_THINK = Markers("<mm:think>", "</mm:think>")  # MiniMax M3
-KINDS = (MISTRAL_THINK, GEMMA_THOUGHT, COHERE_THINK, HY3_THINK, MM_THINK, THINK)
+# Solar Open: its reasoning is a message of its own, the answer's message follows
+SOLAR_THINK = Markers("<|think|>", "<|end|><|begin|>assistant", "<|begin|>assistant<|think|>")
+KINDS = (MISTRAL_THINK, GEMMA_THOUGHT, COHERE_THINK, HY3_THINK, MM_THINK, SOLAR_THINK, THINK)
 HARMONY_ANALYSIS = "<|channel|>analysis"
 
 
@@ -135,7 +137,10 @@ class ReasoningSplit:
                 # "<|channel>thought<channel|>")
                 self._buf = head[len(opener):].removeprefix(self.markers.open[len(opener):])
                 self._state = "thinking"
-            elif self.markers.open.startswith(head):
+            elif head.startswith(self.markers.close):  # a bare end of no block (MiniMax
+                # M3's answers without reasoning, as its template writes past ones)
+                self._buf, self._state, self._trim = head[len(self.markers.close):], "answer", True
+            elif self.markers.open.startswith(head) or self.markers.close.startswith(head):
                 return out  # undecided: could still become <think>
             else:
                 self._state = "answer"

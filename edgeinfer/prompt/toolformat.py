@@ -151,6 +151,7 @@ class ToolFormat:
     # and a message to this name is the answer's text, not a call (Functionary's "all")
     prompt_opens: bool = False
     text_name: str = ""
+    message_end: str = ""  # json: what ends the model's message, not text (GigaChat 3)
 
     @property
     def trigger(self) -> str:
@@ -199,7 +200,7 @@ MINIMAX_M1 = ToolFormat("minimax_m1", "<tool_calls>", "</tool_calls>", joined=Tr
 COMMAND_R = ToolFormat("command_r", "<|START_ACTION|>", "<|END_ACTION|>", listed=True,
                        name_key="tool_name", args_key="parameters", index_key="tool_call_id")
 GIGACHAT3 = ToolFormat("gigachat3", "<|message_sep|>\n\nfunction call<|role_sep|>\n",
-                       max_calls=1)
+                       max_calls=1, message_end="<|message_sep|>")
 GIGACHAT3_1 = ToolFormat("gigachat3_1", "<|function_call|>", max_calls=1)
 COMMAND_R_PLUS = ToolFormat("command_r_plus", "Action:\n```json\n", "```", listed=True,
                             name_key="tool_name", args_key="parameters")

@@ -23,13 +23,13 @@ from typing import Any, Protocol
 
 from edgeinfer.prompt.callparser import CallArgs, CallOpen, CallParser, Content, Event
 from edgeinfer.prompt.harmony import HarmonyParser
-from edgeinfer.prompt.namedcalls import NamedCallParser, parameter_types
+from edgeinfer.prompt.namedcalls import NamedCallParser, parameter_schemas, parameter_types
 from edgeinfer.prompt.pythoncalls import PythonCallParser, python_calls_text
 from edgeinfer.prompt.toolformat import GENERIC, ToolFormat
 
 __all__ = ["CallArgs", "CallOpen", "CallParser", "Content", "Event", "ToolCall", "ToolSpec",
-           "call_parser", "parameter_types", "parse_tool_calls", "prepare_messages",
-           "tools_system_text"]
+           "call_parser", "parameter_schemas", "parameter_types", "parse_tool_calls",
+           "prepare_messages", "tools_system_text"]
 
 TOOL_CALL_OPEN = GENERIC.open
 TOOL_CALL_CLOSE = GENERIC.close
@@ -231,12 +231,13 @@ class Parser(Protocol):
     def finish(self, cut: bool = False) -> list[Any]: ...
 
 
-def call_parser(fmt: ToolFormat, types: dict[str, dict[str, str]] | None = None) -> Parser:
+def call_parser(fmt: ToolFormat, types: dict[str, dict[str, str]] | None = None,
+                schemas: dict[str, dict[str, Any]] | None = None) -> Parser:
     """A streaming parser of ``fmt``'s calls (``types``: the tools' parameter types, see
-    ``parameter_types``). Its events: Content, CallOpen, CallArgs (and, for Harmony,
-    ``reasoning.Thought``)."""
+    ``parameter_types``; ``schemas``: their parameters schemas, ``parameter_schemas``).
+    Its events: Content, CallOpen, CallArgs (and, for Harmony, ``reasoning.Thought``)."""
     if fmt.syntax == "named":
-        return NamedCallParser(fmt, types)
+        return NamedCallParser(fmt, types, schemas)
     if fmt.syntax == "harmony":
         return HarmonyParser()
     if fmt.syntax == "python":
@@ -255,11 +256,12 @@ def arguments_parse(arguments: str) -> bool:
 
 
 def parse_tool_calls(text: str, fmt: ToolFormat = GENERIC,
-                     types: dict[str, dict[str, str]] | None = None
+                     types: dict[str, dict[str, str]] | None = None,
+                     schemas: dict[str, dict[str, Any]] | None = None
                      ) -> tuple[str | None, list[ToolCall]]:
     """Split a whole generated text into content and tool calls (reasoning, where the
     format carries it, is left out)."""
-    stream = call_parser(fmt, types)
+    stream = call_parser(fmt, types, schemas)
     events = stream.feed(text) + stream.finish()
     content = "".join(e.text for e in events if isinstance(e, Content))
     calls: list[ToolCall] = []

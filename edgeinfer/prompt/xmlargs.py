@@ -153,8 +153,9 @@ class XmlArgs:
         if self.value_start and tags.cdata:
             if CDATA.startswith(rest):
                 return i, False, False  # perhaps a CDATA section: wait for more
-            if rest.startswith(CDATA):
+            if rest.startswith(CDATA):  # text (the template writes CDATA for strings only)
                 i, rest, self.close = i + len(CDATA), rest[len(CDATA):], "]]>" + tags.value_close
+                self.marked = "string"
         self.value_start = False
         streamed = self._kind() == "string"
         close = self.close

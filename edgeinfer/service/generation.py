@@ -26,7 +26,7 @@ from edgeinfer.models.served import ServedModel
 from edgeinfer.prompt.callparser import partial_suffix
 from edgeinfer.prompt.reasoning import harmony_reasoning, markers_for, starts_in_thought
 from edgeinfer.prompt.template import CHATML_ENDS
-from edgeinfer.prompt.tools import parameter_types
+from edgeinfer.prompt.tools import parameter_schemas, parameter_types
 from edgeinfer.service.constraint import grammar_for
 from edgeinfer.service.events import (
     ErrorEvent,
@@ -205,7 +205,8 @@ def reading_for(served: ServedModel, req: GenerateRequest, prompt_tail: str) -> 
         tools=fmt if offers or fmt.text_name else None, markers=markers,
         in_thought=markers is not None and starts_in_thought(prompt_tail, markers),
         harmony=fmt.syntax == "harmony" and (offers or thoughts), harmony_thoughts=thoughts,
-        types=parameter_types(req.constraint.tools) if offers else {})
+        types=parameter_types(req.constraint.tools) if offers else {},
+        schemas=parameter_schemas(req.constraint.tools) if offers else {})
 
 
 async def _conversation(served: ServedModel, prompt: list[int], output: str) -> list[int]:
@@ -243,7 +244,8 @@ async def _prompts(served: ServedModel, req: GenerateRequest) -> Prompts:
     if not req.constraint.offers_tools:
         return Prompts(out)
     return Prompts(out, Reading(tools=served.tool_format,
-                                types=parameter_types(req.constraint.tools)))
+                                types=parameter_types(req.constraint.tools),
+                                schemas=parameter_schemas(req.constraint.tools)))
 
 
 def _calls_end_thought(reading: Reading, triggers: tuple[str, ...]) -> Reading:

@@ -6,6 +6,7 @@ carry both at once (``edgeinfer.prompt.harmony``)."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Any
 
 from edgeinfer.engine.delta import Delta
 from edgeinfer.prompt.callparser import CallArgs, CallOpen, Content
@@ -37,6 +38,7 @@ class Reading:
     harmony: bool = False
     harmony_thoughts: bool = True
     types: dict[str, dict[str, str]] = field(default_factory=dict)
+    schemas: dict[str, dict[str, Any]] = field(default_factory=dict)  # (MiniMax M3's)
     calls_end_thought: bool = False  # a call marker ends an open block (a lazy grammar's)
 
 
@@ -62,7 +64,7 @@ class ChoiceReader:
         self.harmony = HarmonyParser() if r.harmony else None
         self.thoughts = r.harmony_thoughts
         tools = None if r.harmony else r.tools
-        self.calls = call_parser(tools, r.types) if tools is not None else None
+        self.calls = call_parser(tools, r.types, r.schemas) if tools is not None else None
         self.repeats = RepeatFilter()
         exits = tools.triggers if tools is not None and r.calls_end_thought else ()
         self.split = (ReasoningSplit(r.in_thought, r.markers, exits)

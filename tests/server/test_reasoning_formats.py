@@ -1,8 +1,9 @@
 """Each family's own reasoning markers, end to end: SmolLM2 wearing Ministral 3's
 (``[THINK]``), gpt-oss's (Harmony's analysis channel), Gemma 4's (``<|channel>thought``),
-Hunyuan 3's (``<think:opensource>``) and MiniMax M3's (``<mm:think>``) real templates. The
-model is not trained on them, so a grammar makes it write in the family's syntax; the
-server must split the reasoning off, streamed and not alike."""
+Hunyuan 3's (``<think:opensource>``), MiniMax M3's (``<mm:think>``) and Solar Open's
+(``<|think|>`` ... ``<|end|><|begin|>assistant``) real templates. The model is not trained
+on them, so a grammar makes it write in the family's syntax; the server must split the
+reasoning off, streamed and not alike."""
 
 from __future__ import annotations
 
@@ -28,6 +29,8 @@ FAMILIES = {  # model id -> (template, a grammar of one reasoning block then the
     "hy3": ("tencent-Hy3.jinja",
             f'root ::= "<think:opensource>" {WORDS} "</think:opensource>" {WORDS}'),
     "m3": ("MiniMax-M3.jinja", f'root ::= "<mm:think>" {WORDS} "</mm:think>" {WORDS}'),
+    "solar": ("upstage-Solar-Open-100B.jinja",
+              f'root ::= "<|think|>" {WORDS} "<|end|><|begin|>assistant" {WORDS}'),
 }
 ASK = [{"role": "user", "content": "What is two plus two?"}]
 
@@ -59,7 +62,7 @@ def test_the_familys_reasoning_block_becomes_reasoning_content(
     reasoning, content = _extra(msg, "reasoning_content"), msg.content or ""
     assert reasoning.strip() and content.strip(), msg
     for marker in ("[THINK]", "[/THINK]", "<|channel", "<|message|>", "<channel|>", "<|end|>",
-                   "opensource>", "mm:think"):
+                   "opensource>", "mm:think", "<|think|>", "<|begin|>"):
         assert marker not in content and marker not in reasoning, msg
     thought, said = "", ""
     for chunk in c.chat.completions.create(**kw, stream=True):

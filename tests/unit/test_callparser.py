@@ -149,12 +149,17 @@ CASES: list[tuple[ToolFormat, str, str, list[tuple[str, object]]]] = [
     (GIGACHAT3, 'Sure.<|message_sep|>\n\nfunction call<|role_sep|>\n{"name": "get_weather", '
                 '"arguments": {"city": "Paris", "days": 3}}',
      "Sure.", [("get_weather", {"city": "Paris", "days": 3})]),
+    # the end of a message of text alone: not text
+    (GIGACHAT3, "Hello.<|message_sep|>\n\n", "Hello.", []),
     (GIGACHAT3_1, 'Sure.<|function_call|>{"name": "get_time", "arguments": {}}',
      "Sure.", [("get_time", {})]),
     (MINICPM5, 'Sure.<function name="get_weather"><param name="city"><![CDATA[Paris <FR>\n'
                '& co]]></param><param name="days">3</param></function>'
                '<function name="get_time"></function>',
      "Sure.", [("get_weather", {"city": "Paris <FR>\n& co", "days": 3}), ("get_time", {})]),
+    # a CDATA value of a parameter of no plain type is text
+    (MINICPM5, '<function name="get_time"><param name="zone"><![CDATA[12\n]]></param></function>',
+     "", [("get_time", {"zone": "12\n"})]),
     (MINICPM5, '<function name="get_weather"><param name="city">Paris</param>'
                "<param name=\"opts\">{'unit': 'c', 'x': None}</param></function>",
      "", [("get_weather", {"city": "Paris", "opts": {"unit": "c", "x": None}})]),
@@ -486,10 +491,46 @@ def test_written_python_calls_read_back() -> None:
 
 def test_minimax_m3_arguments_nested_too_deep_or_unclosed_are_no_arguments() -> None:
     """Hostile nesting is refused by depth, an unclosed element by its missing end: the
-    call keeps no arguments, and nothing raises."""
+    call keeps no arguments, none of its markup becomes content, and nothing raises (nor
+    takes long: 20,000 nested elements)."""
     ns = "]<]minimax[>["
     deep = "".join(f"{ns}<a>" for _ in range(40)) + "x" + "".join(f"{ns}</a>" for _ in range(40))
-    for body in (deep, f"{ns}<city>Paris{ns}</town>"):
-        text = f'{ns}<tool_call>{ns}<invoke name="get_time">{body}{ns}</invoke>{ns}</tool_call>'
-        _, calls, _ = parse(MINIMAX_M3, [text])
-        assert calls[:1] == [("get_time", {})]
+    huge = f"{ns}<a>" * 20000 + "x" + f"{ns}</a>" * 20000
+    for body in (deep, huge, f"{ns}<city>Paris{ns}</town>"):
+        text = f'Hi.{ns}<tool_call>{ns}<invoke name="get_time">{body}{ns}</invoke>{ns}</tool_call>'
+        content, calls, _ = parse(MINIMAX_M3, [text])
+        assert (content, calls) == ("Hi.", [("get_time", {})])
+
+
+M3_SCHEMA = {"type": "object", "properties": {
+    "stops": {"type": "array", "items": {"type": "string"}},
+    "opts": {"type": "object", "properties": {"unit": {"type": "string"},
+                                              "item": {"type": "integer"}}},
+    "legs": {"type": "array", "items": {"type": "object", "properties": {
+        "to": {"type": "string"}}}},
+    "grid": {"type": "array", "items": {"type": "array", "items": {"type": "integer"}}},
+    "note": {"anyOf": [{"type": "string"}, {"type": "object"}]}}}
+
+
+@pytest.mark.parametrize(("body", "want"), [
+    ("<stops></stops><opts></opts>", {"stops": [], "opts": {}}),
+    ("<stops><item>123</item><item>true</item><item>null</item></stops>",
+     {"stops": ["123", "true", "null"]}),
+    ("<opts><unit>5</unit><item>7</item></opts>", {"opts": {"unit": "5", "item": 7}}),
+    ("<legs><item></item><item><to>Oslo</to></item></legs>", {"legs": [{}, {"to": "Oslo"}]}),
+    ("<grid><item></item><item><item>1</item></item></grid>", {"grid": [[], [1]]}),
+    ("<note><a>1</a></note>", {"note": "]<]minimax[>[<a>1]<]minimax[>[</a>"}),
+])
+def test_minimax_m3_arguments_are_typed_by_the_schema_level_by_level(
+        body: str, want: dict[str, object]) -> None:
+    """As llama.cpp reads them: empty elements are empty lists and objects, string items
+    stay strings, a union with a string keeps the text as written."""
+    ns = "]<]minimax[>["
+    tagged = body.replace("</", "\x00").replace("<", ns + "<").replace("\x00", ns + "</")
+    text = f'{ns}<tool_call>{ns}<invoke name="plan">{tagged}{ns}</invoke>{ns}</tool_call>'
+    for pieces in ([text], list(text)):
+        p = call_parser(MINIMAX_M3, {}, {"plan": M3_SCHEMA})
+        events = [e for piece in pieces for e in p.feed(piece)] + p.finish()
+        args = "".join(e.text for e in events if isinstance(e, CallArgs))
+        assert json.loads(args) == want
+        assert not [e for e in events if isinstance(e, Content) and e.text.strip()]

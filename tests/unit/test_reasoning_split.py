@@ -38,6 +38,9 @@ CASES = [
     ("x < y </thin k></think>ok</think>", True, ("x < y </thin k>", "ok</think>")),
     ("<think></think>", False, ("", "")),
     ("<think>a</think>   ", False, ("a", "")),
+    # a bare end of no block first (MiniMax M3 answers so without reasoning): dropped
+    ("</think>\n\nThe answer.", False, ("", "The answer.")),
+    ("</thi", False, ("", "</thi")),
 ]
 
 
