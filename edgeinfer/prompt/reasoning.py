@@ -5,7 +5,9 @@ reasoning inside ``<think>`` tags (llama-server's "deepseek" reasoning format);
 Magistral / Ministral 3 use ``[THINK] ... [/THINK]``, Gemma 4 ``<|channel>thought
 ... <channel|>``, Command R7B / A ``<|START_THINKING|> ... <|END_THINKING|>``, Hunyuan 3
 ``<think:opensource> ... </think:opensource>``, MiniMax M3 ``<mm:think> ... </mm:think>``,
-Solar Open ``<|think|> ... <|end|><|begin|>assistant`` (gpt-oss's
+Solar Open ``<|think|> ... <|end|><|begin|>assistant``, Apertus ``<|inner_prefix|> ...
+<|inner_suffix|>``, Apriel 1.6 ``Here are my reasoning steps:`` (in the prompt) ...
+``[BEGIN FINAL RESPONSE]`` (gpt-oss's
 Harmony channels are read by ``edgeinfer.prompt.harmony``).
 Templates often open the block in the generation prompt itself, so the output starts
 inside it; ``ReasoningSplit(in_thought=True)`` covers that.
@@ -49,7 +51,11 @@ HY3_THINK = Markers("<think:opensource>", "</think:opensource>", "'<think{}>'.fo
 MM_THINK = Markers("<mm:think>", "</mm:think>")  # MiniMax M3
 # Solar Open: its reasoning is a message of its own, the answer's message follows
 SOLAR_THINK = Markers("<|think|>", "<|end|><|begin|>assistant", "<|begin|>assistant<|think|>")
-KINDS = (MISTRAL_THINK, GEMMA_THOUGHT, COHERE_THINK, HY3_THINK, MM_THINK, SOLAR_THINK, THINK)
+APERTUS_INNER = Markers("<|inner_prefix|>", "<|inner_suffix|>")
+# Apriel 1.6: the prompt opens the reasoning with these words, a marker ends it
+APRIEL_STEPS = Markers("Here are my reasoning steps:\n", "[BEGIN FINAL RESPONSE]")
+KINDS = (MISTRAL_THINK, GEMMA_THOUGHT, COHERE_THINK, HY3_THINK, MM_THINK, SOLAR_THINK,
+         APERTUS_INNER, APRIEL_STEPS, THINK)
 HARMONY_ANALYSIS = "<|channel|>analysis"
 
 
