@@ -161,10 +161,16 @@ class CallParser:
         self._obj: _Object | None = None
         self._sent = 0  # arguments characters of the current call already released
         self._announced = False
+        self._after_close = False  # line breaks right after the calls' closing marker go
 
     # -- free text ------------------------------------------------------------------
     def _text(self, out: list[Event]) -> bool:
         """Release text up to a call; True when a call starts (the mode changed)."""
+        if self._after_close:  # (streamed or whole alike: they may come later)
+            self._buf = self._buf.lstrip("\n")
+            if not self._buf:
+                return False
+            self._after_close = False
         fmt, buf = self.fmt, self._buf
         if self._at_start and fmt.bare:
             head = buf.lstrip()
@@ -217,7 +223,7 @@ class CallParser:
                 out.append(Content(self._opened + self._buf[:len(self._buf) - len(buf)]
                                    + fmt.close))
             else:
-                rest = rest.lstrip("\n")
+                self._after_close = True
             self._buf, self._mode = rest, "text"
             return True
         if not buf or fmt.close.startswith(buf) or buf == "[":

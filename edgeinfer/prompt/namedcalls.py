@@ -123,9 +123,15 @@ class NamedCallParser:
         self._name = ""
         self._reader: ArgsReader | None = None
         self._openers = [m for m in (fmt.block_open, fmt.call_open) if m]
+        self._after_close = False
 
     # -- free text ------------------------------------------------------------------
     def _text(self, out: list[Event]) -> bool:
+        if self._after_close:  # line breaks right after the calls go (whole or streamed)
+            self._buf = self._buf.lstrip("\n")
+            if not self._buf:
+                return False
+            self._after_close = False
         buf = self._buf
         hits = [(buf.find(m), m) for m in self._openers if m in buf]
         if not hits:
@@ -153,8 +159,7 @@ class NamedCallParser:
                     marker == fmt.call_open) else "between"
                 self._name = ""
                 if marker == fmt.block_close:
-                    self._mode, self._held = "text", ""
-                    self._buf = self._buf.lstrip("\n")
+                    self._mode, self._held, self._after_close = "text", "", True
                     if not self.num_calls:
                         out.append(Content(fmt.block_open + fmt.block_close))
                 return True

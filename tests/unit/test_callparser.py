@@ -534,3 +534,19 @@ def test_minimax_m3_arguments_are_typed_by_the_schema_level_by_level(
         args = "".join(e.text for e in events if isinstance(e, CallArgs))
         assert json.loads(args) == want
         assert not [e for e in events if isinstance(e, Content) and e.text.strip()]
+
+
+@pytest.mark.parametrize(("fmt", "call"), [
+    (HERMES, '<tool_call>{"name": "get_time", "arguments": {}}</tool_call>'),
+    (QWEN3_CODER, "<tool_call>\n<function=get_time>\n</function>\n</tool_call>"),
+    (MINIMAX, '<minimax:tool_call>\n<invoke name="get_time">\n</invoke>\n</minimax:tool_call>'),
+    (KIMI_K2, "<|tool_calls_section_begin|><|tool_call_begin|>functions.get_time:0"
+              "<|tool_call_argument_begin|>{}<|tool_call_end|><|tool_calls_section_end|>"),
+])
+def test_line_breaks_after_the_calls_go_streamed_or_whole(fmt: ToolFormat, call: str) -> None:
+    """The line breaks right after the calls' closing marker are dropped whether they
+    come with it or in later pieces (streamed and whole answers agree)."""
+    for tail, want in (("\n\nAfter.", "Before.\nAfter."), ("\n", "Before.\n")):
+        text = "Before.\n" + call + tail
+        whole = parse(fmt, [text])[:2]
+        assert whole == parse(fmt, list(text))[:2] == (want, [("get_time", {})])
