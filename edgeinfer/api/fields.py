@@ -13,6 +13,7 @@ from typing import Any
 
 from edgeinfer.engine.sequence import SamplingParams
 from edgeinfer.errors import InvalidRequest
+from edgeinfer.service.request import MixedPrompt
 
 MAX_TOKENS_LIMIT = 1 << 20
 MAX_STOP = 16
@@ -164,25 +165,44 @@ def _is_tokens(v: Any) -> bool:
         isinstance(t, int) and not isinstance(t, bool) for t in v)
 
 
-def texts_or_tokens(value: Any, param: str, limit: int
-                     ) -> tuple[str | list[int], ...]:
+def texts_or_tokens(value: Any, param: str, limit: int) -> tuple[str | list[int], ...]:
     """A string, a list of token ids, or a non-empty list of either (at most ``limit``)."""
-    if isinstance(value, str) or _is_tokens(value):
+    return tuple(_prompt_items(value, param, limit, mixed=False))
+
+
+def prompts(value: Any, param: str, limit: int) -> tuple[str | list[int] | MixedPrompt, ...]:
+    """``texts_or_tokens``, and llama-server's mixed prompt too: a list of token ids and
+    strings both (one prompt), alone or in a list of prompts."""
+    return tuple(MixedPrompt(tuple(p)) if _is_mixed(p) else p
+                 for p in _prompt_items(value, param, limit, mixed=True))
+
+
+def _prompt_items(value: Any, param: str, limit: int, mixed: bool) -> list[Any]:
+    def one(p: Any) -> bool:
+        return isinstance(p, str) or _is_tokens(p) or mixed and _is_mixed(p)
+    if one(value):
         items: list[Any] = [value]
-    elif isinstance(value, list) and value and all(
-            isinstance(p, str) or _is_tokens(p) for p in value):
+    elif isinstance(value, list) and value and all(one(p) for p in value):
         items = value
     else:
+        either = "either, or of token ids and strings mixed" if mixed else "either"
         raise InvalidRequest(f"'{param}' must be a string, a list of token ids, or a non-empty "
-                             "list of either", param=param)
+                             f"list of {either}", param=param)
     if len(items) > limit:
         raise InvalidRequest(f"at most {limit} items in '{param}'", param=param)
     for p in items:
-        if isinstance(p, list) and not all(0 <= t < MAX_VOCAB for t in p):
+        if isinstance(p, list) and not all(0 <= t < MAX_VOCAB for t in p if isinstance(t, int)):
             raise InvalidRequest(f"'{param}' token ids must be in 0..{MAX_VOCAB - 1} (and in "
                                  "the model's vocabulary)",
                                  param=param)
-    return tuple(items)
+    return items
+
+
+def _is_mixed(v: Any) -> bool:
+    """Token ids and strings, both, in one list."""
+    return isinstance(v, list) and all(
+        isinstance(t, str | int) and not isinstance(t, bool) for t in v) and any(
+        isinstance(t, str) for t in v) and any(isinstance(t, int) for t in v)
 
 
 def token_ids(value: Any, param: str) -> tuple[int, ...]:

@@ -59,7 +59,7 @@ def parse(body: Any, default_model: str) -> tuple[GenerateRequest, bool, int]:
                       ("lora", "LoRA adapters are not served")):
         if b.body.get(name) not in (None, False, []):
             raise InvalidRequest(f"'{name}' is not supported: {why}", param=name)
-    prompts = fields.texts_or_tokens(b.body.get("prompt"), "prompt", MAX_PROMPTS)
+    prompts = fields.prompts(b.body.get("prompt"), "prompt", MAX_PROMPTS)
     n_probs = int(b.integer("n_probs", 0, 20, 0) or 0)
     max_tokens = (samplers.n_predict(b, None) if b.present("n_predict")  # llama-server's own
                   else b.integer("max_tokens", 1, MAX_TOKENS_LIMIT, None))

@@ -32,7 +32,7 @@ def parse(body: Any, headers: dict[str, str]) -> tuple[GenerateRequest, bool, bo
     fields.unsupported(b, ("echo", "suffix"))
     logprobs = b.integer("logprobs", 0, 20, None)
     b.integer("best_of", 1, 1, 1)  # only 1 (the default) is accepted
-    prompts = fields.texts_or_tokens(b.body.get("prompt"), "prompt", MAX_PROMPTS)
+    prompts = fields.prompts(b.body.get("prompt"), "prompt", MAX_PROMPTS)
     max_tokens = b.integer("max_tokens", 1, MAX_TOKENS_LIMIT, None)
     if max_tokens is None:
         max_tokens = samplers.n_predict(b, 16)

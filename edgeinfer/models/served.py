@@ -211,6 +211,13 @@ class ServedModel:
     def tokenize_text(self, text: str) -> list[int]:
         return self.runtime.tokenize(text, add_special=True, parse_special=True)
 
+    def tokenize_mixed(self, parts: tuple[str | int, ...]) -> list[int]:
+        """llama-server's mixed prompt: token ids as they are, texts tokenized (the BOS
+        only before a text that comes first)."""
+        return [t for i, part in enumerate(parts) for t in (
+            [part] if isinstance(part, int) else
+            self.runtime.tokenize(part, add_special=i == 0, parse_special=True))]
+
     def bos_head(self) -> list[int]:
         """The tokens the model puts before every prompt: [BOS], or none (an EOS it also
         adds at the end is left out)."""

@@ -35,7 +35,7 @@ from edgeinfer.service.events import (
     UsageReport,
 )
 from edgeinfer.service.reader import ChoiceReader, Reading
-from edgeinfer.service.request import ChatPrompt, GenerateRequest, TextPrompts
+from edgeinfer.service.request import ChatPrompt, GenerateRequest, MixedPrompt, TextPrompts
 from edgeinfer.service.selection import features, model_for
 
 log = logging.getLogger("edgeinfer.service")
@@ -179,7 +179,8 @@ def _check_vocab(req: GenerateRequest, n_vocab: int) -> None:
                              param="context")
     if not isinstance(req.prompt, ChatPrompt):
         for p in req.prompt.prompts:
-            if isinstance(p, list) and any(t >= n_vocab for t in p):
+            ids = p if isinstance(p, list) else p.parts if isinstance(p, MixedPrompt) else ()
+            if any(isinstance(t, int) and t >= n_vocab for t in ids):
                 raise InvalidRequest(f"'prompt' token ids must be in 0..{n_vocab - 1}",
                                      param="prompt")
 
@@ -237,7 +238,9 @@ async def _prompts(served: ServedModel, req: GenerateRequest) -> Prompts:
         return Prompts([chat.tokens], reading_for(served, req, chat.tail))
     out = []
     for p in req.prompt.prompts:
-        tokens = await served.run(served.tokenize_text, p) if isinstance(p, str) else p
+        tokens = (await served.run(served.tokenize_text, p) if isinstance(p, str) else
+                  await served.run(served.tokenize_mixed, p.parts)
+                  if isinstance(p, MixedPrompt) else p)
         if not tokens:
             raise InvalidRequest("'prompt' is empty", param="prompt")
         out.append(tokens)

@@ -26,10 +26,18 @@ class ChatPrompt:
 
 
 @dataclass(frozen=True, slots=True)
-class TextPrompts:
-    """Raw prompts (text or token ids): one set of ``n`` choices per prompt."""
+class MixedPrompt:
+    """llama-server's mixed prompt: token ids and texts in one list, one prompt of them in
+    order (the texts tokenized; only a text that comes first gets the model's BOS)."""
 
-    prompts: tuple[str | list[int], ...]
+    parts: tuple[str | int, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class TextPrompts:
+    """Raw prompts (text, token ids, or both mixed): one set of ``n`` choices per prompt."""
+
+    prompts: tuple[str | list[int] | MixedPrompt, ...]
 
 
 @dataclass(frozen=True, slots=True)

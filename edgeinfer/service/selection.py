@@ -9,7 +9,7 @@ from edgeinfer.models.lease import Lease
 from edgeinfer.models.pool import ModelPool
 from edgeinfer.models.routing import Features, route
 from edgeinfer.models.served import ServedModel
-from edgeinfer.service.request import ChatPrompt, GenerateRequest
+from edgeinfer.service.request import ChatPrompt, GenerateRequest, MixedPrompt
 
 log = logging.getLogger("edgeinfer.service")
 
@@ -20,7 +20,9 @@ def features(req: GenerateRequest) -> Features:
     if isinstance(req.prompt, ChatPrompt):
         texts = [m.get("content") or "" for m in req.prompt.messages]
     else:
-        texts = [p for p in req.prompt.prompts if isinstance(p, str)]
+        texts = [t for p in req.prompt.prompts
+                 for t in ((p,) if isinstance(p, str) else p.parts if isinstance(p, MixedPrompt)
+                           else ()) if isinstance(t, str)]
     return Features(bool(req.constraint.tools), "\n".join(texts), req.params.max_tokens or 0)
 
 

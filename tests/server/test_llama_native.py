@@ -80,6 +80,26 @@ def test_several_prompts_answer_each_in_order_whole_and_streamed(server: ServerP
         assert len("".join(e["content"] for e in mine)) > 0
 
 
+def test_a_mixed_prompt_is_its_token_ids_and_texts_in_order(server: ServerProcess) -> None:
+    """llama-server's mixed prompt (token ids and strings in one list) is one prompt: the
+    ids as they are and each text tokenized, alone or in a list of prompts."""
+    def ids(text: str) -> list[int]:
+        return httpx.post(f"{server.base_url}/tokenize", timeout=30, json={
+            "content": text, "add_special": False}).json()["tokens"]
+    head, tail = ids("Once upon a time"), ids(" there was")
+    base = {"n_predict": 6, "temperature": 0, "cache_prompt": False}
+    want = _post(server, {**base, "prompt": [*head, *tail, *head]}).json()
+    mixed = [*head, " there was", *head]
+    got = _post(server, {**base, "prompt": mixed}).json()
+    assert (got["content"], got["tokens_evaluated"]) == (want["content"],
+                                                         want["tokens_evaluated"])
+    both = _post(server, {**base, "prompt": [mixed, "Hello"]}).json()
+    assert [b["index"] for b in both] == [0, 1] and both[0]["content"] == want["content"]
+    for bad in ([*head, " x", -1], [*head, " x", True], [*head, " x", None]):
+        r = _post(server, {**base, "prompt": bad})
+        assert r.status_code == 400 and r.json()["error"]["param"] == "prompt", r.text
+
+
 def test_a_body_labelled_as_a_form_is_read_as_json(server: ServerProcess) -> None:
     """``curl -d`` labels the body a form; llama-server reads it as JSON all the same."""
     r = httpx.post(f"{server.base_url}/completion", timeout=60,

@@ -136,3 +136,21 @@ def test_reasoning_fields_reach_the_request() -> None:
                 {"chat_template_kwargs": "x"}, {"reasoning_effort": "max"}):
         with pytest.raises(InvalidRequest):
             parse_chat(chat(**bad), V)
+
+
+def test_a_mixed_prompt_of_token_ids_and_texts_is_one_prompt() -> None:
+    """llama-server's mixed prompt: ids and strings in one list are one prompt, alone or in
+    a list of prompts; a list of strings alone is a list of prompts; anything else in the
+    list (a boolean, null, a negative id) is a 400."""
+    from edgeinfer.service.request import MixedPrompt
+
+    def prompts(value: object) -> tuple[object, ...]:
+        p = parse_completion({"model": "m", "prompt": value}, V).req.prompt
+        assert isinstance(p, TextPrompts)
+        return p.prompts
+    assert prompts([12, "text", 34]) == (MixedPrompt((12, "text", 34)),)
+    assert prompts([[12, "a"], "b", [3, 4]]) == (MixedPrompt((12, "a")), "b", [3, 4])
+    assert prompts(["a", "b"]) == ("a", "b")
+    for bad in ([1, "a", True], [1, "a", None], [[1, "a", -1]]):
+        with pytest.raises(InvalidRequest):
+            prompts(bad)
