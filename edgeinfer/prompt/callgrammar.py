@@ -164,7 +164,15 @@ def _tagged(tags: Tags, key: str, expr: str, text: bool = True) -> str:
     """One tagged parameter: Qwen3-Coder's values on lines of their own, the others'
     inline, with the optional line breaks their templates write between the tags
     (``text``: a string parameter, which DeepSeek's DSML marks ``string="true"``)."""
-    close = tags.key_close if text or not tags.key_close_other else tags.key_close_other
+    others = tags.key_close_others
+    if not text and others:  # DSML's string="false", Kimi K3's type="number" ...
+        close = others[0] if len(others) == 1 else None
+        if close is None:
+            alts = " | ".join(lit(c) for c in others)
+            return (f'"\\n"? {lit(tags.key_open + key)} ({alts}) {expr} '
+                    f"{lit(tags.value_close)}")
+    else:
+        close = tags.key_close
     if tags.newlines:
         return (f"{lit(tags.key_open + key + close + chr(10))} {expr} "
                 f"{lit(chr(10) + tags.value_close + chr(10))}")
@@ -198,7 +206,10 @@ def _call(i: int, name: str, parameters: dict[str, Any], fmt: ToolFormat, param:
         body = f'"\\n" {p}start'
     else:  # Ling writes a line break after the name and another before the close
         body = f'{p}start "\\n"{{0,2}}'
-    return [f"{p}call ::= {lit(name + fmt.name_end)} {body}", *rules]
+    head = lit(name + fmt.name_end)
+    if fmt.name_rest:  # Kimi K3: the call's index, then the end of its header
+        head += f' (" index=\\"" [1-9] [0-9]{{0,2}} "\\"")? {lit(fmt.name_rest)}'
+    return [f"{p}call ::= {head} {body}", *rules]
 
 
 def named_calls_gbnf(tools: list[tuple[str, dict[str, Any]]], max_calls: int,

@@ -117,7 +117,8 @@ class NamedCallParser:
         self.schemas = schemas or {}  # each tool's parameters schema (MiniMax M3 reads it)
         self.num_calls = 0
         self._buf = ""
-        # text | between | id | name | args | close (Functionary: the output opens a name)
+        # text | between | id | name | rest | args | close (Functionary: the output opens
+        # a name)
         self._mode = "name" if fmt.prompt_opens else "text"
         self._held = ""  # markers consumed since the text (given back if no call follows)
         self._name = ""
@@ -132,17 +133,20 @@ class NamedCallParser:
             if not self._buf:
                 return False
             self._after_close = False
-        buf = self._buf
-        hits = [(buf.find(m), m) for m in self._openers if m in buf]
+        buf, marks = self._buf, (*self._openers, *self.fmt.noise)
+        hits = [(buf.find(m), m) for m in marks if m in buf]
         if not hits:
-            keep = max(partial_suffix(buf, m) for m in self._openers)
+            keep = max(partial_suffix(buf, m) for m in marks)
             if len(buf) > keep:
                 out.append(Content(buf[:len(buf) - keep]))
             self._buf = buf[len(buf) - keep:]
             return False
-        at, _ = min(hits, key=lambda h: (h[0], -len(h[1])))
+        at, mark = min(hits, key=lambda h: (h[0], -len(h[1])))
         if at:
             out.append(Content(buf[:at]))
+        if mark in self.fmt.noise:  # Kimi K3's tags around the answer: dropped
+            self._buf = buf[at + len(mark):]
+            return True
         self._buf, self._mode, self._held = buf[at:], "between", ""
         return True
 
@@ -222,7 +226,20 @@ class NamedCallParser:
         out.append(CallOpen(self.num_calls, new_call_id(fmt.id_length), self._name))
         self._buf = buf[at + len(fmt.name_end):]
         self._reader = make_args_reader(fmt, self._name, self.types, self.schemas)
-        self._mode, self._held = "args", ""
+        self._mode, self._held = "rest" if fmt.name_rest else "args", ""
+        return True
+
+    def _rest(self, out: list[Event]) -> bool:
+        """Kimi K3: the call's header after its name (attributes), up to ``name_rest``."""
+        at = self._buf.find(self.fmt.name_rest)
+        if at == -1 and len(self._buf) > _MAX_NAME:  # no header: a call without arguments
+            out.append(CallArgs(self.num_calls, "{}"))
+            self.num_calls += 1
+            self._mode, self._reader = "text", None
+            return True
+        if at == -1:
+            return False
+        self._buf, self._mode = self._buf[at + len(self.fmt.name_rest):], "args"
         return True
 
     def _args(self, out: list[Event]) -> bool:
@@ -260,7 +277,7 @@ class NamedCallParser:
         self._buf += text
         out: list[Event] = []
         steps = {"text": self._text, "between": self._between, "id": self._read_id,
-                 "name": self._read_name, "args": self._args}
+                 "name": self._read_name, "rest": self._rest, "args": self._args}
         while True:
             changed = self._close() if self._mode == "close" else steps[self._mode](out)
             if not changed:
@@ -278,7 +295,7 @@ class NamedCallParser:
                     or self._mode == "text" and rest and any(
                         m.startswith(rest) for m in (fmt.call_open, fmt.block_open) if m)):
             pass
-        elif self._mode == "args" and self._reader is not None:
+        elif self._mode in ("rest", "args") and self._reader is not None:
             tail = self._reader.finish()
             if tail:
                 out.append(CallArgs(self.num_calls, tail))

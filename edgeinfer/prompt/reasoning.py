@@ -7,7 +7,8 @@ Magistral / Ministral 3 use ``[THINK] ... [/THINK]``, Gemma 4 ``<|channel>though
 ``<think:opensource> ... </think:opensource>``, MiniMax M3 ``<mm:think> ... </mm:think>``,
 Solar Open ``<|think|> ... <|end|><|begin|>assistant``, Apertus ``<|inner_prefix|> ...
 <|inner_suffix|>``, Apriel 1.6 ``Here are my reasoning steps:`` (in the prompt) ...
-``[BEGIN FINAL RESPONSE]`` (gpt-oss's
+``[BEGIN FINAL RESPONSE]``, Kimi K3 ``<|open|>think<|sep|> ... <|close|>think<|sep|>``
+(gpt-oss's
 Harmony channels are read by ``edgeinfer.prompt.harmony``).
 Templates often open the block in the generation prompt itself, so the output starts
 inside it; ``ReasoningSplit(in_thought=True)`` covers that.
@@ -51,11 +52,13 @@ HY3_THINK = Markers("<think:opensource>", "</think:opensource>", "'<think{}>'.fo
 MM_THINK = Markers("<mm:think>", "</mm:think>")  # MiniMax M3
 # Solar Open: its reasoning is a message of its own, the answer's message follows
 SOLAR_THINK = Markers("<|think|>", "<|end|><|begin|>assistant", "<|begin|>assistant<|think|>")
+# Kimi K3: its tags, built by a macro (the prompt opens the block when thinking)
+K3_THINK = Markers("<|open|>think<|sep|>", "<|close|>think<|sep|>", "open_tag('think')")
 APERTUS_INNER = Markers("<|inner_prefix|>", "<|inner_suffix|>")
 # Apriel 1.6: the prompt opens the reasoning with these words, a marker ends it
 APRIEL_STEPS = Markers("Here are my reasoning steps:\n", "[BEGIN FINAL RESPONSE]")
 KINDS = (MISTRAL_THINK, GEMMA_THOUGHT, COHERE_THINK, HY3_THINK, MM_THINK, SOLAR_THINK,
-         APERTUS_INNER, APRIEL_STEPS, THINK)
+         APERTUS_INNER, APRIEL_STEPS, K3_THINK, THINK)
 HARMONY_ANALYSIS = "<|channel|>analysis"
 
 

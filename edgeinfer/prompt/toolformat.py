@@ -59,6 +59,9 @@ inside ``block_open ... block_close``:
 - ``kimi_k2``: Kimi K2 (Instruct, Thinking): ``<|tool_calls_section_begin|><|tool_call_begin|>
   functions.NAME:0<|tool_call_argument_begin|>{...}<|tool_call_end|>...
   <|tool_calls_section_end|>`` (the name after ``functions.``, a call index after ``:``).
+- ``kimi_k3``: Kimi K3: tags ``<|open|>NAME attrs<|sep|> ... <|close|>NAME<|sep|>``: the
+  answer in ``response``, calls in ``tools``, ``call tool="NAME" index="1"`` and
+  ``argument key="city" type="string"`` (other types: JSON values).
 - ``dsml``: DeepSeek V3.2: MiniMax's layout in ``｜DSML｜`` tags, ``<｜DSML｜parameter
   name="city" string="true">Paris</｜DSML｜parameter>`` (``string="false"``: a JSON value),
   in ``<｜DSML｜function_calls>``; ``dsml_v4``: DeepSeek V4, the same in
@@ -93,14 +96,14 @@ class Tags:
     end: str  # after the call's last parameter (left for the call parser)
     newlines: bool  # a value sits on lines of its own (one line break each side dropped)
     # after the name of a parameter that is not a string, when that differs (DeepSeek's
-    # ``string="false"``; ``key_close`` is then the string parameters' ``string="true"``)
-    key_close_other: str = ""
+    # ``string="false"``, Kimi K3's type="number" ...; ``key_close`` is then the string
+    # parameters' ``string="true"`` / type="string")
+    key_close_others: tuple[str, ...] = ()
     cdata: bool = False  # a value may be wrapped in ``<![CDATA[ ... ]]>`` (MiniCPM5)
 
     @property
     def key_closes(self) -> tuple[str, ...]:
-        return (self.key_close, self.key_close_other) if self.key_close_other else (
-            self.key_close,)
+        return (self.key_close, *self.key_close_others)
 
     @property
     def markers(self) -> tuple[str, ...]:
@@ -117,7 +120,10 @@ TAGS = {
                 "</arg_value:opensource>", "</tool_call:opensource>", False),
     "minicpm5": Tags('<param name="', '">', "", "</param>", "</function>", False, cdata=True),
     "dsml": Tags('<｜DSML｜parameter name="', '" string="true">', "", "</｜DSML｜parameter>",
-                 "</｜DSML｜invoke>", False, '" string="false">'),
+                 "</｜DSML｜invoke>", False, ('" string="false">',)),
+    "k3": Tags('<|open|>argument key="', '" type="string"<|sep|>', "", "<|close|>argument<|sep|>",
+               "<|close|>call<|sep|>", False, tuple(f'" type="{t}"<|sep|>' for t in (
+                   "number", "boolean", "object", "array", "null"))),
 }
 
 
@@ -152,6 +158,13 @@ class ToolFormat:
     prompt_opens: bool = False
     text_name: str = ""
     message_end: str = ""  # json: what ends the model's message, not text (GigaChat 3)
+    name_rest: str = ""  # named: what ends a call's header after the name (Kimi K3's)
+    noise: tuple[str, ...] = ()  # named: markup around the answer's text, dropped from it
+
+    @property
+    def always_read(self) -> bool:
+        """The answer's text is in the format's markup: read with or without tools."""
+        return bool(self.text_name or self.noise)
 
     @property
     def trigger(self) -> str:
@@ -176,7 +189,7 @@ class ToolFormat:
         """The format's markers (a model may have them as special tokens: their text
         must show in the output for the parser to see them)."""
         found = [self.open, self.close, self.block_open, self.block_close, self.call_open,
-                 self.name_end, self.call_close, self.id_marker]
+                 self.name_end, self.call_close, self.id_marker, self.name_rest, *self.noise]
         if self.syntax == "harmony":
             found += ["<|start|>", "<|channel|>", "<|message|>", "<|end|>", "<|constrain|>"]
         if self.args == "gemma":
@@ -250,6 +263,12 @@ MINIMAX_M3 = ToolFormat("minimax_m3", "", syntax="named", args="nested",
                         call_close=_NS + "</invoke>")
 FUNCTIONARY_V32 = ToolFormat("functionary_v32", "", syntax="named", call_open=">>>",
                              name_end="\n", prompt_opens=True, text_name="all")
+KIMI_K3 = ToolFormat("kimi_k3", "", syntax="named", args="k3",
+                     block_open="<|open|>tools<|sep|>", block_close="<|close|>tools<|sep|>",
+                     call_open='<|open|>call tool="', name_end='"', name_rest="<|sep|>",
+                     call_close="<|close|>call<|sep|>",
+                     noise=("<|open|>response<|sep|>", "<|close|>response<|sep|>",
+                            "<|close|>message<|sep|>"))
 SOLAR_OPEN = ToolFormat("solar_open", "", syntax="named", block_open="<|tool_calls|>",
                         call_open="<|tool_call:begin|>", id_marker="<|tool_call:name|>",
                         id_first=True, name_end="<|tool_call:args|>",
@@ -262,7 +281,42 @@ FORMATS = {f.name: f for f in (HERMES, GENERIC, LLAMA3, MISTRAL, GRANITE, MISTRA
                                FIREFUNCTION, KIMI_K2, DSML, DSML_V4, COMMAND_R, APRIEL,
                                MINIMAX_M1, APERTUS, HY3, MINICPM5, GIGACHAT3,
                                GIGACHAT3_1, SOLAR_OPEN, MINIMAX_M3, FUNCTIONARY_V32,
-                               COMMAND_R_PLUS)}
+                               COMMAND_R_PLUS, KIMI_K3)}
+
+
+# (markers a template writes, all of them, -> its format), tried in order after the
+# families that need more than that (see ``detect``)
+SIGNS: tuple[tuple[tuple[str, ...], ToolFormat], ...] = (
+    (("<tool_sep{}>", ":opensource"), HY3),  # Hunyuan 3 (its markers made by format())
+    (("Tool usage guidelines:", '<param name="'), MINICPM5),
+    (("<|role_sep|>", "<|message_sep|>", "<|function_call|>"), GIGACHAT3_1),
+    (("<|role_sep|>", "<|message_sep|>"), GIGACHAT3),
+    (("<|tool_call:begin|>", "<|tool_call:name|>"), SOLAR_OPEN),
+    (("<|open|>", "<|close|>", "<|end_of_msg|>"), KIMI_K3),
+    ((">>>all", ">>>${recipient}"), FUNCTIONARY_V32),
+    ((_NS, "<invoke name="), MINIMAX_M3),
+    (("<|tool_calls_section_begin|>", "<|tool_call_begin|>"), KIMI_K2),
+    (("<|tool_call>call:",), GEMMA4),
+    (("<|tool_list_start|>",), LFM2),
+    (("List of tools: [",), LFM2),
+    (("<seed:tool_call>",), SEED_OSS),
+    (("<minimax:tool_call>", "<invoke name="), MINIMAX),
+    (("<arg_key>", "<tool_call>"), GLM),
+    (("[TOOL_CALLS]", "[ARGS]"), MISTRAL_ARGS),
+    (("[TOOL_CALLS]",), MISTRAL),
+    (("<|tools_prefix|>",), APERTUS),
+    (("<tool_calls>[",), APRIEL),  # (Apriel 1.5's instructions name <tool_call> too)
+    (("<tool_calls>",), MINIMAX_M1),
+    (("Action:\\n```json", '"tool_name"'), COMMAND_R_PLUS),  # Command R+ (tool_use)
+    (("<|START_ACTION|>", '"tool_name"'), COMMAND_R),
+    (("<|tool_call|>",), GRANITE),
+    (("<TOOLCALL>[",), NEMOTRON),
+    (("functools[",), FIREFUNCTION),
+    (("<tool_call>", "<function="), QWEN3_CODER),
+    (("<tool_call>",), HERMES),
+    (("<|python_tag|>",), LLAMA3),
+    (('"parameters": ', "ipython"), LLAMA3),
+)
 
 
 def detect(template_source: str) -> ToolFormat:
@@ -277,53 +331,7 @@ def detect(template_source: str) -> ToolFormat:
         return DEEPSEEK_R1 if "```json" in src else DEEPSEEK_V3
     if "tools" not in src:
         return GENERIC
-    if "<tool_sep{}>" in src and ":opensource" in src:  # Hunyuan 3 (its markers by format())
-        return HY3
-    if "Tool usage guidelines:" in src and '<param name="' in src:
-        return MINICPM5
-    if "<|role_sep|>" in src and "<|message_sep|>" in src:  # GigaChat 3 / 3.1
-        return GIGACHAT3_1 if "<|function_call|>" in src else GIGACHAT3
-    if "<|tool_call:begin|>" in src and "<|tool_call:name|>" in src:
-        return SOLAR_OPEN
-    if ">>>all" in src and ">>>${recipient}" in src:
-        return FUNCTIONARY_V32
-    if _NS in src and "<invoke name=" in src:
-        return MINIMAX_M3
-    if "<|tool_calls_section_begin|>" in src and "<|tool_call_begin|>" in src:
-        return KIMI_K2
-    if "<|tool_call>call:" in src:
-        return GEMMA4
-    if "<|tool_list_start|>" in src or "List of tools: [" in src:
-        return LFM2
-    if "<seed:tool_call>" in src:
-        return SEED_OSS
-    if "<minimax:tool_call>" in src and "<invoke name=" in src:
-        return MINIMAX
-    if "<arg_key>" in src and "<tool_call>" in src:
-        return GLM
-    if "[TOOL_CALLS]" in src:
-        return MISTRAL_ARGS if "[ARGS]" in src else MISTRAL
-    if "<|tools_prefix|>" in src:
-        return APERTUS
-    if "<tool_calls>[" in src:  # (Apriel 1.5's instructions name <tool_call> too)
-        return APRIEL
-    if "<tool_calls>" in src:
-        return MINIMAX_M1
-    if "Action:\\n```json" in src and '"tool_name"' in src:  # Command R+ (tool_use)
-        return COMMAND_R_PLUS
-    if "<|START_ACTION|>" in src and '"tool_name"' in src:
-        return COMMAND_R
-    if "<|tool_call|>" in src:
-        return GRANITE
-    if "<TOOLCALL>[" in src:
-        return NEMOTRON
-    if "functools[" in src:
-        return FIREFUNCTION
-    if "<tool_call>" in src:
-        return QWEN3_CODER if "<function=" in src else HERMES
-    if "<|python_tag|>" in src or '"parameters": ' in src and "ipython" in src:
-        return LLAMA3
-    return GENERIC
+    return next((fmt for signs, fmt in SIGNS if all(m in src for m in signs)), GENERIC)
 
 
 def choose(setting: str, template_source: str) -> ToolFormat:

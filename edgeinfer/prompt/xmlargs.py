@@ -124,7 +124,7 @@ class XmlArgs:
         self.key = name.strip()
         # DSML's string="true" / "false": the model's own word on the value's type
         self.marked = ("string" if close == self.tags.key_close else "other") if (
-            self.tags.key_close_other) else None
+            self.tags.key_close_others) else None
         self.state, self.value_sent, self.value_start = "open", 0, True
         self.close = self.tags.value_close
         out.append(self._open())

@@ -203,7 +203,7 @@ def reading_for(served: ServedModel, req: GenerateRequest, prompt_tail: str) -> 
     markers = markers_for(reasoning, source)
     thoughts = harmony_reasoning(reasoning, source)
     return Reading(  # (Functionary's answer is a message to "all": read with or without tools)
-        tools=fmt if offers or fmt.text_name else None, markers=markers,
+        tools=fmt if offers or fmt.always_read else None, markers=markers,
         in_thought=markers is not None and starts_in_thought(prompt_tail, markers),
         harmony=fmt.syntax == "harmony" and (offers or thoughts), harmony_thoughts=thoughts,
         types=parameter_types(req.constraint.tools) if offers else {},

@@ -1,11 +1,11 @@
 """Each family's own reasoning markers, end to end: SmolLM2 wearing Ministral 3's
 (``[THINK]``), gpt-oss's (Harmony's analysis channel), Gemma 4's (``<|channel>thought``),
-Hunyuan 3's (``<think:opensource>``), MiniMax M3's (``<mm:think>``) and Solar Open's
-(``<|think|>`` ... ``<|end|><|begin|>assistant``), Apertus' (``<|inner_prefix|>``) and
-Apriel 1.6's (``[BEGIN FINAL RESPONSE]`` after the reasoning its prompt opens) real
-templates. The model is not trained on them, so a grammar makes it write in the family's
-syntax (or a reasoning budget closes the block its prompt opened); the server must split
-the reasoning off, streamed and not alike."""
+Hunyuan 3's (``<think:opensource>``), MiniMax M3's (``<mm:think>``), Solar Open's
+(``<|think|>`` ... ``<|end|><|begin|>assistant``), Apertus' (``<|inner_prefix|>``),
+Apriel 1.6's (``[BEGIN FINAL RESPONSE]`` after the reasoning its prompt opens) and Kimi
+K3's (its think and response tags) real templates. The model is not trained on them, so
+a grammar makes it write in the family's syntax (or a reasoning budget closes the block
+its prompt opened); the server must split the reasoning off, streamed and not alike."""
 
 from __future__ import annotations
 
@@ -38,8 +38,11 @@ FAMILIES = {  # model id -> (template, a grammar of one reasoning block then the
     # the prompt opens Apriel's reasoning ("Here are my reasoning steps:"): a budget closes
     # it, the grammar is the answer's
     "apriel": ("Apriel-1.6-15b-Thinker-fixed.jinja", f"root ::= {WORDS}"),
+    # Kimi K3's prompt opens its think tag; the answer comes in its response tags
+    "k3": ("Kimi-K3.jinja",
+           f'root ::= "<|open|>response<|sep|>" {WORDS} "<|close|>response<|sep|>"'),
 }
-BUDGETED = {"apriel"}
+BUDGETED = {"apriel", "k3"}
 ASK = [{"role": "user", "content": "What is two plus two?"}]
 
 
@@ -73,7 +76,7 @@ def test_the_familys_reasoning_block_becomes_reasoning_content(
     assert reasoning.strip() and content.strip(), msg
     for marker in ("[THINK]", "[/THINK]", "<|channel", "<|message|>", "<channel|>", "<|end|>",
                    "opensource>", "mm:think", "<|think|>", "<|begin|>", "inner_",
-                   "[BEGIN FINAL"):
+                   "[BEGIN FINAL", "<|open|>", "<|close|>", "<|sep|>"):
         assert marker not in content and marker not in reasoning, msg
     thought, said = "", ""
     for chunk in c.chat.completions.create(**kw, stream=True):

@@ -86,6 +86,7 @@ FAMILIES = {  # template -> the format it must be detected as
     "MiniMax-M3.jinja": "minimax_m3",
     "meetkai-functionary-medium-v3.2.jinja": "functionary_v32",
     "CohereForAI-c4ai-command-r-plus-tool_use.jinja": "command_r_plus",
+    "Kimi-K3.jinja": "kimi_k3",
     # no tool support in the template: the generic format (tools in a system message)
     "google-gemma-2-2b-it.jinja": "generic",
 }
@@ -121,7 +122,8 @@ SERVED = {"qwen": "Qwen-Qwen2.5-7B-Instruct.jinja",
           "solar": "upstage-Solar-Open-100B.jinja",
           "m3": "MiniMax-M3.jinja",
           "functionary": "meetkai-functionary-medium-v3.2.jinja",
-          "rplus": "CohereForAI-c4ai-command-r-plus-tool_use.jinja"}
+          "rplus": "CohereForAI-c4ai-command-r-plus-tool_use.jinja",
+          "k3": "Kimi-K3.jinja"}
 WEATHER = {"type": "object", "properties": {"city": {"type": "string", "maxLength": 20},
                                             "days": {"type": "integer", "minimum": 1,
                                                      "maximum": 7}},

@@ -31,6 +31,7 @@ from edgeinfer.prompt.toolformat import (
     HERMES,
     HY3,
     KIMI_K2,
+    KIMI_K3,
     LFM2,
     LLAMA3,
     MINICPM5,
@@ -146,6 +147,17 @@ CASES: list[tuple[ToolFormat, str, str, list[tuple[str, object]]]] = [
                      '"get_weather",\n        "parameters": {\n            "city": "Paris"\n'
                      '        }\n    },\n    {"tool_name": "get_time", "parameters": {}}\n]```\n',
      "I will look it up.", [("get_weather", {"city": "Paris"}), ("get_time", {})]),
+    (KIMI_K3, 'Hello!<|close|>response<|sep|><|open|>tools<|sep|><|open|>call tool="get_weather" '
+              'index="1"<|sep|><|open|>argument key="city" type="string"<|sep|>Paris'
+              '<|close|>argument<|sep|><|open|>argument key="days" type="number"<|sep|>3'
+              '<|close|>argument<|sep|><|open|>argument key="opts" type="object"<|sep|>'
+              '{"unit": "c"}<|close|>argument<|sep|><|close|>call<|sep|><|open|>call '
+              'tool="get_time" index="2"<|sep|><|close|>call<|sep|><|close|>tools<|sep|>'
+              '<|close|>message<|sep|>',
+     "Hello!", [("get_weather", {"city": "Paris", "days": 3, "opts": {"unit": "c"}}),
+                ("get_time", {})]),
+    (KIMI_K3, "<|open|>response<|sep|>Just text.<|close|>response<|sep|><|close|>message<|sep|>",
+     "Just text.", []),
     (GIGACHAT3, 'Sure.<|message_sep|>\n\nfunction call<|role_sep|>\n{"name": "get_weather", '
                 '"arguments": {"city": "Paris", "days": 3}}',
      "Sure.", [("get_weather", {"city": "Paris", "days": 3})]),
