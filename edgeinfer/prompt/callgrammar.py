@@ -14,11 +14,10 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from edgeinfer.prompt.grammar import _rename_rules, schema_to_gbnf
+from edgeinfer.prompt.grammar import _rename_rules, lit, schema_to_gbnf
 from edgeinfer.prompt.grammar import tool_calls_gbnf as json_calls_gbnf
-from edgeinfer.prompt.toolformat import GENERIC, TAGS, Tags, ToolFormat
+from edgeinfer.prompt.toolformat import GENERIC, MINIMAX_NS, TAGS, Tags, ToolFormat
 
-M3_NS = "]<]minimax[>["  # MiniMax M3's namespace token (``edgeinfer.prompt.nestedargs``)
 MAX_NESTING = 4  # M3's objects and lists nested this deep as elements, deeper as JSON
 HARMONY_CALL = "<|channel|>commentary to=functions."
 HARMONY_ARGS = " <|constrain|>json<|message|>"
@@ -31,11 +30,6 @@ g-obj ::= "{" (g-key ":" g-val ("," g-key ":" g-val){0,16})? "}"
 g-arr ::= "[" (g-val ("," g-val){0,16})? "]"
 g-key ::= [a-zA-Z_] [a-zA-Z0-9_]{0,63}
 '''
-
-
-def lit(text: str) -> str:
-    """A GBNF string literal."""
-    return json.dumps(text, ensure_ascii=False)
 
 
 def _text_rule(prop: dict[str, Any]) -> str:
@@ -129,7 +123,7 @@ def _nested(prefix: str, parameters: dict[str, Any], param: str, depth: int) -> 
         prop = _with_defs(props[key], parameters)
         expr, more = _nested_value(f"{prefix}v{j}-", prop, param, depth)
         rules += more
-        items.append((f"{lit(f'{M3_NS}<{key}>')} {expr} {lit(f'{M3_NS}</{key}>')}",
+        items.append((f"{lit(f'{MINIMAX_NS}<{key}>')} {expr} {lit(f'{MINIMAX_NS}</{key}>')}",
                       key in required))
     return _sequence(items, prefix, "") + rules
 
@@ -154,7 +148,7 @@ def _nested_value(prefix: str, prop: dict[str, Any], param: str, depth: int
         top, least = prop.get("maxItems"), prop.get("minItems")
         hi = max(0, min(top, 16)) if isinstance(top, int) else 16
         lo = max(0, min(least, hi)) if isinstance(least, int) else 0
-        tag = f"{lit(f'{M3_NS}<item>')} {item} {lit(f'{M3_NS}</item>')}"
+        tag = f"{lit(f'{MINIMAX_NS}<item>')} {item} {lit(f'{MINIMAX_NS}</item>')}"
         return f"({tag}){{{lo},{hi}}}", more
     expr, rules = _value(prefix, prop, param, False)
     return expr, [rules] if rules else []
@@ -164,15 +158,12 @@ def _tagged(tags: Tags, key: str, expr: str, text: bool = True) -> str:
     """One tagged parameter: Qwen3-Coder's values on lines of their own, the others'
     inline, with the optional line breaks their templates write between the tags
     (``text``: a string parameter, which DeepSeek's DSML marks ``string="true"``)."""
-    others = tags.key_close_others
-    if not text and others:  # DSML's string="false", Kimi K3's type="number" ...
-        close = others[0] if len(others) == 1 else None
-        if close is None:
-            alts = " | ".join(lit(c) for c in others)
-            return (f'"\\n"? {lit(tags.key_open + key)} ({alts}) {expr} '
-                    f"{lit(tags.value_close)}")
-    else:
-        close = tags.key_close
+    # DSML's string="false", Kimi K3's type="number" ...: a value that is not text
+    closes = tags.key_close_others if not text and tags.key_close_others else (tags.key_close,)
+    if len(closes) > 1:
+        alts = " | ".join(lit(c) for c in closes)
+        return f'"\\n"? {lit(tags.key_open + key)} ({alts}) {expr} {lit(tags.value_close)}'
+    close = closes[0]
     if tags.newlines:
         return (f"{lit(tags.key_open + key + close + chr(10))} {expr} "
                 f"{lit(chr(10) + tags.value_close + chr(10))}")

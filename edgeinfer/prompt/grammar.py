@@ -290,7 +290,7 @@ def _call_schema(name: str, parameters: dict[str, Any], fmt: ToolFormat
     return schema, order
 
 
-def _lit(text: str) -> str:
+def lit(text: str) -> str:
     """A GBNF string literal (``""`` for none)."""
     return json.dumps(text, ensure_ascii=False)
 
@@ -309,7 +309,7 @@ def tool_calls_gbnf(tools: list[tuple[str, dict[str, Any]]], max_calls: int,
         alts.append(f"t{i}-root")
     obj = f"({' | '.join(alts)})"
     n = max(1, min(max_calls, fmt.max_calls))
-    opening, closing = _lit(fmt.open), _lit(fmt.close)
+    opening, closing = lit(fmt.open), lit(fmt.close)
     if fmt.listed:
         more = f' ("," space-c call){{0,{n - 1}}}' if n > 1 else ""
         # Cohere writes each call on a line of its own, indented: "[\n    {...},\n    {...}\n]"

@@ -24,9 +24,10 @@ import re
 from dataclasses import dataclass
 from typing import Any
 
+from edgeinfer.prompt.toolformat import MINIMAX_NS
 from edgeinfer.prompt.xmlargs import json_value
 
-NS = "]<]minimax[>["
+NS = MINIMAX_NS
 MAX_DEPTH = 16
 _TAG = re.compile(re.escape(NS) + r"<(/?)([^<>/\s][^<>]{0,255})>")
 

@@ -256,11 +256,12 @@ HY3 = ToolFormat("hy3", "", syntax="named", args="hy3", block_open="<tool_calls:
                 name_end="<tool_sep:opensource>", call_close="</tool_call:opensource>")
 MINICPM5 = ToolFormat("minicpm5", "", syntax="named", args="minicpm5",
                      call_open='<function name="', name_end='">', call_close="</function>")
-_NS = "]<]minimax[>["  # MiniMax M3's namespace token, before each of its tags
+MINIMAX_NS = "]<]minimax[>["  # MiniMax M3's namespace token, before each of its tags
 MINIMAX_M3 = ToolFormat("minimax_m3", "", syntax="named", args="nested",
-                        block_open=_NS + "<tool_call>", block_close=_NS + "</tool_call>",
-                        call_open=_NS + '<invoke name="', name_end='">',
-                        call_close=_NS + "</invoke>")
+                        block_open=MINIMAX_NS + "<tool_call>",
+                        block_close=MINIMAX_NS + "</tool_call>",
+                        call_open=MINIMAX_NS + '<invoke name="', name_end='">',
+                        call_close=MINIMAX_NS + "</invoke>")
 FUNCTIONARY_V32 = ToolFormat("functionary_v32", "", syntax="named", call_open=">>>",
                              name_end="\n", prompt_opens=True, text_name="all")
 KIMI_K3 = ToolFormat("kimi_k3", "", syntax="named", args="k3",
@@ -294,7 +295,7 @@ SIGNS: tuple[tuple[tuple[str, ...], ToolFormat], ...] = (
     (("<|tool_call:begin|>", "<|tool_call:name|>"), SOLAR_OPEN),
     (("<|open|>", "<|close|>", "<|end_of_msg|>"), KIMI_K3),
     ((">>>all", ">>>${recipient}"), FUNCTIONARY_V32),
-    ((_NS, "<invoke name="), MINIMAX_M3),
+    ((MINIMAX_NS, "<invoke name="), MINIMAX_M3),
     (("<|tool_calls_section_begin|>", "<|tool_call_begin|>"), KIMI_K2),
     (("<|tool_call>call:",), GEMMA4),
     (("<|tool_list_start|>",), LFM2),
