@@ -238,6 +238,10 @@ class CallParser:
         o = self._obj
         assert o is not None
         o.scan(self._buf)
+        if o.name is not None and o.name == self.fmt.decline:  # (Command R+) no call
+            if o.done:
+                self._buf, self._mode, self._obj = self._buf[o.pos:], "calls", None
+            return o.done
         if o.name is not None and not self._announced and (o.args_start >= 0 or o.done):
             out.append(CallOpen(self.num_calls, new_call_id(self.fmt.id_length), o.name))
             self._announced = True

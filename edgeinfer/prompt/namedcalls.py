@@ -111,15 +111,17 @@ class NamedCallParser:
     ``finish`` at the end of the output."""
 
     def __init__(self, fmt: ToolFormat, types: dict[str, dict[str, str]] | None = None,
-                 schemas: dict[str, dict[str, Any]] | None = None) -> None:
+                 schemas: dict[str, dict[str, Any]] | None = None,
+                 opened: bool = True) -> None:
         self.fmt = fmt
         self.types = types or {}
         self.schemas = schemas or {}  # each tool's parameters schema (MiniMax M3 reads it)
         self.num_calls = 0
         self._buf = ""
         # text | between | id | name | rest | args | close (Functionary: the output opens
-        # a name)
-        self._mode = "name" if fmt.prompt_opens else "text"
+        # a name, unless ``opened`` is false: an assistant prefill continues its text)
+        self._mode = "name" if fmt.prompt_opens and opened else "text"
+        self._pending = False  # (text_name formats) a call's name read, its "{" not yet
         self._held = ""  # markers consumed since the text (given back if no call follows)
         self._name = ""
         self._reader: ArgsReader | None = None
@@ -211,7 +213,8 @@ class NamedCallParser:
                 name = name[:len(name) - partial_suffix(name, fmt.id_marker)]
         bad_end = not fmt.name_end and at != -1 and buf[at] not in "\r\n<"
         if (_NAME.fullmatch(name.strip()) is None or bad_end
-                or len(name) > _MAX_NAME + len(fmt.name_prefix)):
+                or len(name) > _MAX_NAME + len(fmt.name_prefix)
+                or fmt.text_name and not self._offered(name.strip(), at != -1)):
             self._give_back(out)  # not a call: the markers and what follows are text
             return True
         if at == -1:
@@ -223,11 +226,37 @@ class NamedCallParser:
         if not self._name:
             self._give_back(out)
             return True
-        out.append(CallOpen(self.num_calls, new_call_id(fmt.id_length), self._name))
+        if fmt.text_name:  # (Functionary) a call only once its arguments open
+            self._held += buf[:at + len(fmt.name_end)]
+            self._pending = True
+        else:
+            out.append(CallOpen(self.num_calls, new_call_id(fmt.id_length), self._name))
         self._buf = buf[at + len(fmt.name_end):]
         self._reader = make_args_reader(fmt, self._name, self.types, self.schemas)
-        self._mode, self._held = "rest" if fmt.name_rest else "args", ""
+        self._mode = "rest" if fmt.name_rest else "args"
+        self._held = self._held if self._pending else ""
         return True
+
+    def _offered(self, name: str, whole: bool) -> bool:
+        """(Formats whose free text may look like a call: Functionary's ``>>>WORD``) whether
+        ``name`` is, or while ``whole`` is false may become, an offered tool's name or the
+        text's recipient."""
+        names = (*self.types, self.fmt.text_name)
+        return name in names if whole else any(n.startswith(name) for n in names)
+
+    def _opens(self, out: list[Event]) -> bool | None:
+        """(A pending call) True: its JSON arguments open, the call is announced; False:
+        they do not, the name and what follows are text; None: not known yet."""
+        head = self._buf.lstrip(" \t\r\n")
+        if not head:
+            return None
+        self._pending = False
+        if head[0] == "{":
+            out.append(CallOpen(self.num_calls, new_call_id(self.fmt.id_length), self._name))
+            return True
+        out.append(Content(self._held))
+        self._held, self._mode, self._reader = "", "text", None
+        return False
 
     def _rest(self, out: list[Event]) -> bool:
         """Kimi K3: the call's header after its name (attributes), up to ``name_rest``."""
@@ -244,6 +273,8 @@ class NamedCallParser:
 
     def _args(self, out: list[Event]) -> bool:
         assert self._reader is not None
+        if self._pending and not self._opens(out):
+            return self._mode == "text"
         try:
             text, used, done = self._reader.feed(self._buf)
         except ValueError:  # not arguments: the call has none, what follows is text
@@ -295,6 +326,9 @@ class NamedCallParser:
                     or self._mode == "text" and rest and any(
                         m.startswith(rest) for m in (fmt.call_open, fmt.block_open) if m)):
             pass
+        elif self._pending:  # a name, and no arguments: text unless the output ran out
+            if not cut or rest.strip():
+                out.append(Content(self._held + rest))
         elif self._mode in ("rest", "args") and self._reader is not None:
             tail = self._reader.finish()
             if tail:

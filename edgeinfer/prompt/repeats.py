@@ -7,7 +7,8 @@ twice, a call with side effects would act twice. The first call streams as it is
 passed on, renumbered, only when it is new. After a repeat nothing more of the output is
 passed on (``ended``: the caller may stop generating). A later call cut off by the end of
 the output (``max_tokens``) is passed on as far as it was written, unless what was written
-starts an earlier call again. Blank text around calls is not content.
+starts an earlier call again. Blank text around calls is not content, except where text
+follows on both sides (then it is kept, streamed or whole).
 """
 
 from __future__ import annotations
@@ -54,6 +55,7 @@ class RepeatFilter:
         self._call: _Call | None = None
         self._blank = ""  # blank text held: content only if more text follows
         self._text_after = False  # text was passed on after the last call
+        self._said = False  # text was passed on
 
     def feed(self, events: list[Part]) -> list[Part]:
         out: list[Part] = []
@@ -71,7 +73,8 @@ class RepeatFilter:
             if self.ended:
                 break
             if isinstance(e, CallOpen):
-                self._blank = ""
+                if not self._said:  # (else the blank stays held: text may follow the call)
+                    self._blank = ""
                 self._open(e, out)
             elif isinstance(e, Content):
                 self._content(e, out)
@@ -95,11 +98,15 @@ class RepeatFilter:
         return out
 
     def _content(self, e: Content, out: list[Part]) -> None:
-        if not e.text.strip():
+        body = e.text.rstrip()
+        if not body:
             self._blank += e.text
             return
-        out.append(Content(self._blank + e.text) if self._blank else e)
-        self._blank = ""
+        # the trailing blank is held, whether it comes in this piece or the next one, so a
+        # streamed answer and a whole one agree on the blank beside a call
+        out.append(Content(self._blank + body) if self._blank or body != e.text else e)
+        self._blank = e.text[len(body):]
+        self._said = True
         self._text_after = self.num_calls > 0
 
     def _open(self, e: CallOpen, out: list[Part]) -> None:

@@ -23,7 +23,8 @@ JSON formats (``syntax = "json"``) write calls as JSON objects ``{"name": ...,
   ``<|message_sep|>\n\nfunction call<|role_sep|>\n{"name": ..., "arguments": {...}}``;
   ``gigachat3_1``: GigaChat 3.1: ``<|function_call|>{...}`` after the answer.
 - ``command_r_plus``: Command R+ (its tool_use template): ``Action:`` and a json code
-  fence around ``[{"tool_name": ..., "parameters": {...}}, ...]``.
+  fence around ``[{"tool_name": ..., "parameters": {...}}, ...]``; its template asks for
+  a ``directly-answer`` action when no tool is needed, which is no call.
 - ``generic``: any other template: the tools go in a system message and the calls in
   the Hermes syntax (the model was not trained on it; a grammar keeps calls valid).
 
@@ -158,6 +159,7 @@ class ToolFormat:
     prompt_opens: bool = False
     text_name: str = ""
     message_end: str = ""  # json: what ends the model's message, not text (GigaChat 3)
+    decline: str = ""  # json: a call to this name answers without tools (not a call)
     name_rest: str = ""  # named: what ends a call's header after the name (Kimi K3's)
     noise: tuple[str, ...] = ()  # named: markup around the answer's text, dropped from it
 
@@ -216,7 +218,8 @@ GIGACHAT3 = ToolFormat("gigachat3", "<|message_sep|>\n\nfunction call<|role_sep|
                        max_calls=1, message_end="<|message_sep|>")
 GIGACHAT3_1 = ToolFormat("gigachat3_1", "<|function_call|>", max_calls=1)
 COMMAND_R_PLUS = ToolFormat("command_r_plus", "Action:\n```json\n", "```", listed=True,
-                            name_key="tool_name", args_key="parameters")
+                            name_key="tool_name", args_key="parameters",
+                            decline="directly-answer")
 MISTRAL_ARGS = ToolFormat("mistral_args", "", syntax="named", call_open="[TOOL_CALLS]",
                           name_end="[ARGS]", id_marker="[CALL_ID]", id_length=9)
 _DS = ("<｜tool▁calls▁begin｜>", "<｜tool▁calls▁end｜>", "<｜tool▁call▁begin｜>",

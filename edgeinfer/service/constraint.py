@@ -38,8 +38,10 @@ def _grammar(vocab: Any, c: Constraint, fmt: ToolFormat) -> tuple[str | None, tu
     # parallel: the same tool may be called again (calls that repeat are dropped as read)
     calls = MAX_PARALLEL_CALLS if c.parallel_tool_calls and not named else 1
     lazy = c.tool_choice == "auto" and answer is None  # started by the format's trigger
-    gbnf = tool_calls_gbnf([(t.name, t.parameters) for t in chosen], calls, fmt=fmt,
-                           lazy=lazy)
+    offered = [(t.name, t.parameters) for t in chosen]
+    if lazy and fmt.decline:  # (Command R+) the template's way of calling no tool
+        offered.append((fmt.decline, {"type": "object", "properties": {}}))
+    gbnf = tool_calls_gbnf(offered, calls, fmt=fmt, lazy=lazy)
     check_generated(vocab, gbnf, "tools")
     if c.tool_choice != "auto":  # a forced call: the answer's format is for a later turn
         return gbnf, ()

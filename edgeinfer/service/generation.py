@@ -207,7 +207,8 @@ def reading_for(served: ServedModel, req: GenerateRequest, prompt_tail: str) -> 
         in_thought=markers is not None and starts_in_thought(prompt_tail, markers),
         harmony=fmt.syntax == "harmony" and (offers or thoughts), harmony_thoughts=thoughts,
         types=parameter_types(req.constraint.tools) if offers else {},
-        schemas=parameter_schemas(req.constraint.tools) if offers else {})
+        schemas=parameter_schemas(req.constraint.tools) if offers else {},
+        opened=not fmt.prompt_opens or prompt_tail.endswith(fmt.call_open))
 
 
 async def _conversation(served: ServedModel, prompt: list[int], output: str) -> list[int]:

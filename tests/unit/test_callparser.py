@@ -143,10 +143,19 @@ CASES: list[tuple[ToolFormat, str, str, list[tuple[str, object]]]] = [
     (FUNCTIONARY_V32, 'get_weather\n{"city": "Paris"}', "", [("get_weather", {"city": "Paris"})]),
     (FUNCTIONARY_V32, "all\nIt is 3 >>> 2, and a >>>b c.", "It is 3 >>> 2, and a >>>b c.", []),
     (FUNCTIONARY_V32, "Hello there, no recipient.", "Hello there, no recipient.", []),
+    # a recipient that is no offered tool, or a message that is not JSON: text (a REPL)
+    (FUNCTIONARY_V32, "all\nIn a REPL:\n>>>print\n(1)\n", "In a REPL:\n>>>print\n(1)", []),
+    (FUNCTIONARY_V32, "all\nSee:\n>>>get_time\nnow", "See:\n>>>get_time\nnow", []),
+    (FUNCTIONARY_V32, "python\nprint(1)", "python\nprint(1)", []),
     (COMMAND_R_PLUS, 'I will look it up.\nAction:\n```json\n[\n    {\n        "tool_name": '
                      '"get_weather",\n        "parameters": {\n            "city": "Paris"\n'
                      '        }\n    },\n    {"tool_name": "get_time", "parameters": {}}\n]```\n',
      "I will look it up.", [("get_weather", {"city": "Paris"}), ("get_time", {})]),
+    # its template's "directly-answer" action is no call
+    (COMMAND_R_PLUS, 'Action:\n```json\n[\n    {\n        "tool_name": "directly-answer",\n'
+                     '        "parameters": {}\n    }\n]```\n', "", []),
+    (COMMAND_R_PLUS, 'Action:\n```json\n[{"tool_name": "directly-answer", "parameters": {}}, '
+                     '{"tool_name": "get_time", "parameters": {}}]```', "", [("get_time", {})]),
     (KIMI_K3, 'Hello!<|close|>response<|sep|><|open|>tools<|sep|><|open|>call tool="get_weather" '
               'index="1"<|sep|><|open|>argument key="city" type="string"<|sep|>Paris'
               '<|close|>argument<|sep|><|open|>argument key="days" type="number"<|sep|>3'
@@ -261,7 +270,7 @@ CASES: list[tuple[ToolFormat, str, str, list[tuple[str, object]]]] = [
     (HARMONY, "Plain text from a model that forgot its channels.",
      "Plain text from a model that forgot its channels.", []),
 ]
-TYPES = {"get_weather": {"city": "string", "days": "integer"}}
+TYPES = {"get_weather": {"city": "string", "days": "integer"}, "get_time": {}}
 
 
 def parse(fmt: ToolFormat, pieces: list[str]) -> tuple[str, list[tuple[str, object]], list[str]]:
@@ -562,3 +571,15 @@ def test_line_breaks_after_the_calls_go_streamed_or_whole(fmt: ToolFormat, call:
         text = "Before.\n" + call + tail
         whole = parse(fmt, [text])[:2]
         assert whole == parse(fmt, list(text))[:2] == (want, [("get_time", {})])
+
+
+def test_functionary_after_an_assistant_prefill_continues_its_text() -> None:
+    """Functionary's generation prompt opens a recipient (``>>>``), so its output starts with
+    a name; a prompt that ends inside a prefilled assistant message does not, and what
+    follows is the message's text (it was read as a call to the first word)."""
+    text = 'get_weather\n{"city": "Paris"}'
+    p = call_parser(FUNCTIONARY_V32, TYPES, opened=False)
+    events = p.feed(text) + p.finish()
+    assert "".join(e.text for e in events if isinstance(e, Content)) == text
+    assert not [e for e in events if isinstance(e, CallOpen)]
+    assert parse(FUNCTIONARY_V32, [text])[1] == [("get_weather", {"city": "Paris"})]

@@ -123,3 +123,21 @@ def test_functionarys_calls_start_with_the_name_the_prompt_opened(
                                             fmt=FUNCTIONARY_V32)
     assert triggers == (">>>get_time", ">>>get_date")
     assert lazy is not None and lazy.startswith("root ::= inner")
+
+
+def test_command_r_plus_may_decline_under_auto(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Command R+'s template asks for a ``directly-answer`` action when no tool is needed:
+    under "auto" the grammar allows it (it listed only the offered tools, so "auto" acted
+    as "required"), a forced call does not."""
+    from edgeinfer.prompt.toolformat import COMMAND_R_PLUS
+    from edgeinfer.prompt.tools import ToolSpec
+    from edgeinfer.service import constraint
+    from edgeinfer.service.request import Constraint
+    monkeypatch.setattr(constraint, "check_generated", lambda *a: None)
+    tools = (ToolSpec("get_time", "", {"type": "object", "properties": {}}),)
+    lazy, _ = constraint.grammar_for(None, Constraint(tools=tools, tool_choice="auto"),
+                                     fmt=COMMAND_R_PLUS)
+    forced, _ = constraint.grammar_for(None, Constraint(tools=tools, tool_choice="required"),
+                                       fmt=COMMAND_R_PLUS)
+    assert lazy is not None and "directly-answer" in lazy and "get_time" in lazy
+    assert forced is not None and "directly-answer" not in forced

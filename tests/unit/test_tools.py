@@ -122,3 +122,28 @@ def test_a_past_call_with_arguments_nested_too_deep_for_json_stays_text() -> Non
     for fmt in (GENERIC, HERMES, KIMI_K2):
         out, _ = prepare_messages(msgs, (), fmt)
         assert args in json.dumps(out) or args in str(out), fmt.name
+
+
+def test_text_around_a_call_keeps_its_blank_streamed_or_whole() -> None:
+    """Text before and after a call is not glued together when the answer streams: the
+    blank between them is held across the call (it was dropped when the call opened,
+    so a streamed 'Checking.' and 'After.' became 'Checking.After.')."""
+    from edgeinfer.engine.delta import Delta
+    from edgeinfer.prompt.toolformat import QWEN3_CODER
+    from edgeinfer.service.events import TextDelta, ToolCallDelta
+    from edgeinfer.service.reader import ChoiceReader, Reading
+    for fmt, call in ((HERMES, '<tool_call>{"name": "t", "arguments": {}}</tool_call>'),
+                      (QWEN3_CODER, "<tool_call>\n<function=t>\n</function>\n</tool_call>")):
+        for text, want in (("Checking.\nCALL\nAfter.", "Checking.\nAfter."),
+                           ("Checking.\n\nCALL\n\nAfter.", "Checking.\n\nAfter."),
+                           ("Checking. CALL After.", "Checking.  After."),
+                           ("Checking.\nCALL\n", "Checking."),
+                           ("\nCALL\nChecking.\n", "Checking.")):
+            text = text.replace("CALL", call)
+            for pieces in ([text], list(text)):
+                reader = ChoiceReader(0, Reading(tools=fmt))
+                events = [e for k, p in enumerate(pieces) for e in reader.read(Delta(
+                    p, finish_reason="stop" if k == len(pieces) - 1 else None))]
+                assert "".join(e.text for e in events if isinstance(e, TextDelta)) == want
+                assert [e.name for e in events if isinstance(e, ToolCallDelta) and e.name] \
+                    == ["t"]
