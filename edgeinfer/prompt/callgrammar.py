@@ -98,6 +98,9 @@ def _params(prefix: str, parameters: dict[str, Any], param: str, args: str) -> l
     items, rules = [], []
     for j, key in enumerate(names):
         prop = _with_defs(props[key], parameters)
+        if args == "k3" and prop.get("type") == "string":  # Kimi K3 writes any string raw,
+            # type="string" (a pattern's or format's text is not checked)
+            prop = {k: v for k, v in prop.items() if k not in ("pattern", "format", "const")}
         expr, more = _value(f"{prefix}v{j}-", prop, param, gemma)
         rules.append(more)
         if gemma:
@@ -228,6 +231,8 @@ def named_calls_gbnf(tools: list[tuple[str, dict[str, Any]]], max_calls: int,
     if fmt.prompt_opens and not lazy:  # Functionary: the prompt wrote the first ">>>"
         rules.append(f"first ::= ({alts}){close}")
         calls = f"first inner{{0,{n - 1}}}"
+    if fmt.noise and not lazy:  # Kimi K3: the template's empty answer before the calls
+        calls = f"{lit(fmt.noise[0] + fmt.noise[1])}? {calls}"
     if lazy and len(fmt.triggers) > 1:
         calls = f"({calls}) | {bare}"
     extra = _GEMMA_VALUE if fmt.args == "gemma" else ""

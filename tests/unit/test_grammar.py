@@ -141,3 +141,19 @@ def test_command_r_plus_may_decline_under_auto(monkeypatch: pytest.MonkeyPatch) 
                                        fmt=COMMAND_R_PLUS)
     assert lazy is not None and "directly-answer" in lazy and "get_time" in lazy
     assert forced is not None and "directly-answer" not in forced
+
+
+def test_kimi_k3_forced_calls_follow_its_template() -> None:
+    """Kimi K3's template writes an empty answer (``response`` tags) before the calls, and
+    every string parameter raw with type="string", one with a pattern or format too."""
+    from edgeinfer.prompt.callgrammar import tool_calls_gbnf
+    from edgeinfer.prompt.toolformat import KIMI_K3
+    params = {"type": "object", "properties": {"day": {"type": "string", "format": "date"},
+                                               "n": {"type": "integer"}}, "required": ["day"]}
+    forced = tool_calls_gbnf([("f", params)], 1, fmt=KIMI_K3)
+    assert forced.startswith(
+        'root ::= "<|open|>response<|sep|><|close|>response<|sep|>"? "<|open|>tools<|sep|>"')
+    assert 'key=\\"day\\" type=\\"string\\"<|sep|>" [^<]' in forced
+    assert 'key=\\"n" ("\\" type=\\"number\\"<|sep|>"' in forced
+    lazy = tool_calls_gbnf([("f", params)], 1, fmt=KIMI_K3, lazy=True)
+    assert lazy.startswith('root ::= ("<|open|>tools<|sep|>"')
