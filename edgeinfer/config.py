@@ -45,7 +45,7 @@ _MODEL_KEYS = {
 TOOL_FORMATS = tuple("""auto hermes llama3 mistral granite nemotron firefunction mistral_args
 deepseek_v3 deepseek_r1 qwen3_coder seed_oss glm minimax gemma4 harmony lfm2 kimi_k2 dsml
 dsml_v4 command_r apriel minimax_m1 apertus hy3 minicpm5 gigachat3 gigachat3_1 solar_open
-minimax_m3 functionary_v32 command_r_plus kimi_k3 generic""".split())
+minimax_m3 functionary_v32 command_r_plus kimi_k3 muse_glimmer generic""".split())
 REASONING_FORMATS = ("auto", "deepseek", "none")  # see edgeinfer.prompt.reasoning
 TAGS = {"chat", "completion", "code", "tools", "reasoning"}
 KV_CACHE_TYPES = ("f16", "bf16", "f32", "q8_0", "q4_0")  # engine.kv sizes them

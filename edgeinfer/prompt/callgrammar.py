@@ -99,8 +99,11 @@ def _params(prefix: str, parameters: dict[str, Any], param: str, args: str) -> l
     for j, key in enumerate(names):
         prop = _with_defs(props[key], parameters)
         if args == "k3" and prop.get("type") == "string":  # Kimi K3 writes any string raw,
-            # type="string" (a pattern's or format's text is not checked)
+            # type="string" (a pattern's or format's text is not checked; a const is kept)
+            const = prop.get("const")
             prop = {k: v for k, v in prop.items() if k not in ("pattern", "format", "const")}
+            if isinstance(const, str):
+                prop["enum"] = [const]
         expr, more = _value(f"{prefix}v{j}-", prop, param, gemma)
         rules.append(more)
         if gemma:
@@ -220,7 +223,15 @@ def named_calls_gbnf(tools: list[tuple[str, dict[str, Any]]], max_calls: int,
     call_id = f' [a-zA-Z0-9_-]{{1,40}} {lit(fmt.id_marker)}' if fmt.id_first else ""
     rules.append(f"inner ::= {lit(fmt.call_open)}{call_id} ({alts}){close}")
     bare = f'inner ("\\n"? inner){{0,{n - 1}}}'
-    if fmt.block_each:  # Qwen3-Coder, Seed-OSS: each call in its own block
+    if fmt.messages:  # Muse Glimmer: each call a message to its tool, headed " to=NAME"
+        end, head_open, head_close = fmt.messages
+        rules.append(f'head ::= " to=" [a-zA-Z0-9_.:-]{{1,64}} {lit(head_close)}')
+        rules.append(f'call ::= {lit(fmt.block_open)} "\\n"? inner "\\n"? '
+                     f"{lit(fmt.block_close)}")
+        more = f"({lit(end + head_open)} head call){{0,{n - 1}}}"
+        first = "" if lazy else "head " if fmt.prompt_opens else f"{lit(end + head_open)} head "
+        calls = f"{first}call {more}"  # (the prompt opened the first message's header)
+    elif fmt.block_each:  # Qwen3-Coder, Seed-OSS: each call in its own block
         rules.append(f"call ::= {lit(fmt.block_open + chr(10))} inner "
                      f"{lit(chr(10) + fmt.block_close)}")
         calls = f'call ("\\n"? call){{0,{n - 1}}}'
@@ -228,10 +239,12 @@ def named_calls_gbnf(tools: list[tuple[str, dict[str, Any]]], max_calls: int,
         calls = f'{lit(fmt.block_open)} "\\n"? {bare} "\\n"? {lit(fmt.block_close)}'
     else:
         calls = bare  # GLM 4.6: a line break before each call
-    if fmt.prompt_opens and not lazy:  # Functionary: the prompt wrote the first ">>>"
+    if fmt.prompt_opens and not fmt.messages and not lazy:  # Functionary: the prompt wrote
+        # the first ">>>"
         rules.append(f"first ::= ({alts}){close}")
         calls = f"first inner{{0,{n - 1}}}"
-    if fmt.noise and not lazy:  # Kimi K3: the template's empty answer before the calls
+    if fmt.noise and fmt.name_rest and not lazy:  # Kimi K3: the template's empty answer
+        # before the calls
         calls = f"{lit(fmt.noise[0] + fmt.noise[1])}? {calls}"
     if lazy and len(fmt.triggers) > 1:
         calls = f"({calls}) | {bare}"

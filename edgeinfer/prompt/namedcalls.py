@@ -29,6 +29,7 @@ from edgeinfer.prompt.callparser import (
 from edgeinfer.prompt.toolformat import TAGS, ToolFormat
 
 _NAME = re.compile(r"[A-Za-z0-9_.:-]*")
+_RECIPIENT = re.compile(r"to=[^<\s]{0,128}")  # (Muse Glimmer) a message header's recipient
 _MAX_NAME = 128
 
 
@@ -111,16 +112,15 @@ class NamedCallParser:
     ``finish`` at the end of the output."""
 
     def __init__(self, fmt: ToolFormat, types: dict[str, dict[str, str]] | None = None,
-                 schemas: dict[str, dict[str, Any]] | None = None,
-                 opened: bool = True) -> None:
+                 schemas: dict[str, dict[str, Any]] | None = None) -> None:
         self.fmt = fmt
         self.types = types or {}
         self.schemas = schemas or {}  # each tool's parameters schema (MiniMax M3 reads it)
         self.num_calls = 0
         self._buf = ""
-        # text | between | id | name | rest | args | close (Functionary: the output opens
-        # a name, unless ``opened`` is false: an assistant prefill continues its text)
-        self._mode = "name" if fmt.prompt_opens and opened else "text"
+        # text | header | between | id | name | rest | args | close (where the prompt
+        # opened a call: Functionary's output starts with a name, Muse Glimmer's in a header)
+        self._mode = ("header" if fmt.messages else "name") if fmt.prompt_opens else "text"
         self._pending = False  # (text_name formats) a call's name read, its "{" not yet
         self._held = ""  # markers consumed since the text (given back if no call follows)
         self._name = ""
@@ -135,7 +135,7 @@ class NamedCallParser:
             if not self._buf:
                 return False
             self._after_close = False
-        buf, marks = self._buf, (*self._openers, *self.fmt.noise)
+        buf, marks = self._buf, (*self._openers, *self.fmt.noise, *self.fmt.messages[1:2])
         hits = [(buf.find(m), m) for m in marks if m in buf]
         if not hits:
             keep = max(partial_suffix(buf, m) for m in marks)
@@ -149,7 +149,25 @@ class NamedCallParser:
         if mark in self.fmt.noise:  # Kimi K3's tags around the answer: dropped
             self._buf = buf[at + len(mark):]
             return True
+        if mark in self.fmt.messages:  # a message header opens (Muse Glimmer)
+            self._buf, self._mode = buf[at + len(mark):], "header"
+            return True
         self._buf, self._mode, self._held = buf[at:], "between", ""
+        return True
+
+    def _header(self, out: list[Event]) -> bool:
+        """(Muse Glimmer) A message header: `` to=RECIPIENT<|message|>``, dropped; what
+        does not read as one is text."""
+        close = self.fmt.messages[2]
+        head = self._buf.lstrip(" \t\r\n")
+        found = _RECIPIENT.match(head)
+        rest = head[found.end():] if found is not None else ""
+        if found is None and "to=".startswith(head) or found is not None and (
+                close.startswith(rest) and rest != close or not rest):
+            return False  # more to come
+        self._mode = "text"
+        if found is not None and rest.startswith(close):
+            self._buf = rest[len(close):]
         return True
 
     def _between(self, out: list[Event]) -> bool:
@@ -177,8 +195,8 @@ class NamedCallParser:
 
     def _give_back(self, out: list[Event]) -> None:
         """What looked like the start of calls was text."""
-        if self._held and not self.num_calls:
-            out.append(Content(self._held))
+        if self._held and (not self.num_calls or self.fmt.text_name):  # (Functionary's
+            out.append(Content(self._held))  # held ">>>" is text, after calls too)
         self._held, self._mode = "", "text"
 
     def _name_end(self, buf: str) -> int:
@@ -307,7 +325,8 @@ class NamedCallParser:
     def feed(self, text: str) -> list[Event]:
         self._buf += text
         out: list[Event] = []
-        steps = {"text": self._text, "between": self._between, "id": self._read_id,
+        steps = {"text": self._text, "header": self._header, "between": self._between,
+                 "id": self._read_id,
                  "name": self._read_name, "rest": self._rest, "args": self._args}
         while True:
             changed = self._close() if self._mode == "close" else steps[self._mode](out)
@@ -338,7 +357,7 @@ class NamedCallParser:
             out.append(Content(self._held + rest))
         elif self._mode == "text" and rest:
             out.append(Content(rest))
-        return out
+        return out  # (a message header left unfinished is dropped)
 
 
 def parameter_types(tools: Any) -> dict[str, dict[str, str]]:

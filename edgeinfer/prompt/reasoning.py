@@ -55,10 +55,12 @@ SOLAR_THINK = Markers("<|think|>", "<|end|><|begin|>assistant", "<|begin|>assist
 # Kimi K3: its tags, built by a macro (the prompt opens the block when thinking)
 K3_THINK = Markers("<|open|>think<|sep|>", "<|close|>think<|sep|>", "open_tag('think')")
 APERTUS_INNER = Markers("<|inner_prefix|>", "<|inner_suffix|>")
+# Muse Glimmer: reasoning is a message to "self" (the prompt wrote "<|start|>assistant")
+MUSE_SELF = Markers("to=self<|message|>", "<|eom|>")
 # Apriel 1.6: the prompt opens the reasoning with these words, a marker ends it
 APRIEL_STEPS = Markers("Here are my reasoning steps:\n", "[BEGIN FINAL RESPONSE]")
 KINDS = (MISTRAL_THINK, GEMMA_THOUGHT, COHERE_THINK, HY3_THINK, MM_THINK, SOLAR_THINK,
-         APERTUS_INNER, APRIEL_STEPS, K3_THINK, THINK)
+         APERTUS_INNER, APRIEL_STEPS, K3_THINK, MUSE_SELF, THINK)
 HARMONY_ANALYSIS = "<|channel|>analysis"
 
 

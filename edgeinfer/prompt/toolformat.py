@@ -73,6 +73,10 @@ inside ``block_open ... block_close``:
   answer and ``>>>NAME\n{...}`` a call (the generation prompt writes the first ``>>>``).
 - ``gemma4``: Gemma 4: ``<|tool_call>call:NAME{key:<|"|>text<|"|>,n:3}<tool_call|>``
   (``edgeinfer.prompt.gemmaargs``).
+- ``muse_glimmer``: Muse Glimmer: messages ``<|start|>assistant to=RECIPIENT<|message|>
+  ...<|eom|>`` (the generation prompt writes the first ``<|start|>assistant``): ``self``
+  is reasoning, ``user`` the answer, and a call is a message to its tool, MiniMax's layout
+  in ``atem:`` tags (``<atem:function_calls>``, ``<atem:invoke name=..>``).
 
 ``lfm2`` (LFM2, LFM2.5; ``syntax = "python"``, ``edgeinfer.prompt.pythoncalls``) writes
 Python calls in a list: ``<|tool_call_start|>[get_weather(city='Paris')]<|tool_call_end|>``.
@@ -117,6 +121,8 @@ TAGS = {
     "seed": Tags("<parameter=", ">", "", "</parameter>", "</function>", False),
     "glm": Tags("<arg_key>", "</arg_key>", "<arg_value>", "</arg_value>", "</tool_call>", False),
     "minimax": Tags('<parameter name="', '">', "", "</parameter>", "</invoke>", False),
+    "atem": Tags('<atem:parameter name="', '">', "", "</atem:parameter>", "</atem:invoke>",
+                 False),
     "hy3": Tags("<arg_key:opensource>", "</arg_key:opensource>", "<arg_value:opensource>",
                 "</arg_value:opensource>", "</tool_call:opensource>", False),
     "minicpm5": Tags('<param name="', '">', "", "</param>", "</function>", False, cdata=True),
@@ -154,14 +160,24 @@ class ToolFormat:
     id_first: bool = False  # named: the call's id comes first, ``id_marker`` after it
     name_prefix: str = ""  # named: written before the name (read without it too)
     block_each: bool = False  # named: each call in a block of its own
-    # named: the generation prompt ends with ``call_open`` (the output starts with a name),
-    # and a message to this name is the answer's text, not a call (Functionary's "all")
+    # named: the generation prompt opens the first call (``opening``): the output starts
+    # with a name (Functionary) or inside a message header (Muse Glimmer); a prompt that
+    # does not (an assistant prefill) gets the format with this off
     prompt_opens: bool = False
+    # named: a message to this name is the answer's text, not a call (Functionary's "all")
     text_name: str = ""
     message_end: str = ""  # json: what ends the model's message, not text (GigaChat 3)
     decline: str = ""  # json: a call to this name answers without tools (not a call)
     name_rest: str = ""  # named: what ends a call's header after the name (Kimi K3's)
     noise: tuple[str, ...] = ()  # named: markup around the answer's text, dropped from it
+    # named (Muse Glimmer): (the end of a message others follow, a message header's
+    # opening, its closing): a header (its recipient) is dropped, the output starts in one
+    messages: tuple[str, ...] = ()
+
+    @property
+    def opening(self) -> str:
+        """(``prompt_opens``) What the generation prompt ends with."""
+        return self.messages[1] if self.messages else self.call_open
 
     @property
     def always_read(self) -> bool:
@@ -191,7 +207,8 @@ class ToolFormat:
         """The format's markers (a model may have them as special tokens: their text
         must show in the output for the parser to see them)."""
         found = [self.open, self.close, self.block_open, self.block_close, self.call_open,
-                 self.name_end, self.call_close, self.id_marker, self.name_rest, *self.noise]
+                 self.name_end, self.call_close, self.id_marker, self.name_rest, *self.noise,
+                 *self.messages]
         if self.syntax == "harmony":
             found += ["<|start|>", "<|channel|>", "<|message|>", "<|end|>", "<|constrain|>"]
         if self.args == "gemma":
@@ -273,6 +290,13 @@ KIMI_K3 = ToolFormat("kimi_k3", "", syntax="named", args="k3",
                      call_close="<|close|>call<|sep|>",
                      noise=("<|open|>response<|sep|>", "<|close|>response<|sep|>",
                             "<|close|>message<|sep|>"))
+MUSE_GLIMMER = ToolFormat("muse_glimmer", "", syntax="named", args="atem",
+                          block_open="<atem:function_calls>",
+                          block_close="</atem:function_calls>",
+                          call_open='<atem:invoke name="', name_end='">',
+                          call_close="</atem:invoke>", noise=("<|eom|>", "<|eot|>"),
+                          prompt_opens=True,
+                          messages=("<|eom|>", "<|start|>assistant", "<|message|>"))
 SOLAR_OPEN = ToolFormat("solar_open", "", syntax="named", block_open="<|tool_calls|>",
                         call_open="<|tool_call:begin|>", id_marker="<|tool_call:name|>",
                         id_first=True, name_end="<|tool_call:args|>",
@@ -285,7 +309,7 @@ FORMATS = {f.name: f for f in (HERMES, GENERIC, LLAMA3, MISTRAL, GRANITE, MISTRA
                                FIREFUNCTION, KIMI_K2, DSML, DSML_V4, COMMAND_R, APRIEL,
                                MINIMAX_M1, APERTUS, HY3, MINICPM5, GIGACHAT3,
                                GIGACHAT3_1, SOLAR_OPEN, MINIMAX_M3, FUNCTIONARY_V32,
-                               COMMAND_R_PLUS, KIMI_K3)}
+                               COMMAND_R_PLUS, KIMI_K3, MUSE_GLIMMER)}
 
 
 # (markers a template writes, all of them, -> its format), tried in order after the
@@ -297,6 +321,7 @@ SIGNS: tuple[tuple[tuple[str, ...], ToolFormat], ...] = (
     (("<|role_sep|>", "<|message_sep|>"), GIGACHAT3),
     (("<|tool_call:begin|>", "<|tool_call:name|>"), SOLAR_OPEN),
     (("<|open|>", "<|close|>", "<|end_of_msg|>"), KIMI_K3),
+    (("<atem:function_calls>", "<|eom|>"), MUSE_GLIMMER),
     ((">>>all", ">>>${recipient}"), FUNCTIONARY_V32),
     ((MINIMAX_NS, "<invoke name="), MINIMAX_M3),
     (("<|tool_calls_section_begin|>", "<|tool_call_begin|>"), KIMI_K2),

@@ -232,15 +232,12 @@ class Parser(Protocol):
 
 
 def call_parser(fmt: ToolFormat, types: dict[str, dict[str, str]] | None = None,
-                schemas: dict[str, dict[str, Any]] | None = None,
-                opened: bool = True) -> Parser:
+                schemas: dict[str, dict[str, Any]] | None = None) -> Parser:
     """A streaming parser of ``fmt``'s calls (``types``: the tools' parameter types, see
-    ``parameter_types``; ``schemas``: their parameters schemas, ``parameter_schemas``;
-    ``opened``: for a format whose prompt opens the first call's name, that this prompt
-    did, which an assistant prefill does not).
+    ``parameter_types``; ``schemas``: their parameters schemas, ``parameter_schemas``).
     Its events: Content, CallOpen, CallArgs (and, for Harmony, ``reasoning.Thought``)."""
     if fmt.syntax == "named":
-        return NamedCallParser(fmt, types, schemas, opened)
+        return NamedCallParser(fmt, types, schemas)
     if fmt.syntax == "harmony":
         return HarmonyParser()
     if fmt.syntax == "python":

@@ -185,7 +185,9 @@ class XmlArgs:
     def _kind(self) -> str | None:
         """The current value's type: its parameter's, else what DSML's marker says."""
         kind = self.types.get(self.key)
-        return kind if kind is not None or self.marked != "string" else "string"
+        if self.marked == "string" and kind in (None, "quoted"):  # (Kimi K3 writes every
+            return "string"  # string raw, type="string": a pattern's too)
+        return kind
 
     def finish(self) -> str:
         """The output ended after whole parameters without the call's end: close the

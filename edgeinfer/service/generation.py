@@ -103,7 +103,7 @@ async def generate(pool: ModelPool, req: GenerateRequest, leases: list[Lease],
     # a prompt that leaves a reasoning block open: the constraint applies after the block
     reading = read.reading
     close_marker = reading.markers.close if reading.markers and reading.in_thought else None
-    fmt = served.tool_format
+    fmt = reading.tools or served.tool_format  # (as the prompt left it: see reading_for)
     gbnf, triggers = await served.run(grammar_for, served.runtime.vocab, req.constraint,
                                       close_marker, fmt)
     reading = _calls_end_thought(reading, triggers)
@@ -198,6 +198,8 @@ def reading_for(served: ServedModel, req: GenerateRequest, prompt_tail: str) -> 
     (the request's ``reasoning_format`` first), from the end of the rendered prompt."""
     source = served.template.source
     fmt = served.tool_format
+    if fmt.prompt_opens and not prompt_tail.endswith(fmt.opening):  # an assistant prefill
+        fmt = replace(fmt, prompt_opens=False)  # (Functionary, Muse Glimmer): its text goes on
     reasoning = req.reasoning_format or served.cfg.reasoning_format
     offers = req.constraint.offers_tools
     markers = markers_for(reasoning, source)
@@ -207,8 +209,7 @@ def reading_for(served: ServedModel, req: GenerateRequest, prompt_tail: str) -> 
         in_thought=markers is not None and starts_in_thought(prompt_tail, markers),
         harmony=fmt.syntax == "harmony" and (offers or thoughts), harmony_thoughts=thoughts,
         types=parameter_types(req.constraint.tools) if offers else {},
-        schemas=parameter_schemas(req.constraint.tools) if offers else {},
-        opened=not fmt.prompt_opens or prompt_tail.endswith(fmt.call_open))
+        schemas=parameter_schemas(req.constraint.tools) if offers else {})
 
 
 async def _conversation(served: ServedModel, prompt: list[int], output: str) -> list[int]:

@@ -40,7 +40,6 @@ class Reading:
     types: dict[str, dict[str, str]] = field(default_factory=dict)
     schemas: dict[str, dict[str, Any]] = field(default_factory=dict)  # (MiniMax M3's)
     calls_end_thought: bool = False  # a call marker ends an open block (a lazy grammar's)
-    opened: bool = True  # the prompt opened the first call's name (Functionary's, not prefill)
 
 
 def _event(choice: int, e: Thought | Content | CallOpen | CallArgs, thoughts: bool) -> Event:
@@ -65,7 +64,7 @@ class ChoiceReader:
         self.harmony = HarmonyParser() if r.harmony else None
         self.thoughts = r.harmony_thoughts
         tools = None if r.harmony else r.tools
-        self.calls = call_parser(tools, r.types, r.schemas, r.opened) if tools is not None else None
+        self.calls = call_parser(tools, r.types, r.schemas) if tools is not None else None
         self.repeats = RepeatFilter()
         exits = tools.triggers if tools is not None and r.calls_end_thought else ()
         self.split = (ReasoningSplit(r.in_thought, r.markers, exits)

@@ -148,6 +148,10 @@ WRITTEN = [
         f'<｜DSML｜invoke name="get_weather">\n<｜DSML｜parameter name="city" string="true">{c}'
         "</｜DSML｜parameter>\n</｜DSML｜invoke>\n" for c in ("Paris", "Oslo"))
      + "</｜DSML｜function_calls>"),
+    ("muse_glimmer", "<|eom|><|start|>assistant".join(  # a message to the tool each
+        f' to=get_weather<|message|><atem:function_calls>\n<atem:invoke name="get_weather">\n'
+        f'<atem:parameter name="city">{c}</atem:parameter>\n</atem:invoke>\n'
+        "</atem:function_calls>" for c in ("Paris", "Oslo"))),
 ]
 
 

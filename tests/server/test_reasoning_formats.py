@@ -2,8 +2,9 @@
 (``[THINK]``), gpt-oss's (Harmony's analysis channel), Gemma 4's (``<|channel>thought``),
 Hunyuan 3's (``<think:opensource>``), MiniMax M3's (``<mm:think>``), Solar Open's
 (``<|think|>`` ... ``<|end|><|begin|>assistant``), Apertus' (``<|inner_prefix|>``),
-Apriel 1.6's (``[BEGIN FINAL RESPONSE]`` after the reasoning its prompt opens) and Kimi
-K3's (its think and response tags) real templates. The model is not trained on them, so
+Apriel 1.6's (``[BEGIN FINAL RESPONSE]`` after the reasoning its prompt opens), Kimi
+K3's (its think and response tags) and Muse Glimmer's (a message to ``self``) real
+templates. The model is not trained on them, so
 a grammar makes it write in the family's syntax (or a reasoning budget closes the block
 its prompt opened); the server must split the reasoning off, streamed and not alike."""
 
@@ -41,6 +42,10 @@ FAMILIES = {  # model id -> (template, a grammar of one reasoning block then the
     # Kimi K3's prompt opens its think tag; the answer comes in its response tags
     "k3": ("Kimi-K3.jinja",
            f'root ::= "<|open|>response<|sep|>" {WORDS} "<|close|>response<|sep|>"'),
+    # Muse Glimmer's prompt opens a message ("<|start|>assistant"): reasoning goes to self
+    "muse": ("muse-glimmer.jinja",
+             f'root ::= " to=self<|message|>" {WORDS} "<|eom|><|start|>assistant to=user'
+             f'<|message|>" {WORDS}'),
 }
 BUDGETED = {"apriel", "k3"}
 ASK = [{"role": "user", "content": "What is two plus two?"}]
@@ -76,7 +81,8 @@ def test_the_familys_reasoning_block_becomes_reasoning_content(
     assert reasoning.strip() and content.strip(), msg
     for marker in ("[THINK]", "[/THINK]", "<|channel", "<|message|>", "<channel|>", "<|end|>",
                    "opensource>", "mm:think", "<|think|>", "<|begin|>", "inner_",
-                   "[BEGIN FINAL", "<|open|>", "<|close|>", "<|sep|>"):
+                   "[BEGIN FINAL", "<|open|>", "<|close|>", "<|sep|>", "<|eom|>", "to=self",
+                   "to=user"):
         assert marker not in content and marker not in reasoning, msg
     thought, said = "", ""
     for chunk in c.chat.completions.create(**kw, stream=True):

@@ -87,6 +87,7 @@ FAMILIES = {  # template -> the format it must be detected as
     "meetkai-functionary-medium-v3.2.jinja": "functionary_v32",
     "CohereForAI-c4ai-command-r-plus-tool_use.jinja": "command_r_plus",
     "Kimi-K3.jinja": "kimi_k3",
+    "muse-glimmer.jinja": "muse_glimmer",
     # no tool support in the template: the generic format (tools in a system message)
     "google-gemma-2-2b-it.jinja": "generic",
 }
@@ -123,7 +124,8 @@ SERVED = {"qwen": "Qwen-Qwen2.5-7B-Instruct.jinja",
           "m3": "MiniMax-M3.jinja",
           "functionary": "meetkai-functionary-medium-v3.2.jinja",
           "rplus": "CohereForAI-c4ai-command-r-plus-tool_use.jinja",
-          "k3": "Kimi-K3.jinja"}
+          "k3": "Kimi-K3.jinja",
+          "muse": "muse-glimmer.jinja"}
 WEATHER = {"type": "object", "properties": {"city": {"type": "string", "maxLength": 20},
                                             "days": {"type": "integer", "minimum": 1,
                                                      "maximum": 7}},
@@ -313,15 +315,20 @@ def test_minimax_m3_writes_objects_and_lists_as_nested_elements(families: Server
         assert _calls(stream.get_final_completion().choices[0].message) == [(name, args)]
 
 
-def test_functionarys_answer_to_all_is_the_content(families: ServerProcess) -> None:
+@pytest.mark.parametrize(("model", "grammar"), [
+    ("functionary", 'root ::= "all\\nIt is sunny."'),
+    ("muse", 'root ::= " to=user<|message|>It is sunny."')])
+def test_an_answer_addressed_to_the_user_is_the_content(families: ServerProcess, model: str,
+                                                          grammar: str) -> None:
     """Functionary v3.2 writes its answer as a message to "all" (``all\nTEXT``; the prompt
-    wrote the ``>>>``): with tools offered or not, the content is the text alone."""
+    wrote the ``>>>``), Muse Glimmer as one to "user" (`` to=user<|message|>TEXT``; the
+    prompt wrote ``<|start|>assistant``): with tools offered or not, the content is the
+    text alone."""
     client = openai.OpenAI(base_url=f"{families.base_url}/v1", api_key="x", max_retries=0,
                            timeout=120)
     for tools in ({"tools": TOOLS}, {}):
-        kw: dict[str, Any] = {"model": "functionary", "messages": ASK, "max_tokens": 20,
-                              "extra_body": {"grammar": 'root ::= "all\\nIt is sunny."'},
-                              **tools}
+        kw: dict[str, Any] = {"model": model, "messages": ASK, "max_tokens": 20,
+                              "extra_body": {"grammar": grammar}, **tools}
         msg = client.chat.completions.create(**kw).choices[0].message
         assert (msg.content, msg.tool_calls) == ("It is sunny.", None)
         streamed = "".join(c.choices[0].delta.content or "" for c in
@@ -444,3 +451,27 @@ def test_anthropic_tool_result_with_text_reaches_a_mistral_model(
         "model": "mistral", "messages": FOLLOW_UP, "tools": TOOLS}, timeout=60).json()["prompt"]
     assert prompt.index("RESULT_21C") < prompt.index("FOLLOW_and tomorrow?")
     assert "FOLLOW_and tomorrow?\n\nSECOND_user turn" in prompt  # two user turns joined
+
+
+@pytest.mark.parametrize("model", ["functionary", "muse"])
+def test_a_forced_call_after_an_assistant_prefill(families: ServerProcess, model: str) -> None:
+    """Functionary's and Muse Glimmer's generation prompts open the first call (``>>>``, a
+    message header); a prompt that ends in a prefilled assistant message does not, so the
+    forced call writes its own opening and is read from the text that follows."""
+    client = openai.OpenAI(base_url=f"{families.base_url}/v1", api_key="x", max_retries=0,
+                           timeout=120)
+    kw: dict[str, Any] = {
+        "model": model, "tools": TOOLS, "tool_choice": "required", "temperature": 0,
+        "max_tokens": 200, "messages": [*ASK, {"role": "assistant", "content": "Let me check."}],
+        "extra_body": {"cache_prompt": False}}
+    prompt = httpx.post(f"{families.base_url}/apply-template", json={
+        "model": model, "messages": kw["messages"], "tools": TOOLS}, timeout=60).json()["prompt"]
+    assert prompt.rstrip().endswith("Let me check.")
+    c = client.chat.completions.create(**kw).choices[0]
+    assert c.finish_reason == "tool_calls", c
+    calls = _calls(c.message)
+    assert calls and all(n in ("get_weather", "get_time") for n, _ in calls)
+    with client.chat.completions.stream(**kw) as stream:
+        for _ in stream:
+            pass
+        assert _calls(stream.get_final_completion().choices[0].message) == calls

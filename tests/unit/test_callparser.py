@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import random
+from dataclasses import replace
 
 import pytest
 
@@ -40,6 +41,7 @@ from edgeinfer.prompt.toolformat import (
     MINIMAX_M3,
     MISTRAL,
     MISTRAL_ARGS,
+    MUSE_GLIMMER,
     NEMOTRON,
     QWEN3_CODER,
     SEED_OSS,
@@ -49,6 +51,9 @@ from edgeinfer.prompt.toolformat import (
 from edgeinfer.prompt.tools import call_parser
 
 W = '{"city": "Paris", "opts": {"unit": "c", "note": "a } and \\" and ]"}}'
+MUSE_CALL = ('<atem:function_calls>\n<atem:invoke name="get_weather">\n<atem:parameter name="city">'
+                   'Paris</atem:parameter>\n<atem:parameter name="days">3</atem:parameter>\n'
+                   '</atem:invoke>\n</atem:function_calls>')
 CASES: list[tuple[ToolFormat, str, str, list[tuple[str, object]]]] = [
     (HERMES, f'Checking.\n<tool_call>\n{{"name": "get_weather", "arguments": {W}}}\n</tool_call>'
              '\n<tool_call>{"name": "add", "arguments": {"a": 1}}</tool_call>',
@@ -147,10 +152,23 @@ CASES: list[tuple[ToolFormat, str, str, list[tuple[str, object]]]] = [
     (FUNCTIONARY_V32, "all\nIn a REPL:\n>>>print\n(1)\n", "In a REPL:\n>>>print\n(1)", []),
     (FUNCTIONARY_V32, "all\nSee:\n>>>get_time\nnow", "See:\n>>>get_time\nnow", []),
     (FUNCTIONARY_V32, "python\nprint(1)", "python\nprint(1)", []),
+    (FUNCTIONARY_V32, 'get_time\n{}>>>all\nIn a REPL:\n>>>print\n(1), 3 >>> 2.',
+     "In a REPL:\n>>>print\n(1), 3 >>> 2.", [("get_time", {})]),  # (after a call too)
     (COMMAND_R_PLUS, 'I will look it up.\nAction:\n```json\n[\n    {\n        "tool_name": '
                      '"get_weather",\n        "parameters": {\n            "city": "Paris"\n'
                      '        }\n    },\n    {"tool_name": "get_time", "parameters": {}}\n]```\n',
      "I will look it up.", [("get_weather", {"city": "Paris"}), ("get_time", {})]),
+    # Muse Glimmer: messages to recipients (the prompt wrote the first "<|start|>assistant")
+    (MUSE_GLIMMER, " to=user<|message|>Hello, world!<|eot|>", "Hello, world!", []),
+    (MUSE_GLIMMER, " to=get_weather<|message|>" + MUSE_CALL, "",
+     [("get_weather", {"city": "Paris", "days": 3})]),
+    (MUSE_GLIMMER, " to=user<|message|>Let me check.<|eom|><|start|>assistant to=get_weather"
+                   "<|message|>" + MUSE_CALL + "<|eom|><|start|>assistant to=get_time<|message|>"
+                   '<atem:function_calls>\n<atem:invoke name="get_time">\n</atem:invoke>\n'
+                   "</atem:function_calls>",
+     "Let me check.", [("get_weather", {"city": "Paris", "days": 3}), ("get_time", {})]),
+    (MUSE_GLIMMER, "No header at all.", "No header at all.", []),
+    (MUSE_GLIMMER, " to be sure.", "to be sure.", []),
     # its template's "directly-answer" action is no call
     (COMMAND_R_PLUS, 'Action:\n```json\n[\n    {\n        "tool_name": "directly-answer",\n'
                      '        "parameters": {}\n    }\n]```\n', "", []),
@@ -578,8 +596,20 @@ def test_functionary_after_an_assistant_prefill_continues_its_text() -> None:
     a name; a prompt that ends inside a prefilled assistant message does not, and what
     follows is the message's text (it was read as a call to the first word)."""
     text = 'get_weather\n{"city": "Paris"}'
-    p = call_parser(FUNCTIONARY_V32, TYPES, opened=False)
+    p = call_parser(replace(FUNCTIONARY_V32, prompt_opens=False), TYPES)
     events = p.feed(text) + p.finish()
     assert "".join(e.text for e in events if isinstance(e, Content)) == text
     assert not [e for e in events if isinstance(e, CallOpen)]
     assert parse(FUNCTIONARY_V32, [text])[1] == [("get_weather", {"city": "Paris"})]
+
+
+def test_kimi_k3_string_values_are_read_as_written() -> None:
+    """Kimi K3 writes every string raw with type="string", one with a pattern too: its text
+    is the value as written (it was read as JSON where it parsed as a quoted string)."""
+    p = call_parser(KIMI_K3, {"f": {"d": "quoted"}})
+    text = ('<|open|>tools<|sep|><|open|>call tool="f" index="1"<|sep|><|open|>argument '
+            'key="d" type="string"<|sep|>"a\\u0041"<|close|>argument<|sep|><|close|>call<|sep|>'
+            '<|close|>tools<|sep|>')
+    events = p.feed(text) + p.finish()
+    args = "".join(e.text for e in events if isinstance(e, CallArgs))
+    assert json.loads(args) == {"d": '"a\\u0041"'}

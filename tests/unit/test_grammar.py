@@ -157,3 +157,21 @@ def test_kimi_k3_forced_calls_follow_its_template() -> None:
     assert 'key=\\"n" ("\\" type=\\"number\\"<|sep|>"' in forced
     lazy = tool_calls_gbnf([("f", params)], 1, fmt=KIMI_K3, lazy=True)
     assert lazy.startswith('root ::= ("<|open|>tools<|sep|>"')
+
+
+def test_a_forced_call_after_an_assistant_prefill_writes_its_opening() -> None:
+    """Functionary's and Muse Glimmer's generation prompts open the first call (``>>>``, a
+    message's ``<|start|>assistant``): a forced call starts inside it; after an assistant
+    prefill (the format with ``prompt_opens`` off) it writes the opening itself."""
+    from dataclasses import replace
+
+    from edgeinfer.prompt.callgrammar import tool_calls_gbnf
+    from edgeinfer.prompt.toolformat import FUNCTIONARY_V32, MUSE_GLIMMER
+    tools = [("get_time", {"type": "object", "properties": {}})]
+    assert tool_calls_gbnf(tools, 1, fmt=FUNCTIONARY_V32).startswith("root ::= first")
+    assert tool_calls_gbnf(tools, 1, fmt=replace(FUNCTIONARY_V32, prompt_opens=False)
+                           ).startswith("root ::= inner")
+    assert tool_calls_gbnf(tools, 1, fmt=MUSE_GLIMMER).startswith("root ::= head call")
+    assert tool_calls_gbnf(tools, 1, fmt=replace(MUSE_GLIMMER, prompt_opens=False)
+                           ).startswith('root ::= "<|eom|><|start|>assistant" head call')
+    assert tool_calls_gbnf(tools, 1, fmt=MUSE_GLIMMER, lazy=True).startswith("root ::= (call")
