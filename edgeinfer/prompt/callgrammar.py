@@ -224,13 +224,14 @@ def named_calls_gbnf(tools: list[tuple[str, dict[str, Any]]], max_calls: int,
     rules.append(f"inner ::= {lit(fmt.call_open)}{call_id} ({alts}){close}")
     bare = f'inner ("\\n"? inner){{0,{n - 1}}}'
     if fmt.messages:  # Muse Glimmer: each call a message to its tool, headed " to=NAME"
-        end, head_open, head_close = fmt.messages
-        rules.append(f'head ::= " to=" [a-zA-Z0-9_.:-]{{1,64}} {lit(head_close)}')
+        end, head_open = fmt.messages[:2]
+        rules.append("head ::= " + " | ".join(lit(fmt.header(name)) for name, _ in tools))
         rules.append(f'call ::= {lit(fmt.block_open)} "\\n"? inner "\\n"? '
                      f"{lit(fmt.block_close)}")
         more = f"({lit(end + head_open)} head call){{0,{n - 1}}}"
-        first = "" if lazy else "head " if fmt.prompt_opens else f"{lit(end + head_open)} head "
-        calls = f"{first}call {more}"  # (the prompt opened the first message's header)
+        # (the prompt opened the first message; a lazy grammar starts at a tool's header)
+        first = "head" if fmt.prompt_opens or lazy else f"{lit(end + head_open)} head"
+        calls = f"{first} call {more}"
     elif fmt.block_each:  # Qwen3-Coder, Seed-OSS: each call in its own block
         rules.append(f"call ::= {lit(fmt.block_open + chr(10))} inner "
                      f"{lit(chr(10) + fmt.block_close)}")
@@ -246,7 +247,7 @@ def named_calls_gbnf(tools: list[tuple[str, dict[str, Any]]], max_calls: int,
     if fmt.noise and fmt.name_rest and not lazy:  # Kimi K3: the template's empty answer
         # before the calls
         calls = f"{lit(fmt.noise[0] + fmt.noise[1])}? {calls}"
-    if lazy and len(fmt.triggers) > 1:
+    if lazy and len(fmt.triggers) > 1 and not fmt.messages:
         calls = f"({calls}) | {bare}"
     extra = _GEMMA_VALUE if fmt.args == "gemma" else ""
     return "\n".join([f"root ::= {calls}", *rules]) + "\n" + extra

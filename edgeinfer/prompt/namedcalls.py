@@ -122,6 +122,7 @@ class NamedCallParser:
         # opened a call: Functionary's output starts with a name, Muse Glimmer's in a header)
         self._mode = ("header" if fmt.messages else "name") if fmt.prompt_opens else "text"
         self._pending = False  # (text_name formats) a call's name read, its "{" not yet
+        self._recipient = ""  # (Muse Glimmer) of the message being read
         self._held = ""  # markers consumed since the text (given back if no call follows)
         self._name = ""
         self._reader: ArgsReader | None = None
@@ -135,7 +136,9 @@ class NamedCallParser:
             if not self._buf:
                 return False
             self._after_close = False
-        buf, marks = self._buf, (*self._openers, *self.fmt.noise, *self.fmt.messages[1:2])
+        openers = () if self._recipient in ("user", "self") else self._openers  # (markup
+        # quoted in an answer or reasoning message is text)
+        buf, marks = self._buf, (*openers, *self.fmt.noise, *self.fmt.messages[1:2])
         hits = [(buf.find(m), m) for m in marks if m in buf]
         if not hits:
             keep = max(partial_suffix(buf, m) for m in marks)
@@ -161,13 +164,13 @@ class NamedCallParser:
         close = self.fmt.messages[2]
         head = self._buf.lstrip(" \t\r\n")
         found = _RECIPIENT.match(head)
-        rest = head[found.end():] if found is not None else ""
+        rest = head[found.end():].lstrip(" ") if found is not None else ""
         if found is None and "to=".startswith(head) or found is not None and (
                 close.startswith(rest) and rest != close or not rest):
             return False  # more to come
         self._mode = "text"
         if found is not None and rest.startswith(close):
-            self._buf = rest[len(close):]
+            self._buf, self._recipient = rest[len(close):], found.group()[3:]
         return True
 
     def _between(self, out: list[Event]) -> bool:
@@ -355,9 +358,10 @@ class NamedCallParser:
             self.num_calls += 1
         elif self._mode in ("between", "id", "name") and not self.num_calls:
             out.append(Content(self._held + rest))
-        elif self._mode == "text" and rest:
+        elif self._mode == "text" and rest and not (fmt.messages and any(
+                m.startswith(rest) for m in (*fmt.noise, fmt.messages[1]))):
             out.append(Content(rest))
-        return out  # (a message header left unfinished is dropped)
+        return out  # (a message header, or the start of one, left unfinished is dropped)
 
 
 def parameter_types(tools: Any) -> dict[str, dict[str, str]]:

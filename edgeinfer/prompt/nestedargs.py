@@ -12,9 +12,10 @@ all, where the schema also allows structure), an array's children are its items 
 object's its members (an empty element: ``[]`` / ``{}``), anything else JSON (or a Python
 literal) when it parses. Where the schema says nothing, an element of ``item`` children
 is a list, one of other children an object, and a leaf JSON when it parses, else text.
-The template leaves out null parameters and writes a null item empty. The arguments are
-read whole, once the call's end is written (not streamed); arguments that are not such
-elements (mismatched or unclosed tags, nesting past ``MAX_DEPTH``) are read as none.
+The template leaves out null parameters and writes a null item empty. The arguments
+stream a member at a time, each once its element closes; reading stops at what is not
+such elements (text beside them, mismatched tags, nesting past ``MAX_DEPTH``), and at the
+call's end the members read so far are the arguments (an unclosed element is left out).
 """
 
 from __future__ import annotations
@@ -48,29 +49,70 @@ class NestedArgs:
         self.schema = schema if isinstance(schema, dict) else {}
         self.end = end  # the call's end (``NS</invoke>``), left for the call parser
         self._scanned = 0  # the end is not in the buffer before this
+        self._sent = False  # a member was passed on
+        self._bad = False  # what follows cannot be members: read no more
+        self._blank = True  # nothing but blanks after the members passed on
 
     def feed(self, buf: str) -> tuple[str, int, bool]:
         at = buf.find(self.end, self._scanned)
-        if at == -1:
+        region = buf if at == -1 else buf[:at]
+        if at == -1:  # (the end may start in the last characters)
             self._scanned = max(0, len(buf) - len(self.end) + 1)
-            return "", 0, False
-        try:
-            members = _elements(buf[:at])
-        except ValueError:
-            members = []  # not parameters: a call without arguments
-        props = self.schema.get("properties")
-        props = props if isinstance(props, dict) else {}
-        args = {}
-        for e in members:
-            schema = props.get(e.tag)
-            if isinstance(schema, dict):
-                args[e.tag] = _typed(e, schema)
-            else:
-                args[e.tag] = _typed(e, None, self.types.get(e.tag))
-        return json.dumps(args, ensure_ascii=False), at, True
+        cut = 0 if self._bad else self._closed(region)
+        out = self._members(region[:cut]) if cut else ""
+        self._scanned = max(0, self._scanned - cut)
+        self._blank = not region[cut:].strip()
+        if at == -1:
+            return out, cut, False
+        self._blank = True  # the call's end: the members read are the arguments
+        return out + self.finish(), at, True
 
     def finish(self) -> str:
-        return ""  # cut before the call's end: the arguments stay unfinished
+        """The object's end: after whole members (the call's end, or the output's after
+        them); cut inside a member, nothing (the arguments stay unfinished)."""
+        if not (self._blank or self._bad):
+            return ""
+        self._blank = False  # (once)
+        return "}" if self._sent else "{}"
+
+    def _closed(self, text: str) -> int:
+        """Where the last whole top-level element of ``text`` ends (0: none yet); at what
+        cannot be elements (see ``_elements``), reading stops for good (``_bad``)."""
+        stack: list[list[Any]] = []  # open elements: [tag, has children]
+        pos = cut = 0
+        for m in _TAG.finditer(text):
+            between = text[pos:m.start()].strip()
+            if m.group(1):  # a closing tag: of the innermost open element, no text after
+                # its children
+                if not stack or m.group(2) != stack[-1][0] or stack[-1][1] and between:
+                    self._bad = True
+                    return cut
+                stack.pop()
+            else:  # no text beside an element, and not too deep
+                if between or len(stack) >= MAX_DEPTH:
+                    self._bad = True
+                    return cut
+                if stack:
+                    stack[-1][1] = True
+                stack.append([m.group(2), False])
+            pos = m.end()
+            if not stack:
+                cut = pos
+        return cut
+
+    def _members(self, text: str) -> str:
+        """JSON text of the whole members in ``text``, typed by the schema."""
+        props = self.schema.get("properties")
+        props = props if isinstance(props, dict) else {}
+        out = []
+        for e in _elements(text):
+            schema = props.get(e.tag)
+            value = _typed(e, schema) if isinstance(schema, dict) else _typed(
+                e, None, self.types.get(e.tag))
+            out.append(("{" if not self._sent else ", ") + json.dumps(e.tag, ensure_ascii=False)
+                       + ": " + json.dumps(value, ensure_ascii=False))
+            self._sent = True
+        return "".join(out)
 
 
 def _elements(text: str) -> list[_Element]:

@@ -174,6 +174,11 @@ class ToolFormat:
     # opening, its closing): a header (its recipient) is dropped, the output starts in one
     messages: tuple[str, ...] = ()
 
+    def header(self, recipient: str) -> str:
+        """(``messages``) The header of a message to ``recipient``, after its opening: a
+        message to a tool is a call (one to ``user`` the answer, to ``self`` reasoning)."""
+        return f" to={recipient}{self.messages[2]}"
+
     @property
     def opening(self) -> str:
         """(``prompt_opens``) What the generation prompt ends with."""

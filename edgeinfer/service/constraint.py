@@ -49,6 +49,8 @@ def _grammar(vocab: Any, c: Constraint, fmt: ToolFormat) -> tuple[str | None, tu
         both = either(gbnf, answer)
         check_generated(vocab, both, "tools")
         return both, ()
+    if fmt.messages:  # Muse Glimmer: a message to a tool starts a call (the markup in one
+        return gbnf, tuple(fmt.header(t.name) for t in chosen)  # to user or self: text)
     if fmt.text_name:  # Functionary: ">>>NAME" starts a call, ">>>all" the answer's text
         return gbnf, tuple(fmt.call_open + t.name for t in chosen)
     return gbnf, fmt.triggers

@@ -198,10 +198,12 @@ def reading_for(served: ServedModel, req: GenerateRequest, prompt_tail: str) -> 
     (the request's ``reasoning_format`` first), from the end of the rendered prompt."""
     source = served.template.source
     fmt = served.tool_format
+    offers = req.constraint.offers_tools
     if fmt.prompt_opens and not prompt_tail.endswith(fmt.opening):  # an assistant prefill
         fmt = replace(fmt, prompt_opens=False)  # (Functionary, Muse Glimmer): its text goes on
+    if not offers and fmt.noise:  # read for the answer's markup alone (Kimi K3, Muse): no
+        fmt = replace(fmt, block_open="", call_open="")  # calls where none were offered
     reasoning = req.reasoning_format or served.cfg.reasoning_format
-    offers = req.constraint.offers_tools
     markers = markers_for(reasoning, source)
     thoughts = harmony_reasoning(reasoning, source)
     return Reading(  # (Functionary's answer is a message to "all": read with or without tools)

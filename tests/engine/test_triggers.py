@@ -49,9 +49,10 @@ chain.close()
 """
 
 
-@pytest.mark.parametrize(("name", "word"), [  # (Functionary's triggers: >>>NAME per tool)
-    (n, ">>>get_weather" if FORMATS[n].text_name else w) for n in sorted(FORMATS)
-    for w in FORMATS[n].triggers])
+@pytest.mark.parametrize(("name", "word"), [  # (Functionary's triggers: >>>NAME per tool,
+    # Muse Glimmer's a message header per tool)
+    (n, ">>>get_weather" if FORMATS[n].text_name else FORMATS[n].header("get_weather")
+     if FORMATS[n].messages else w) for n in sorted(FORMATS) for w in FORMATS[n].triggers])
 def test_a_formats_lazy_grammar_takes_its_trigger_word(name: str, word: str) -> None:
     r = subprocess.run([sys.executable, "-c", WORKER, name, word], capture_output=True,
                        text=True, timeout=120)

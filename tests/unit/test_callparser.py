@@ -168,6 +168,10 @@ CASES: list[tuple[ToolFormat, str, str, list[tuple[str, object]]]] = [
                    "</atem:function_calls>",
      "Let me check.", [("get_weather", {"city": "Paris", "days": 3}), ("get_time", {})]),
     (MUSE_GLIMMER, "No header at all.", "No header at all.", []),
+    # markup quoted in an answer is text; a message's start cut off is not
+    (MUSE_GLIMMER, " to=user<|message|>You write:\n" + MUSE_CALL + "<|eot|>",
+     "You write:\n" + MUSE_CALL, []),
+    (MUSE_GLIMMER, " to=user <|message|>Hi<|eom|><|start|>", "Hi", []),
     (MUSE_GLIMMER, " to be sure.", "to be sure.", []),
     # its template's "directly-answer" action is no call
     (COMMAND_R_PLUS, 'Action:\n```json\n[\n    {\n        "tool_name": "directly-answer",\n'
@@ -613,3 +617,24 @@ def test_kimi_k3_string_values_are_read_as_written() -> None:
     events = p.feed(text) + p.finish()
     args = "".join(e.text for e in events if isinstance(e, CallArgs))
     assert json.loads(args) == {"d": '"a\\u0041"'}
+
+
+def test_minimax_m3_arguments_stream_a_member_at_a_time() -> None:
+    """Each top-level member is passed on once its element closes (the arguments came
+    whole at the call's end); what cannot be members ends the reading, streamed and whole
+    alike, and a call cut off inside a member keeps unfinished arguments."""
+    ns = "]<]minimax[>["
+    head = f'{ns}<tool_call>{ns}<invoke name="get_weather">'
+    p = call_parser(MINIMAX_M3, TYPES)
+    seen = p.feed(f"{head}{ns}<city>Paris{ns}</city>{ns}<da")
+    assert "".join(e.text for e in seen if isinstance(e, CallArgs)) == '{"city": "Paris"'
+    more = p.feed(f"ys>3{ns}</days>") + p.feed(f"{ns}</invoke>{ns}</tool_call>") + p.finish()
+    assert "".join(e.text for e in more if isinstance(e, CallArgs)) == ', "days": 3}'
+    for body, want in ((f"{ns}<city>Paris{ns}</city>junk{ns}<days>3{ns}</days>",
+                        {"city": "Paris"}),
+                       (f"{ns}<city>Paris{ns}</city>{ns}<days>3", {"city": "Paris"})):
+        text = f"{head}{body}{ns}</invoke>{ns}</tool_call>"
+        assert _whole_and_streamed(MINIMAX_M3, text, TYPES) == [("get_weather", want)]
+    cut = call_parser(MINIMAX_M3, TYPES)
+    events = cut.feed(f"{head}{ns}<city>Paris{ns}</city>{ns}<days>3") + cut.finish(cut=True)
+    assert "".join(e.text for e in events if isinstance(e, CallArgs)) == '{"city": "Paris"'

@@ -174,4 +174,30 @@ def test_a_forced_call_after_an_assistant_prefill_writes_its_opening() -> None:
     assert tool_calls_gbnf(tools, 1, fmt=MUSE_GLIMMER).startswith("root ::= head call")
     assert tool_calls_gbnf(tools, 1, fmt=replace(MUSE_GLIMMER, prompt_opens=False)
                            ).startswith('root ::= "<|eom|><|start|>assistant" head call')
-    assert tool_calls_gbnf(tools, 1, fmt=MUSE_GLIMMER, lazy=True).startswith("root ::= (call")
+    assert tool_calls_gbnf(tools, 1, fmt=MUSE_GLIMMER, lazy=True).startswith("root ::= head call")
+
+
+def test_muse_glimmers_calls_start_at_a_message_to_a_tool(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """Under "auto" Muse Glimmer's grammar waits for a message to one of the tools (its
+    header), so its markup quoted in an answer or in reasoning (messages to user, self)
+    starts nothing, and does not end the reasoning; a forced call's header names a tool."""
+    from edgeinfer.prompt.reasoning import MUSE_SELF
+    from edgeinfer.prompt.toolformat import MUSE_GLIMMER
+    from edgeinfer.prompt.tools import ToolSpec
+    from edgeinfer.service import constraint
+    from edgeinfer.service.generation import _calls_end_thought
+    from edgeinfer.service.reader import Reading
+    from edgeinfer.service.request import Constraint
+    monkeypatch.setattr(constraint, "check_generated", lambda *a: None)
+    tools = (ToolSpec("get_time", "", {"type": "object", "properties": {}}),
+             ToolSpec("get_date", "", {"type": "object", "properties": {}}))
+    lazy, triggers = constraint.grammar_for(None, Constraint(tools=tools, tool_choice="auto"),
+                                            fmt=MUSE_GLIMMER)
+    assert triggers == (" to=get_time<|message|>", " to=get_date<|message|>")
+    reading = Reading(tools=MUSE_GLIMMER, markers=MUSE_SELF)
+    assert not _calls_end_thought(reading, triggers).calls_end_thought
+    forced, _ = constraint.grammar_for(None, Constraint(tools=tools, tool_choice="required"),
+                                       fmt=MUSE_GLIMMER)
+    assert forced is not None and lazy is not None
+    assert 'head ::= " to=get_time<|message|>" | " to=get_date<|message|>"' in forced
