@@ -56,6 +56,8 @@ class RepeatFilter:
         self._blank = ""  # blank text held: content only if more text follows
         self._text_after = False  # text was passed on after the last call
         self._said = False  # text was passed on
+        self._in_calls = False  # calls came since the last text
+        self._kept = ""  # the blank held when they began
 
     def feed(self, events: list[Part]) -> list[Part]:
         out: list[Part] = []
@@ -73,8 +75,10 @@ class RepeatFilter:
             if self.ended:
                 break
             if isinstance(e, CallOpen):
-                if not self._said:  # (else the blank stays held: text may follow the call)
-                    self._blank = ""
+                # the blank before the first call of a run stays held (text may follow the
+                # calls); blanks between calls, and before any text, go
+                self._blank = self._kept if self._in_calls else self._blank if self._said else ""
+                self._kept, self._in_calls = self._blank, True
                 self._open(e, out)
             elif isinstance(e, Content):
                 self._content(e, out)
@@ -106,7 +110,7 @@ class RepeatFilter:
         # streamed answer and a whole one agree on the blank beside a call
         out.append(Content(self._blank + body) if self._blank or body != e.text else e)
         self._blank = e.text[len(body):]
-        self._said = True
+        self._said, self._in_calls = True, False
         self._text_after = self.num_calls > 0
 
     def _open(self, e: CallOpen, out: list[Part]) -> None:

@@ -138,7 +138,10 @@ def test_text_around_a_call_keeps_its_blank_streamed_or_whole() -> None:
                            ("Checking.\n\nCALL\n\nAfter.", "Checking.\n\nAfter."),
                            ("Checking. CALL After.", "Checking.  After."),
                            ("Checking.\nCALL\n", "Checking."),
-                           ("\nCALL\nChecking.\n", "Checking.")):
+                           ("\nCALL\nChecking.\n", "Checking."),
+                           ("Checking. CALL CALL2 After.", "Checking.  After.")):
+            names = ["t", "u"] if "CALL2" in text else ["t"]
+            text = text.replace("CALL2", call.replace('"t"', '"u"').replace("=t>", "=u>"))
             text = text.replace("CALL", call)
             for pieces in ([text], list(text)):
                 reader = ChoiceReader(0, Reading(tools=fmt))
@@ -146,4 +149,4 @@ def test_text_around_a_call_keeps_its_blank_streamed_or_whole() -> None:
                     p, finish_reason="stop" if k == len(pieces) - 1 else None))]
                 assert "".join(e.text for e in events if isinstance(e, TextDelta)) == want
                 assert [e.name for e in events if isinstance(e, ToolCallDelta) and e.name] \
-                    == ["t"]
+                    == names
