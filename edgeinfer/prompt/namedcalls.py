@@ -123,6 +123,7 @@ class NamedCallParser:
         self._mode = ("header" if fmt.messages else "name") if fmt.prompt_opens else "text"
         self._pending = False  # (text_name formats) a call's name read, its "{" not yet
         self._recipient = ""  # (Muse Glimmer) of the message being read
+        self._ended = False  # markup that ends a message was the last thing read
         self._held = ""  # markers consumed since the text (given back if no call follows)
         self._name = ""
         self._reader: ArgsReader | None = None
@@ -144,33 +145,35 @@ class NamedCallParser:
             keep = max(partial_suffix(buf, m) for m in marks)
             if len(buf) > keep:
                 out.append(Content(buf[:len(buf) - keep]))
+                self._ended = False
             self._buf = buf[len(buf) - keep:]
             return False
         at, mark = min(hits, key=lambda h: (h[0], -len(h[1])))
         if at:
             out.append(Content(buf[:at]))
         if mark in self.fmt.noise:  # Kimi K3's tags around the answer: dropped
-            self._buf = buf[at + len(mark):]
+            self._buf, self._ended = buf[at + len(mark):], True
             return True
         if mark in self.fmt.messages:  # a message header opens (Muse Glimmer)
-            self._buf, self._mode = buf[at + len(mark):], "header"
+            self._buf, self._mode, self._recipient = buf[at + len(mark):], "header", ""
             return True
         self._buf, self._mode, self._held = buf[at:], "between", ""
         return True
 
     def _header(self, out: list[Event]) -> bool:
-        """(Muse Glimmer) A message header: `` to=RECIPIENT<|message|>``, dropped; what
-        does not read as one is text."""
+        """(Muse Glimmer) A message header: `` to=RECIPIENT<|message|>`` (or ``<|message|>``
+        alone: no recipient), dropped; what does not read as one is text."""
         close = self.fmt.messages[2]
         head = self._buf.lstrip(" \t\r\n")
         found = _RECIPIENT.match(head)
-        rest = head[found.end():].lstrip(" ") if found is not None else ""
-        if found is None and "to=".startswith(head) or found is not None and (
-                close.startswith(rest) and rest != close or not rest):
+        rest = head[found.end():].lstrip(" ") if found is not None else head
+        if not rest or close.startswith(rest) and rest != close or (
+                found is None and "to=".startswith(head)):
             return False  # more to come
         self._mode = "text"
-        if found is not None and rest.startswith(close):
-            self._buf, self._recipient = rest[len(close):], found.group()[3:]
+        if rest.startswith(close):
+            self._buf = rest[len(close):]
+            self._recipient = found.group()[3:] if found is not None else ""
         return True
 
     def _between(self, out: list[Event]) -> bool:
@@ -358,7 +361,7 @@ class NamedCallParser:
             self.num_calls += 1
         elif self._mode in ("between", "id", "name") and not self.num_calls:
             out.append(Content(self._held + rest))
-        elif self._mode == "text" and rest and not (fmt.messages and any(
+        elif self._mode == "text" and rest and not (fmt.messages and (cut or self._ended) and any(
                 m.startswith(rest) for m in (*fmt.noise, fmt.messages[1]))):
             out.append(Content(rest))
         return out  # (a message header, or the start of one, left unfinished is dropped)

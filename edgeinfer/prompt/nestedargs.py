@@ -52,6 +52,8 @@ class NestedArgs:
         self._sent = False  # a member was passed on
         self._bad = False  # what follows cannot be members: read no more
         self._blank = True  # nothing but blanks after the members passed on
+        self._stack: list[list[Any]] = []  # open elements scanned: [tag, has children]
+        self._pos = 0  # where the scan of the buffer resumes (after its last whole tag)
 
     def feed(self, buf: str) -> tuple[str, int, bool]:
         at = buf.find(self.end, self._scanned)
@@ -61,6 +63,7 @@ class NestedArgs:
         cut = 0 if self._bad else self._closed(region)
         out = self._members(region[:cut]) if cut else ""
         self._scanned = max(0, self._scanned - cut)
+        self._pos -= cut  # (the scan resumes where it stopped)
         self._blank = not region[cut:].strip()
         if at == -1:
             return out, cut, False
@@ -78,9 +81,8 @@ class NestedArgs:
     def _closed(self, text: str) -> int:
         """Where the last whole top-level element of ``text`` ends (0: none yet); at what
         cannot be elements (see ``_elements``), reading stops for good (``_bad``)."""
-        stack: list[list[Any]] = []  # open elements: [tag, has children]
-        pos = cut = 0
-        for m in _TAG.finditer(text):
+        stack, pos, cut = self._stack, self._pos, 0  # (resumed: each tag is scanned once)
+        for m in _TAG.finditer(text, pos):
             between = text[pos:m.start()].strip()
             if m.group(1):  # a closing tag: of the innermost open element, no text after
                 # its children
@@ -98,6 +100,7 @@ class NestedArgs:
             pos = m.end()
             if not stack:
                 cut = pos
+        self._pos = pos
         return cut
 
     def _members(self, text: str) -> str:

@@ -172,6 +172,9 @@ CASES: list[tuple[ToolFormat, str, str, list[tuple[str, object]]]] = [
     (MUSE_GLIMMER, " to=user<|message|>You write:\n" + MUSE_CALL + "<|eot|>",
      "You write:\n" + MUSE_CALL, []),
     (MUSE_GLIMMER, " to=user <|message|>Hi<|eom|><|start|>", "Hi", []),
+    (MUSE_GLIMMER, " to=user<|message|>a < b, so 1 <", "a < b, so 1 <", []),
+    (MUSE_GLIMMER, " to=user<|message|>Hi<|eom|><|start|>assistant<|message|>" + MUSE_CALL,
+     "Hi", [("get_weather", {"city": "Paris", "days": 3})]),  # (a header without recipient)
     (MUSE_GLIMMER, " to be sure.", "to be sure.", []),
     # its template's "directly-answer" action is no call
     (COMMAND_R_PLUS, 'Action:\n```json\n[\n    {\n        "tool_name": "directly-answer",\n'
@@ -638,3 +641,17 @@ def test_minimax_m3_arguments_stream_a_member_at_a_time() -> None:
     cut = call_parser(MINIMAX_M3, TYPES)
     events = cut.feed(f"{head}{ns}<city>Paris{ns}</city>{ns}<days>3") + cut.finish(cut=True)
     assert "".join(e.text for e in events if isinstance(e, CallArgs)) == '{"city": "Paris"'
+
+
+def test_minimax_m3_a_large_member_streams_in_one_pass() -> None:
+    """A member with many children, fed a character at a time, is read as fed whole (each
+    tag is scanned once: the reading resumes where it stopped, it used to start over)."""
+    ns = "]<]minimax[>["
+    body = f"{ns}<stops>" + "".join(f"{ns}<item>s{k}{ns}</item>" for k in range(1500)) + (
+        f"{ns}</stops>")
+    text = f'{ns}<tool_call>{ns}<invoke name="plan">{body}{ns}</invoke>{ns}</tool_call>'
+    for pieces in ([text], list(text)):
+        p = call_parser(MINIMAX_M3, {}, {"plan": M3_SCHEMA})
+        events = [e for piece in pieces for e in p.feed(piece)] + p.finish()
+        args = json.loads("".join(e.text for e in events if isinstance(e, CallArgs)))
+        assert args == {"stops": [f"s{k}" for k in range(1500)]}
