@@ -305,7 +305,11 @@ def tool_calls_gbnf(tools: list[tuple[str, dict[str, Any]]], max_calls: int,
     alts, parts = [], []
     for i, (name, parameters) in enumerate(tools):
         schema, order = _call_schema(name, parameters, fmt)
-        parts.append(_rename_rules(schema_to_gbnf(schema, param, order), f"t{i}-"))
+        rules = _rename_rules(schema_to_gbnf(schema, param, order), f"t{i}-")
+        if fmt.indented:  # (Command R+) a line break and indentation where a space may go
+            rules = rules.replace(f't{i}-space ::= " "?',
+                                  f't{i}-space ::= " "? | "\\n" " "{{0,16}}')
+        parts.append(rules)
         alts.append(f"t{i}-root")
     obj = f"({' | '.join(alts)})"
     n = max(1, min(max_calls, fmt.max_calls))

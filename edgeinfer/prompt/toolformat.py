@@ -168,6 +168,7 @@ class ToolFormat:
     text_name: str = ""
     message_end: str = ""  # json: what ends the model's message, not text (GigaChat 3)
     decline: str = ""  # json: a call to this name answers without tools (not a call)
+    indented: bool = False  # json: the template writes the calls' JSON indented
     name_rest: str = ""  # named: what ends a call's header after the name (Kimi K3's)
     noise: tuple[str, ...] = ()  # named: markup around the answer's text, dropped from it
     # named (Muse Glimmer): (the end of a message others follow, a message header's
@@ -241,7 +242,7 @@ GIGACHAT3 = ToolFormat("gigachat3", "<|message_sep|>\n\nfunction call<|role_sep|
 GIGACHAT3_1 = ToolFormat("gigachat3_1", "<|function_call|>", max_calls=1)
 COMMAND_R_PLUS = ToolFormat("command_r_plus", "Action:\n```json\n", "```", listed=True,
                             name_key="tool_name", args_key="parameters",
-                            decline="directly-answer")
+                            decline="directly-answer", indented=True)
 MISTRAL_ARGS = ToolFormat("mistral_args", "", syntax="named", call_open="[TOOL_CALLS]",
                           name_end="[ARGS]", id_marker="[CALL_ID]", id_length=9)
 _DS = ("<｜tool▁calls▁begin｜>", "<｜tool▁calls▁end｜>", "<｜tool▁call▁begin｜>",

@@ -149,6 +149,9 @@ WRITTEN = [
         f'<｜DSML｜invoke name="get_weather">\n<｜DSML｜parameter name="city" string="true">{c}'
         "</｜DSML｜parameter>\n</｜DSML｜invoke>\n" for c in ("Paris", "Oslo"))
      + "</｜DSML｜function_calls>"),
+    ("command_r_plus", "Action:\n```json\n[\n" + ",\n".join(  # indented, as its template
+        f'    {{\n        "tool_name": "get_weather",\n        "parameters": {{\n'
+        f'            "city": "{c}"\n        }}\n    }}' for c in ("Paris", "Oslo")) + "\n]```"),
     ("muse_glimmer", "<|eom|><|start|>assistant".join(  # a message to the tool each
         f' to=get_weather<|message|><atem:function_calls>\n<atem:invoke name="get_weather">\n'
         f'<atem:parameter name="city">{c}</atem:parameter>\n</atem:invoke>\n'
