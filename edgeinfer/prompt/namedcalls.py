@@ -26,8 +26,10 @@ from edgeinfer.prompt.callparser import (
     new_call_id,
     partial_suffix,
 )
+from edgeinfer.prompt.reasoning import Thought
 from edgeinfer.prompt.toolformat import TAGS, ToolFormat
 
+Read = Event | Thought  # (Muse Glimmer's messages to itself are reasoning)
 _NAME = re.compile(r"[A-Za-z0-9_.:-]*")
 _RECIPIENT = re.compile(r"to=[^<\s]{0,128}")  # (Muse Glimmer) a message header's recipient
 _MAX_NAME = 128
@@ -131,7 +133,12 @@ class NamedCallParser:
         self._after_close = False
 
     # -- free text ------------------------------------------------------------------
-    def _text(self, out: list[Event]) -> bool:
+    def _said(self, text: str) -> Content | Thought:
+        """Text of the message being read: reasoning in a message to ``thought_to``."""
+        to = self.fmt.thought_to
+        return Thought(text) if to and self._recipient == to else Content(text)
+
+    def _text(self, out: list[Read]) -> bool:
         if self._after_close:  # line breaks right after the calls go (whole or streamed)
             self._buf = self._buf.lstrip("\n")
             if not self._buf:
@@ -144,13 +151,13 @@ class NamedCallParser:
         if not hits:
             keep = max(partial_suffix(buf, m) for m in marks)
             if len(buf) > keep:
-                out.append(Content(buf[:len(buf) - keep]))
+                out.append(self._said(buf[:len(buf) - keep]))
                 self._ended = False
             self._buf = buf[len(buf) - keep:]
             return False
         at, mark = min(hits, key=lambda h: (h[0], -len(h[1])))
         if at:
-            out.append(Content(buf[:at]))
+            out.append(self._said(buf[:at]))
         if mark in self.fmt.noise:  # Kimi K3's tags around the answer: dropped
             self._buf, self._ended = buf[at + len(mark):], True
             return True
@@ -160,7 +167,7 @@ class NamedCallParser:
         self._buf, self._mode, self._held = buf[at:], "between", ""
         return True
 
-    def _header(self, out: list[Event]) -> bool:
+    def _header(self, out: list[Read]) -> bool:
         """(Muse Glimmer) A message header: `` to=RECIPIENT<|message|>`` (or ``<|message|>``
         alone: no recipient), dropped; what does not read as one is text."""
         close = self.fmt.messages[2]
@@ -176,7 +183,7 @@ class NamedCallParser:
             self._recipient = found.group()[3:] if found is not None else ""
         return True
 
-    def _between(self, out: list[Event]) -> bool:
+    def _between(self, out: list[Read]) -> bool:
         fmt = self.fmt
         stripped = self._buf.lstrip(" \t\r\n")
         self._held += self._buf[:len(self._buf) - len(stripped)]
@@ -199,7 +206,7 @@ class NamedCallParser:
         self._give_back(out)
         return True
 
-    def _give_back(self, out: list[Event]) -> None:
+    def _give_back(self, out: list[Read]) -> None:
         """What looked like the start of calls was text."""
         if self._held and (not self.num_calls or self.fmt.text_name):  # (Functionary's
             out.append(Content(self._held))  # held ">>>" is text, after calls too)
@@ -213,7 +220,7 @@ class NamedCallParser:
         head = _NAME.match(buf)
         return head.end() if head is not None and head.end() < len(buf) else -1
 
-    def _read_id(self, out: list[Event]) -> bool:
+    def _read_id(self, out: list[Read]) -> bool:
         """Solar Open: the call's id before its name (not kept: calls get fresh ids)."""
         fmt, buf = self.fmt, self._buf
         at = buf.find(fmt.id_marker)
@@ -227,7 +234,7 @@ class NamedCallParser:
         self._buf, self._mode = buf[at + len(fmt.id_marker):], "name"
         return True
 
-    def _read_name(self, out: list[Event]) -> bool:
+    def _read_name(self, out: list[Read]) -> bool:
         fmt, buf = self.fmt, self._buf
         at = self._name_end(buf)
         name = buf[:at] if at != -1 else buf[:len(buf) - partial_suffix(buf, fmt.name_end)]
@@ -268,7 +275,7 @@ class NamedCallParser:
         names = (*self.types, self.fmt.text_name)
         return name in names if whole else any(n.startswith(name) for n in names)
 
-    def _opens(self, out: list[Event]) -> bool | None:
+    def _opens(self, out: list[Read]) -> bool | None:
         """(A pending call) True: its JSON arguments open, the call is announced; False:
         they do not, the name and what follows are text; None: not known yet."""
         head = self._buf.lstrip(" \t\r\n")
@@ -282,7 +289,7 @@ class NamedCallParser:
         self._held, self._mode, self._reader = "", "text", None
         return False
 
-    def _rest(self, out: list[Event]) -> bool:
+    def _rest(self, out: list[Read]) -> bool:
         """Kimi K3: the call's header after its name (attributes), up to ``name_rest``."""
         at = self._buf.find(self.fmt.name_rest)
         if at == -1 and len(self._buf) > _MAX_NAME:  # no header: a call without arguments
@@ -295,7 +302,7 @@ class NamedCallParser:
         self._buf, self._mode = self._buf[at + len(self.fmt.name_rest):], "args"
         return True
 
-    def _args(self, out: list[Event]) -> bool:
+    def _args(self, out: list[Read]) -> bool:
         assert self._reader is not None
         if self._pending and not self._opens(out):
             return self._mode == "text"
@@ -328,9 +335,9 @@ class NamedCallParser:
         return True
 
     # -- the public side ------------------------------------------------------------
-    def feed(self, text: str) -> list[Event]:
+    def feed(self, text: str) -> list[Read]:
         self._buf += text
-        out: list[Event] = []
+        out: list[Read] = []
         steps = {"text": self._text, "header": self._header, "between": self._between,
                  "id": self._read_id,
                  "name": self._read_name, "rest": self._rest, "args": self._args}
@@ -339,11 +346,11 @@ class NamedCallParser:
             if not changed:
                 return out
 
-    def finish(self, cut: bool = False) -> list[Event]:
+    def finish(self, cut: bool = False) -> list[Read]:
         """End of output: release what was held back. ``cut``: the output ran out
         (max_tokens), so markers, or the start of one, that opened no call yet are not
         text: the model was writing a call."""
-        out: list[Event] = []
+        out: list[Read] = []
         rest, self._buf = self._buf, ""
         fmt = self.fmt
         if cut and (self._mode in ("between", "id", "name") and not self.num_calls
@@ -363,35 +370,5 @@ class NamedCallParser:
             out.append(Content(self._held + rest))
         elif self._mode == "text" and rest and not (fmt.messages and (cut or self._ended) and any(
                 m.startswith(rest) for m in (*fmt.noise, fmt.messages[1]))):
-            out.append(Content(rest))
+            out.append(self._said(rest))
         return out  # (a message header, or the start of one, left unfinished is dropped)
-
-
-def parameter_types(tools: Any) -> dict[str, dict[str, str]]:
-    """Each tool's parameter JSON types (``{"get_weather": {"days": "integer"}}``), from
-    ToolSpecs; a parameter without one plain type is left out (read as JSON if it parses)."""
-    out: dict[str, dict[str, str]] = {}
-    for t in tools:
-        props = (t.parameters or {}).get("properties") or {}
-        if not isinstance(props, dict):
-            continue  # not a schema: the grammar made from it refuses it (400)
-        out[t.name] = {k: "quoted" if quoted_string(v) else v["type"] for k, v in props.items()
-                       if isinstance(v, dict) and isinstance(v.get("type"), str)}
-    return out
-
-
-def parameter_schemas(tools: Any) -> dict[str, dict[str, Any]]:
-    """Each tool's parameters schema, from ToolSpecs (for formats that nest arguments)."""
-    return {t.name: t.parameters for t in tools if isinstance(t.parameters, dict)}
-
-
-def quoted_string(prop: dict[str, Any]) -> bool:
-    """A string parameter that the tagged-parameter grammars write as JSON, quotes and all
-    (one with a const, pattern or format: llama.cpp's schema grammar enforces it), where
-    plain text parameters and string enums are written bare."""
-    if prop.get("type") != "string":
-        return False
-    enum = prop.get("enum")
-    if isinstance(enum, list) and all(isinstance(v, str) for v in enum):
-        return False
-    return bool({"enum", "const", "pattern", "format"} & set(prop))

@@ -17,8 +17,9 @@ import json
 from dataclasses import dataclass, field, replace
 
 from edgeinfer.prompt.callparser import CallArgs, CallOpen, Content
+from edgeinfer.prompt.reasoning import Thought
 
-Part = Content | CallOpen | CallArgs
+Part = Content | CallOpen | CallArgs | Thought  # (reasoning passes as it is)
 
 
 @dataclass(slots=True)
@@ -82,6 +83,8 @@ class RepeatFilter:
                 self._open(e, out)
             elif isinstance(e, Content):
                 self._content(e, out)
+            else:
+                out.append(e)
         return out
 
     def finish(self, events: list[Part], cut: bool) -> list[Part]:

@@ -174,6 +174,7 @@ class ToolFormat:
     # named (Muse Glimmer): (the end of a message others follow, a message header's
     # opening, its closing): a header (its recipient) is dropped, the output starts in one
     messages: tuple[str, ...] = ()
+    thought_to: str = ""  # named (Muse Glimmer): a message to this recipient is reasoning
 
     def header(self, recipient: str) -> str:
         """(``messages``) The header of a message to ``recipient``, after its opening: a
@@ -301,7 +302,7 @@ MUSE_GLIMMER = ToolFormat("muse_glimmer", "", syntax="named", args="atem",
                           block_close="</atem:function_calls>",
                           call_open='<atem:invoke name="', name_end='">',
                           call_close="</atem:invoke>", noise=("<|eom|>", "<|eot|>"),
-                          prompt_opens=True,
+                          prompt_opens=True, thought_to="self",
                           messages=("<|eom|>", "<|start|>assistant", "<|message|>"))
 SOLAR_OPEN = ToolFormat("solar_open", "", syntax="named", block_open="<|tool_calls|>",
                         call_open="<|tool_call:begin|>", id_marker="<|tool_call:name|>",

@@ -23,7 +23,8 @@ from typing import Any, Protocol
 
 from edgeinfer.prompt.callparser import CallArgs, CallOpen, CallParser, Content, Event
 from edgeinfer.prompt.harmony import HarmonyParser
-from edgeinfer.prompt.namedcalls import NamedCallParser, parameter_schemas, parameter_types
+from edgeinfer.prompt.namedcalls import NamedCallParser
+from edgeinfer.prompt.paramtypes import parameter_schemas, parameter_types
 from edgeinfer.prompt.pythoncalls import PythonCallParser, python_calls_text
 from edgeinfer.prompt.toolformat import GENERIC, ToolFormat
 

@@ -205,6 +205,8 @@ def reading_for(served: ServedModel, req: GenerateRequest, prompt_tail: str) -> 
         fmt = replace(fmt, block_open="", call_open="")  # calls where none were offered
     reasoning = req.reasoning_format or served.cfg.reasoning_format
     markers = markers_for(reasoning, source)
+    if markers is None and fmt.thought_to:  # (reasoning_format none: reasoning is content)
+        fmt = replace(fmt, thought_to="")
     thoughts = harmony_reasoning(reasoning, source)
     return Reading(  # (Functionary's answer is a message to "all": read with or without tools)
         tools=fmt if offers or fmt.always_read else None, markers=markers,

@@ -18,7 +18,7 @@ from jinja2.sandbox import SandboxedEnvironment
 from serverproc import ServerProcess, start_server, stop_server
 from templates import template
 
-from edgeinfer.prompt.namedcalls import parameter_types
+from edgeinfer.prompt.paramtypes import parameter_types
 from edgeinfer.prompt.template import ChatTemplate, _Generation, tojson
 from edgeinfer.prompt.toolformat import FORMATS, detect
 from edgeinfer.prompt.tools import (

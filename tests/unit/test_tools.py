@@ -150,3 +150,26 @@ def test_text_around_a_call_keeps_its_blank_streamed_or_whole() -> None:
                 assert "".join(e.text for e in events if isinstance(e, TextDelta)) == want
                 assert [e.name for e in events if isinstance(e, ToolCallDelta) and e.name] \
                     == names
+
+
+def test_muse_glimmers_messages_to_itself_are_reasoning_wherever_they_come() -> None:
+    """Muse Glimmer may write several messages to ``self`` before its answer: each is
+    reasoning (the split took only the first), streamed or whole; without the split
+    (reasoning_format none, ``thought_to`` off) they are content."""
+    from dataclasses import replace
+
+    from edgeinfer.engine.delta import Delta
+    from edgeinfer.prompt.reasoning import MUSE_SELF
+    from edgeinfer.prompt.toolformat import MUSE_GLIMMER
+    from edgeinfer.service.events import ReasoningDelta, TextDelta
+    from edgeinfer.service.reader import ChoiceReader, Reading
+    text = (" to=self<|message|>A.<|eom|><|start|>assistant to=self<|message|>B.<|eom|>"
+            "<|start|>assistant to=user<|message|>Hi!")
+    for reading, want in ((Reading(tools=MUSE_GLIMMER, markers=MUSE_SELF), ("A.B.", "Hi!")),
+                          (Reading(tools=replace(MUSE_GLIMMER, thought_to="")), ("", "A.B.Hi!"))):
+        for pieces in ([text], list(text)):
+            reader = ChoiceReader(0, reading)
+            events = [e for k, p in enumerate(pieces) for e in reader.read(Delta(
+                p, finish_reason="stop" if k == len(pieces) - 1 else None))]
+            assert ("".join(e.text for e in events if isinstance(e, ReasoningDelta)),
+                    "".join(e.text for e in events if isinstance(e, TextDelta))) == want
