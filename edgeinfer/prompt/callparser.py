@@ -158,10 +158,16 @@ class CallParser:
         self._at_start = True  # nothing but blanks seen yet (for bare calls)
         self._opened = ""  # the marker that opened the current calls
         self._calls_before = 0  # calls parsed before that marker
+        self._declined = False  # (Command R+) the marker's calls were the decline alone
         self._obj: _Object | None = None
         self._sent = 0  # arguments characters of the current call already released
         self._announced = False
         self._after_close = False  # line breaks right after the calls' closing marker go
+
+    @property
+    def _none_yet(self) -> bool:
+        """The marker that opened the current calls opened none yet (nor a decline)."""
+        return self.num_calls == self._calls_before and not self._declined
 
     # -- free text ------------------------------------------------------------------
     def _text(self, out: list[Event]) -> bool:
@@ -179,7 +185,7 @@ class CallParser:
             self._at_start = False
             if head.startswith("{"):
                 self._buf, self._mode, self._opened = head, "calls", ""
-                self._calls_before = self.num_calls
+                self._calls_before, self._declined = self.num_calls, False
                 return True
         at = buf.find(fmt.open) if fmt.open else -1
         if at == -1:
@@ -191,7 +197,7 @@ class CallParser:
         if at:
             out.append(Content(buf[:at]))
         self._buf, self._mode, self._opened = buf[at + len(fmt.open):], "calls", fmt.open
-        self._calls_before = self.num_calls
+        self._calls_before, self._declined = self.num_calls, False
         return True
 
     # -- between calls --------------------------------------------------------------
@@ -219,7 +225,7 @@ class CallParser:
             return True
         if fmt.close and buf.startswith(fmt.close):
             rest = buf[len(fmt.close):]
-            if self.num_calls == self._calls_before:  # an empty pair: text, as written
+            if self._none_yet:  # an empty pair: text, as written
                 out.append(Content(self._opened + self._buf[:len(self._buf) - len(buf)]
                                    + fmt.close))
             else:
@@ -228,7 +234,7 @@ class CallParser:
             return True
         if not buf or fmt.close.startswith(buf) or buf == "[":
             return False  # more to come (maybe the closing marker)
-        if self.num_calls == self._calls_before:  # the marker opened no call: it was text
+        if self._none_yet:  # the marker opened no call: it was text
             out.append(Content(self._opened + self._buf[:len(self._buf) - len(buf)]))
         self._buf, self._mode = buf, "text"
         return True
@@ -241,6 +247,7 @@ class CallParser:
         if o.name is not None and o.name == self.fmt.decline:  # (Command R+) no call
             if o.done:
                 self._buf, self._mode, self._obj = self._buf[o.pos:], "calls", None
+                self._declined = True
             return o.done
         if o.name is not None and not self._announced and (o.args_start >= 0 or o.done):
             out.append(CallOpen(self.num_calls, new_call_id(self.fmt.id_length), o.name))
@@ -294,7 +301,7 @@ class CallParser:
         out: list[Event] = []
         rest, self._buf = self._buf, ""
         o = self._obj
-        if cut and (self._mode == "calls" and self.num_calls == self._calls_before
+        if cut and (self._mode == "calls" and self._none_yet
                     or self._mode == "text" and self.fmt.open.startswith(rest)):
             pass
         elif (self._mode == "text" and self.fmt.message_end and rest.strip()
@@ -306,7 +313,7 @@ class CallParser:
             self.num_calls += 1
         elif self._mode == "object" and self._opened:
             pass  # a call cut off before its name: not text (the output ran out in it)
-        elif self._mode != "text" and self.num_calls == self._calls_before:
+        elif self._mode != "text" and self._none_yet:
             out.append(Content(self._opened + rest))
         elif self._mode == "calls" and self.fmt.close.startswith(self._tail(rest)):
             pass  # after calls, the start of the closing marker (the output ran out in it)

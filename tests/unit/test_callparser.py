@@ -177,6 +177,8 @@ CASES: list[tuple[ToolFormat, str, str, list[tuple[str, object]]]] = [
      "Hi", [("get_weather", {"city": "Paris", "days": 3})]),  # (a header without recipient)
     (MUSE_GLIMMER, " to be sure.", "to be sure.", []),
     # its template's "directly-answer" action is no call
+    (COMMAND_R_PLUS, 'Action:\n```json\n{"tool_name": "directly-answer", "parameters": {}}```',
+     "", []),
     (COMMAND_R_PLUS, 'Action:\n```json\n[\n    {\n        "tool_name": "directly-answer",\n'
                      '        "parameters": {}\n    }\n]```\n', "", []),
     (COMMAND_R_PLUS, 'Action:\n```json\n[{"tool_name": "directly-answer", "parameters": {}}, '
