@@ -285,8 +285,8 @@ class NamedCallParser:
         if head[0] == "{":
             out.append(CallOpen(self.num_calls, new_call_id(self.fmt.id_length), self._name))
             return True
-        out.append(Content(self._held))
-        self._held, self._mode, self._reader = "", "text", None
+        self._give_back(out)
+        self._reader = None
         return False
 
     def _rest(self, out: list[Read]) -> bool:
