@@ -110,6 +110,11 @@ class NgramDrafter(DraftLength):
         proposed, taken = self._record[kind]
         return (taken + PRIOR_WEIGHT * PRIOR[kind]) / (proposed + PRIOR_WEIGHT)
 
+    @property
+    def expected(self) -> float:
+        """The share of the last proposed draft's tokens expected to be accepted."""
+        return self.expect(self._kind)
+
     def accepted(self, proposed: int, taken: int) -> None:
         super().accepted(proposed, taken)
         record = self._record[self._kind]

@@ -187,10 +187,12 @@ class Scheduler:
         """Append draft tokens to generating sequences' chunks, up to ``spare`` in all
         and never past a sequence's max_tokens; returns how many were added. Prompt-lookup
         drafters propose one by one, each against the bar of what its rows would add to
-        the step (``step_cost``); sequences with a draft model are drafted together, in
-        one call of their source."""
+        the step (``step_cost``), then face the bar again with the share of the step's
+        streams that draft (``_beside``); sequences with a draft model are drafted
+        together, in one call of their source."""
         cost = self.step_cost  # the streams of the main context (not the lane's)
         added, streams = 0, sum(1 for c in chunks if not c.seq.deterministic)
+        proposed: list[tuple[Chunk, list[int]]] = []
         together: list[tuple[Chunk, int]] = []
         for chunk in chunks:
             seq = chunk.seq
@@ -198,12 +200,16 @@ class Scheduler:
             if seq.drafter is None or room <= 0:
                 continue
             if isinstance(seq.drafter, NgramDrafter):
-                added += _extend(chunk, seq.drafter.propose(
-                    seq.tokens, room, seq.num_prompt,
-                    functools.partial(cost.bar, streams, streams + added)))
+                if draft := seq.drafter.propose(seq.tokens, room, seq.num_prompt,
+                                                functools.partial(cost.bar, streams,
+                                                                  streams + added)):
+                    proposed.append((chunk, draft))
+                    added += len(draft)
             elif (k := seq.drafter.wants(room)) > 0:
                 together.append((chunk, k))
                 added += k  # reserved; what the source does not draft is given back
+        added = sum(len(d) for _, d in proposed) - self._beside(
+            proposed, streams, len(proposed) + len(together)) + sum(k for _, k in together)
         if together:
             first = together[0][0].seq.drafter
             assert isinstance(first, SourceDrafter)
@@ -212,6 +218,24 @@ class Scheduler:
             for (chunk, k), draft in zip(together, drafts, strict=True):
                 added += _extend(chunk, draft[:k]) - k
         return added
+
+    def _beside(self, proposed: list[tuple[Chunk, list[int]]], streams: int,
+                drafting: int) -> int:
+        """Put the proposed prompt-lookup drafts in their chunks, but for those that do not
+        pay beside streams that draft nothing (``step_cost.shared``: with nothing waiting,
+        the step's own cost is saved only where every stream gets ahead); returns how
+        many draft tokens were left out."""
+        share = 1.0 if self.waiting or not streams else drafting / streams
+        rows, dropped = streams, 0
+        for chunk, draft in proposed:
+            drafter = chunk.seq.drafter
+            assert isinstance(drafter, NgramDrafter)
+            if share < 1 and drafter.expected <= self.step_cost.bar(
+                    streams, rows, len(draft), share):
+                dropped += len(draft)
+                continue
+            rows += _extend(chunk, draft)
+        return dropped
 
     def streaming_budget(self) -> int:
         """The token budget of a step while streams generate: ``token_budget``, or less

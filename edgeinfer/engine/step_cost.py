@@ -69,14 +69,29 @@ class StepCost:
         slope = (self._seconds[hi] - self._seconds[lo]) / (hi - lo)
         return max(0.0, self._seconds[lo] + slope * (rows - lo))
 
-    def bar(self, streams: int, rows: int, k: int) -> float:
-        """The share of ``k`` draft rows that must be accepted for them to pay: 0.0 where a
-        row count it needs is not known (draft, and so measure it), ``LONE_BAR`` for a
-        lone stream."""
+    def bar(self, streams: int, rows: int, k: int, share: float = 1.0) -> float:
+        """The share of ``k`` draft rows that must be accepted for them to pay when
+        ``share`` of the ``streams`` draft (see ``shared``): 0.0 where a row count it needs
+        is not known (draft, and so measure it), ``LONE_BAR`` for a lone stream."""
         if streams == 1:
             return LONE_BAR
         base, before, after = (self.estimate(streams), self.estimate(rows),
                                self.estimate(rows + k))
         if base is None or before is None or after is None or base <= 0 or k <= 0:
             return 0.0
-        return max(0.0, after - before) / k / (base / streams)
+        return shared(max(0.0, after - before) / k / (base / streams), share)
+
+
+def shared(bar: float, share: float) -> float:
+    """The bar of drafts when only ``share`` of a step's streams draft and nothing waits.
+
+    ``bar`` values an accepted token at a stream's share of the step, ``cost(streams) /
+    streams``: its own row, ``b``, and a part of what the step costs whatever its rows,
+    ``a / streams``. A stream that gets ahead saves its rows, but the steps go on, at that
+    fixed cost, until the streams that do not draft are done too (when requests wait, the
+    slot it frees takes one of them, and the whole share counts). So only ``share`` of the
+    fixed part is counted: ``b / (b + share * a / streams)``, that is ``bar / (bar + share *
+    (1 - bar))``; 1.0 where no stream gains."""
+    if share >= 1.0 or not 0.0 < bar < 1.0:
+        return bar
+    return bar / (bar + max(0.0, share) * (1.0 - bar))

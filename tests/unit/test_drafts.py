@@ -7,7 +7,7 @@ import pytest
 from edgeinfer.engine.drafts import NgramDrafter
 from edgeinfer.engine.scheduler import Chunk, Scheduler
 from edgeinfer.engine.sequence import SamplingParams, Sequence
-from edgeinfer.engine.step_cost import LONE_BAR, MIN_SAMPLES, STALE, StepCost
+from edgeinfer.engine.step_cost import LONE_BAR, MIN_SAMPLES, STALE, StepCost, shared
 
 
 def test_the_tokens_after_the_latest_earlier_occurrence_are_proposed() -> None:
@@ -91,6 +91,37 @@ def test_the_scheduler_drafts_only_what_the_measured_step_cost_pays_for() -> Non
         chunks = sch.schedule()
         assert sum(1 for c in chunks if c.drafts) == drafted, costly
         assert all(c.tokens[1:] == [3, 4, 5, 6] for c in chunks if c.drafts)
+
+
+def test_a_draft_beside_streams_that_draft_nothing_must_also_pay_for_their_steps() -> None:
+    """Rows at 1 ms each over 4.67 ms a step ask 0.3 of a draft when every stream drafts,
+    which a short match (expected 0.4) passes. Beside a stream that drafts nothing and with
+    nothing waiting, the steps go on until that one is done, so only half the step's own
+    cost is saved (bar 0.46) and the draft is left out; with a request waiting, the slot a
+    stream frees sooner takes it, and the draft goes in."""
+    for others_draft, waiting, drafted in ((True, False, 2), (False, False, 0),
+                                           (False, True, 1)):
+        sch = Scheduler(2, 32, draft_budget=8)
+        _, b = _two_streams(sch)
+        if not others_draft:
+            b.drafter = None
+        if waiting:
+            sch.add(Sequence("w", [1, 2], SamplingParams(), max_tokens=4))
+        for rows in [*range(2, 11)] * MIN_SAMPLES:
+            sch.step_cost.note(rows, (4.67 + rows) / 1000)
+        assert sch.step_cost.bar(2, 2, 4) == pytest.approx(0.3, abs=0.01)
+        chunks = sch.schedule()
+        assert sum(1 for c in chunks if c.drafts) == drafted, (others_draft, waiting)
+        assert all(c.seq.drafter is None or c.seq.drafter.proposed == c.drafts
+                   for c in chunks)
+
+
+def test_the_shared_bar_counts_the_fixed_cost_by_the_share_of_streams_that_draft() -> None:
+    assert shared(0.3, 1.0) == 0.3
+    assert shared(0.3, 0.5) == pytest.approx(0.3 / (0.3 + 0.5 * 0.7))
+    assert shared(0.3, 0.0) == 1.0  # nobody gets ahead: only a sure draft pays
+    assert shared(0.0, 0.5) == 0.0  # costs not known yet: draft, and so measure
+    assert shared(1.2, 0.5) == 1.2
 
 
 def test_only_generation_steps_of_the_main_context_are_measured() -> None:
