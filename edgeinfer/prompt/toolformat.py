@@ -87,6 +87,7 @@ reasoning, ``final`` the answer, ``commentary to=functions.NAME`` a call.
 
 from __future__ import annotations
 
+from collections.abc import Collection
 from dataclasses import dataclass, replace
 
 
@@ -180,6 +181,12 @@ class ToolFormat:
         """(``messages``) The header of a message to ``recipient``, after its opening: a
         message to a tool is a call (one to ``user`` the answer, to ``self`` reasoning)."""
         return f" to={recipient}{self.messages[2]}"
+
+    def offering(self, names: Collection[str]) -> ToolFormat:
+        """This format for a request that offers tools of these ``names``: where one is
+        named as the decline (Command R+'s ``directly-answer``), it is that tool, and its
+        calls are calls."""
+        return replace(self, decline="") if self.decline in names else self
 
     @property
     def opening(self) -> str:

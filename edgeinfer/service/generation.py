@@ -201,6 +201,8 @@ def reading_for(served: ServedModel, req: GenerateRequest, prompt_tail: str) -> 
     offers = req.constraint.offers_tools
     if fmt.prompt_opens and not prompt_tail.endswith(fmt.opening):  # an assistant prefill
         fmt = replace(fmt, prompt_opens=False)  # (Functionary, Muse Glimmer): its text goes on
+    if offers:  # (Command R+) a tool of its own named "directly-answer" is called
+        fmt = fmt.offering({t.name for t in req.constraint.tools})
     if not offers and fmt.noise:  # read for the answer's markup alone (Kimi K3, Muse): no
         fmt = replace(fmt, block_open="", call_open="")  # calls where none were offered
     reasoning = req.reasoning_format or served.cfg.reasoning_format

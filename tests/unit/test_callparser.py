@@ -183,6 +183,10 @@ CASES: list[tuple[ToolFormat, str, str, list[tuple[str, object]]]] = [
                      '        "parameters": {}\n    }\n]```\n', "", []),
     (COMMAND_R_PLUS, 'Action:\n```json\n[{"tool_name": "directly-answer", "parameters": {}}, '
                      '{"tool_name": "get_time", "parameters": {}}]```', "", [("get_time", {})]),
+    # unless the request offers a tool of its own named so
+    (COMMAND_R_PLUS.offering({"directly-answer", "get_time"}),
+     'Action:\n```json\n[{"tool_name": "directly-answer", "parameters": {"text": "Hi"}}]```',
+     "", [("directly-answer", {"text": "Hi"})]),
     (KIMI_K3, 'Hello!<|close|>response<|sep|><|open|>tools<|sep|><|open|>call tool="get_weather" '
               'index="1"<|sep|><|open|>argument key="city" type="string"<|sep|>Paris'
               '<|close|>argument<|sep|><|open|>argument key="days" type="number"<|sep|>3'

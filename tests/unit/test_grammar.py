@@ -141,6 +141,13 @@ def test_command_r_plus_may_decline_under_auto(monkeypatch: pytest.MonkeyPatch) 
                                        fmt=COMMAND_R_PLUS)
     assert lazy is not None and "directly-answer" in lazy and "get_time" in lazy
     assert forced is not None and "directly-answer" not in forced
+    # a tool of the request's own named so is that tool, offered once, with its schema
+    own = (ToolSpec("directly-answer", "", {"type": "object", "properties": {
+        "text": {"type": "string"}}, "required": ["text"]}),)
+    fmt = COMMAND_R_PLUS.offering({"directly-answer"})
+    assert fmt.decline == "" and COMMAND_R_PLUS.offering({"get_time"}) is COMMAND_R_PLUS
+    mine, _ = constraint.grammar_for(None, Constraint(tools=own, tool_choice="auto"), fmt=fmt)
+    assert mine is not None and mine.count('directly-answer') == 1 and "text" in mine
 
 
 def test_kimi_k3_forced_calls_follow_its_template() -> None:
