@@ -189,27 +189,34 @@ class Scheduler:
         drafters propose one by one, each against the bar of what its rows would add to
         the step (``step_cost``), then face the bar again with the share of the step's
         streams that draft (``_beside``); sequences with a draft model are drafted
-        together, in one call of their source."""
+        together, in one call of their source (their rows are reserved first)."""
         cost = self.step_cost  # the streams of the main context (not the lane's)
-        added, streams = 0, sum(1 for c in chunks if not c.seq.deterministic)
+        streams = sum(1 for c in chunks if not c.seq.deterministic)
+        reserved = offered = 0
         proposed: list[tuple[Chunk, list[int]]] = []
         together: list[tuple[Chunk, int]] = []
         for chunk in chunks:
             seq = chunk.seq
-            room = min(spare - added, seq.max_tokens - seq.num_generated - 1)
+            room = min(spare - reserved, seq.max_tokens - seq.num_generated - 1)
             if seq.drafter is None or room <= 0:
                 continue
             if isinstance(seq.drafter, NgramDrafter):
                 if draft := seq.drafter.propose(seq.tokens, room, seq.num_prompt,
                                                 functools.partial(cost.bar, streams,
-                                                                  streams + added)):
+                                                                  streams + reserved + offered)):
                     proposed.append((chunk, draft))
-                    added += len(draft)
+                    offered += len(draft)
             elif (k := seq.drafter.wants(room)) > 0:
                 together.append((chunk, k))
-                added += k  # reserved; what the source does not draft is given back
-        added = sum(len(d) for _, d in proposed) - self._beside(
-            proposed, streams, len(proposed) + len(together)) + sum(k for _, k in together)
+                reserved += k  # what the source does not draft is given back
+        kept = self._beside(proposed, streams, reserved, len(together))
+        kept.sort(key=_expectation, reverse=True)  # the surest first
+        added = reserved
+        for chunk, draft in kept:  # in the budget left, none shorter than its minimum
+            n = min(len(draft), spare - added)
+            assert chunk.seq.drafter is not None
+            if n > 0 and n >= chunk.seq.drafter.min_len:
+                added += _extend(chunk, draft[:n])
         if together:
             first = together[0][0].seq.drafter
             assert isinstance(first, SourceDrafter)
@@ -219,23 +226,29 @@ class Scheduler:
                 added += _extend(chunk, draft[:k]) - k
         return added
 
-    def _beside(self, proposed: list[tuple[Chunk, list[int]]], streams: int,
-                drafting: int) -> int:
-        """Put the proposed prompt-lookup drafts in their chunks, but for those that do not
-        pay beside streams that draft nothing (``step_cost.shared``: with nothing waiting,
-        the step's own cost is saved only where every stream gets ahead); returns how
-        many draft tokens were left out."""
-        share = 1.0 if self.waiting or not streams else drafting / streams
-        rows, dropped = streams, 0
-        for chunk, draft in proposed:
-            drafter = chunk.seq.drafter
-            assert isinstance(drafter, NgramDrafter)
-            if share < 1 and drafter.expected <= self.step_cost.bar(
-                    streams, rows, len(draft), share):
-                dropped += len(draft)
-                continue
-            rows += _extend(chunk, draft)
-        return dropped
+    def _beside(self, proposed: list[tuple[Chunk, list[int]]], streams: int, reserved: int,
+                others: int) -> list[tuple[Chunk, list[int]]]:
+        """The proposed prompt-lookup drafts that pay beside the streams that draft
+        nothing (``step_cost.shared``: with no request waiting for a slot, the step's own
+        cost is saved only where every stream gets ahead). ``others`` sequences drafted by
+        a draft model, with ``reserved`` rows, draft too. Each draft left out lowers the
+        share, so the rest are judged again until none is left out."""
+        waiting = bool(self.waiting) and not self._free_slots
+        kept = proposed
+        while True:
+            share = 1.0 if waiting or not streams else (len(kept) + others) / streams
+            rows, passing = streams + reserved, []
+            for chunk, draft in kept:
+                drafter = chunk.seq.drafter
+                assert isinstance(drafter, NgramDrafter)
+                if share < 1.0 and drafter.expected <= self.step_cost.bar(
+                        streams, rows, len(draft), share):
+                    continue
+                passing.append((chunk, draft))
+                rows += len(draft)
+            if len(passing) == len(kept):
+                return list(kept)
+            kept = passing
 
     def streaming_budget(self) -> int:
         """The token budget of a step while streams generate: ``token_budget``, or less
@@ -286,6 +299,12 @@ class Scheduler:
             self.waiting.remove(seq)
         seq.status = status
         return freed
+
+
+def _expectation(proposal: tuple[Chunk, list[int]]) -> float:
+    drafter = proposal[0].seq.drafter
+    assert isinstance(drafter, NgramDrafter)
+    return drafter.expected
 
 
 def _extend(chunk: Chunk, draft: list[int]) -> int:

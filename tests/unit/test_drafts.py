@@ -116,6 +116,50 @@ def test_a_draft_beside_streams_that_draft_nothing_must_also_pay_for_their_steps
                    for c in chunks)
 
 
+def test_the_step_s_room_for_drafts_goes_to_the_surest_first() -> None:
+    """A short match (expected 0.4) proposed first, beside a match into the prompt
+    (expected 0.9), with room for one draft of four: the prompt match takes it."""
+    sch = Scheduler(2, 32, draft_budget=4)
+    a, _ = _two_streams(sch)
+    b = Sequence("b2", [1, 2, 3, 4, 5, 6, 7, 8], SamplingParams(), max_tokens=100)
+    b.drafter = NgramDrafter(max_len=4, n_min=2, n_max=4)
+    sch.running[1] = b
+    b.slot, b.status = 1, a.status
+    b.tokens += [1, 2]
+    b.num_computed = len(b.tokens) - 1
+    for rows in [*range(2, 11)] * MIN_SAMPLES:
+        sch.step_cost.note(rows, (4.67 + rows) / 1000)
+    chunks = sch.schedule()
+    assert [(c.seq.request_id, c.drafts) for c in chunks] == [("a", 0), ("b2", 4)]
+    assert chunks[1].tokens == [2, 3, 4, 5, 6] and a.drafter is not None
+    assert a.drafter.proposed == 0 and b.drafter.proposed == 4
+
+
+def test_a_draft_left_out_leaves_its_room_to_the_others() -> None:
+    """Four streams, two with a match: a short one (0.4) first, one into the prompt (0.9).
+    Both pass the bar of every stream drafting (0.3); at the share of two in four (0.46) the
+    short one is left out; the other, judged again at one in four (0.63), drafts, in room
+    the short one did not keep."""
+    sch = Scheduler(4, 32, draft_budget=4)
+    outputs = {"short": ([9, 9, 9], [1, 2, 3, 4, 5, 6, 1, 2]),
+               "prompt": ([1, 2, 3, 4, 5, 6], [1, 2]), "x": ([7], [8]), "y": ([7], [9])}
+    for rid, (prompt, _) in outputs.items():
+        seq = Sequence(rid, prompt, SamplingParams(), max_tokens=100)
+        if rid in ("short", "prompt"):
+            seq.drafter = NgramDrafter(max_len=4, n_min=2, n_max=4)
+        sch.add(seq)
+    sch.admit()
+    for seq in sch.running:
+        seq.tokens += outputs[seq.request_id][1]
+        seq.num_computed = len(seq.tokens) - 1
+    for rows in [*range(2, 11)] * MIN_SAMPLES:
+        sch.step_cost.note(rows, (9.33 + rows) / 1000)
+    assert sch.step_cost.bar(4, 4, 4) == pytest.approx(0.3, abs=0.01)
+    chunks = sch.schedule()
+    assert [(c.seq.request_id, c.drafts) for c in chunks] == [
+        ("short", 0), ("prompt", 4), ("x", 0), ("y", 0)]
+
+
 def test_the_shared_bar_counts_the_fixed_cost_by_the_share_of_streams_that_draft() -> None:
     assert shared(0.3, 1.0) == 0.3
     assert shared(0.3, 0.5) == pytest.approx(0.3 / (0.3 + 0.5 * 0.7))
