@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
 
 from edgeinfer.errors import InvalidRequest
@@ -148,6 +150,18 @@ def test_command_r_plus_may_decline_under_auto(monkeypatch: pytest.MonkeyPatch) 
     assert fmt.decline == "" and COMMAND_R_PLUS.offering({"get_time"}) is COMMAND_R_PLUS
     mine, _ = constraint.grammar_for(None, Constraint(tools=own, tool_choice="auto"), fmt=fmt)
     assert mine is not None and mine.count('directly-answer') == 1 and "text" in mine
+    # as a request is read: the format its reader and its grammar get
+    from types import SimpleNamespace
+
+    from edgeinfer.service.generation import reading_for
+    from edgeinfer.service.request import ChatPrompt, GenerateRequest
+    served: Any = SimpleNamespace(template=SimpleNamespace(source=""), tool_format=COMMAND_R_PLUS,
+                                  cfg=SimpleNamespace(reasoning_format="none"))
+    for offered, decline in ((own, ""), (tools, "directly-answer")):
+        req = GenerateRequest("m", ChatPrompt(()), constraint=Constraint(tools=offered,
+                                                                      tool_choice="auto"))
+        reading = reading_for(served, req, "")
+        assert reading.tools is not None and reading.tools.decline == decline
 
 
 def test_kimi_k3_forced_calls_follow_its_template() -> None:
