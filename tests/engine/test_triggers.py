@@ -156,6 +156,10 @@ WRITTEN = [
         f' to=get_weather<|message|><atem:function_calls>\n<atem:invoke name="get_weather">\n'
         f'<atem:parameter name="city">{c}</atem:parameter>\n</atem:invoke>\n'
         "</atem:function_calls>" for c in ("Paris", "Oslo"))),
+    ("muse_glimmer", " to=self<|message|>The user wants the weather; a < b, so I call it."
+                     "<|eom|><|start|>assistant to=get_weather<|message|><atem:function_calls>\n"
+                     '<atem:invoke name="get_weather">\n<atem:parameter name="city">Paris'
+                     "</atem:parameter>\n</atem:invoke>\n</atem:function_calls>"),
 ]
 
 

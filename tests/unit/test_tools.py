@@ -152,6 +152,29 @@ def test_text_around_a_call_keeps_its_blank_streamed_or_whole() -> None:
                     == names
 
 
+def test_muse_glimmers_reasoning_before_a_call_is_reasoning_and_the_call_a_call() -> None:
+    """What a forced call's grammar lets Muse Glimmer write: a message to ``self``, then
+    a message to the tool; streamed or whole alike."""
+    from edgeinfer.engine.delta import Delta
+    from edgeinfer.prompt.reasoning import MUSE_SELF
+    from edgeinfer.prompt.toolformat import MUSE_GLIMMER
+    from edgeinfer.service.events import ReasoningDelta, TextDelta, ToolCallDelta
+    from edgeinfer.service.reader import ChoiceReader, Reading
+    text = (" to=self<|message|>I check.<|eom|><|start|>assistant to=get_weather<|message|>"
+            '<atem:function_calls>\n<atem:invoke name="get_weather">\n<atem:parameter '
+            'name="city">Paris</atem:parameter>\n</atem:invoke>\n</atem:function_calls>')
+    for pieces in ([text], list(text)):
+        reader = ChoiceReader(0, Reading(tools=MUSE_GLIMMER, markers=MUSE_SELF,
+                                         types={"get_weather": {"city": "string"}}))
+        events = [e for k, p in enumerate(pieces) for e in reader.read(Delta(
+            p, finish_reason="stop" if k == len(pieces) - 1 else None))]
+        assert "".join(e.text for e in events if isinstance(e, ReasoningDelta)) == "I check."
+        assert "".join(e.text for e in events if isinstance(e, TextDelta)) == ""
+        calls = [e for e in events if isinstance(e, ToolCallDelta)]
+        assert [e.name for e in calls if e.name] == ["get_weather"]
+        assert "".join(e.arguments for e in calls) == '{"city": "Paris"}'
+
+
 def test_muse_glimmers_messages_to_itself_are_reasoning_wherever_they_come() -> None:
     """Muse Glimmer may write several messages to ``self`` before its answer: each is
     reasoning (the split took only the first), streamed or whole; without the split
