@@ -239,9 +239,7 @@ class Scheduler:
             share = 1.0 if waiting or not streams else (len(kept) + others) / streams
             rows, passing = streams + reserved, []
             for chunk, draft in kept:
-                drafter = chunk.seq.drafter
-                assert isinstance(drafter, NgramDrafter)
-                if share < 1.0 and drafter.expected <= self.step_cost.bar(
+                if share < 1.0 and _expectation((chunk, draft)) <= self.step_cost.bar(
                         streams, rows, len(draft), share):
                     continue
                 passing.append((chunk, draft))

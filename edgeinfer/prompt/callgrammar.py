@@ -231,12 +231,12 @@ def named_calls_gbnf(tools: list[tuple[str, dict[str, Any]]], max_calls: int,
         more = f"({lit(end + head_open)} head call){{0,{n - 1}}}"
         # (the prompt opened the first message; a lazy grammar starts at a tool's header,
         # a forced one may first write a message of reasoning, to ``thought_to``)
-        first = "head" if fmt.prompt_opens or lazy else f"{lit(end + head_open)} head"
+        first = "" if fmt.prompt_opens or lazy else f"{lit(end + head_open)} "
         if fmt.thought_to and not lazy:
             rules.append(f"thought ::= {lit(fmt.header(fmt.thought_to))} "
                          f'([^<] | "<" [^|])* {lit(end + head_open)}')
-            first = first.replace("head", "thought? head")
-        calls = f"{first} call {more}"
+            first += "thought? "
+        calls = f"{first}head call {more}"
     elif fmt.block_each:  # Qwen3-Coder, Seed-OSS: each call in its own block
         rules.append(f"call ::= {lit(fmt.block_open + chr(10))} inner "
                      f"{lit(chr(10) + fmt.block_close)}")
