@@ -13,7 +13,8 @@ false`` per request (so both run in one process, alternating: the machine is noi
 and, when LLAMA_SERVER_BIN points at llama.cpp's llama-server, llama-server with
 ``--spec-type ngram-simple`` (its n-gram mode) and without. Each comparison runs
 --rounds times, in turn, the order reversed every other round; medians are printed, with
-the draft acceptance rate.
+the draft acceptance rate. Every server first answers each workload once, unmeasured, so
+that its prompts are cached and no measured run pays for computing them.
 
 With ``--draft-model NAME`` (a configured model or a .gguf file), edgeinfer serves
 ``--target`` (default: the default model) drafted by that model (``serve --draft-model``),
@@ -134,7 +135,10 @@ def main() -> int:
     try:
         for _, srv, model, _ in servers:
             srv.wait_ready()
-            asyncio.run(measure(srv.url, model, "free", 1, None))  # warm-up
+            # warm-up, unmeasured: each workload's prompts are computed once here, so that
+            # no measured run pays for them (the first of a round would, alone)
+            for workload in ("copy", "free"):
+                asyncio.run(measure(srv.url, model, workload, 4, None))
         table: dict[tuple[str, str, int], list[float]] = {}
         runs = [(name, srv, model, spec) for name, srv, model, modes in servers
                 for spec in modes]

@@ -15,7 +15,10 @@ into the prompt (90 % accepted), a match of all ``n_max`` tokens into the output
 shorter one into the output (38 %), and the request's prediction. A short match whose
 latest occurrence is in the output but that also occurs in the prompt copies the prompt; a
 refused match gives way to a shorter one; each refusal fades the kind's record, so early
-misses do not rule a kind out for the rest of the request.
+misses do not rule a kind out for the rest of the request. Where a copy of the prompt
+left off (a word changed, added or left out), it is picked up again as soon as the
+output's last one or two tokens are found just past that point (a resync, ``_resync``),
+without waiting for ``n_min`` tokens to match.
 
 The engine decodes the drafts after the sequence's last token in the same batch as the
 other slots, samples the target at every drafted position in order, and keeps drafts
@@ -33,9 +36,13 @@ from typing import Protocol
 
 COOLDOWN = 8  # tokens without drafts after a draft of which none was accepted
 # the share of a kind of draft expected to be accepted before a sequence has its own record
-PRIOR = {"prompt": 0.9, "predicted": 0.9, "long": 0.6, "short": 0.4}
+PRIOR = {"prompt": 0.9, "predicted": 0.9, "resync": 0.7, "long": 0.6, "short": 0.4}
 PRIOR_WEIGHT = 8.0  # the prior counts as this many proposed tokens
 FORGET = 0.9  # what a kind's record keeps of itself each time a draft of it is refused
+# prompt tokens past where a copy left off that a resync looks through for the output's
+# last two tokens, and for its last one (a lone token matches by chance further on)
+WINDOW = {2: 24, 1: 4}
+RESYNC_TOKENS = 8  # output tokens after a copy left off within which it may resync
 
 
 def _free(k: int) -> float:  # no bar: every draft is proposed
@@ -104,6 +111,10 @@ class NgramDrafter(DraftLength):
         # kind -> [tokens proposed, tokens accepted], faded by refusals (``FORGET``)
         self._record: dict[str, list[float]] = {kind: [0.0, 0.0] for kind in PRIOR}
         self._kind = "short"  # of the last draft proposed
+        self._from: int | None = None  # where in the prompt the last draft was taken from
+        self._length = 0  # the sequence's length when the last draft was proposed
+        # where a copy of the prompt left off and the sequence's length then (``_resync``)
+        self._cursor: tuple[int, int] | None = None
 
     def expect(self, kind: str) -> float:
         """The share of a ``kind`` draft's tokens expected to be accepted."""
@@ -120,18 +131,36 @@ class NgramDrafter(DraftLength):
         record = self._record[self._kind]
         record[0] += proposed
         record[1] += taken
+        if proposed:
+            self._follow(taken)
 
-    def _offer(self, kind: str, draft: list[int], bar: Callable[[int], float]) -> list[int]:
-        """``draft`` if its kind is expected to pass the bar; a refusal fades the kind's
-        record a little (``FORGET``), so that a kind ruled out by early misses is tried
-        again some steps later."""
+    def _follow(self, taken: int) -> None:
+        """Where a copy of the prompt left off after a draft taken from it (``_resync``):
+        where the draft was first wrong, if any of it was right or the copy has been going
+        well (then drafting does not pause either: ``COOLDOWN``); else the copy is lost."""
+        if self._from is None:
+            return
+        going = self.expect(self._kind) >= PRIOR["resync"]
+        if taken or (going and self._kind == "prompt"):
+            self._cursor = (self._from + taken, self._length + taken + 1)
+            if going:
+                self._pause = 0
+        else:
+            self._cursor = None
+
+    def _offer(self, kind: str, draft: list[int], bar: Callable[[int], float],
+               start: int | None = None, length: int = 0) -> list[int]:
+        """``draft`` (taken from the prompt at ``start``, if it was, after ``length``
+        tokens) if its kind is
+        expected to pass the bar; a refusal fades the kind's record a little (``FORGET``),
+        so that a kind ruled out by early misses is tried again some steps later."""
         if not draft:
             return []
         if self.expect(kind) <= bar(len(draft)):
             record = self._record[kind]
             record[0], record[1] = record[0] * FORGET, record[1] * FORGET
             return []
-        self._kind = kind
+        self._kind, self._from, self._length = kind, start, length
         return draft
 
     def _index(self, tokens: Sequence[int], prompt_len: int) -> None:
@@ -173,8 +202,31 @@ class NgramDrafter(DraftLength):
             if kind != "prompt" and copied is not None and \
                     self.expect("prompt") > self.expect(kind):
                 pos, kind = copied, "prompt"
-            if draft := self._offer(kind, list(tokens[pos:pos + k]), bar):
+            start = pos if kind == "prompt" else None
+            if draft := self._offer(kind, list(tokens[pos:pos + k]), bar, start, len(tokens)):
                 return draft  # else a shorter match, perhaps of another kind
+        return self._resync(tokens, k, prompt_len, bar)
+
+    def _resync(self, tokens: Sequence[int], k: int, prompt_len: int,
+                bar: Callable[[int], float]) -> list[int]:
+        """Where a copy of the prompt left off (the first draft token that was not
+        accepted: a word changed, added or left out), the copy goes on as soon as the
+        output's last two tokens, or its last one, are found in the next ``WINDOW[n]``
+        prompt tokens from there (the nearest place first), long before ``n_min`` tokens
+        match again: the draft is what follows them."""
+        if self._cursor is None or len(tokens) <= prompt_len:
+            return []
+        cursor, since = self._cursor
+        if len(tokens) - since > RESYNC_TOKENS:  # the output went its own way
+            self._cursor = None
+            return []
+        last = prompt_len - 1
+        for at in range(cursor, min(cursor + max(WINDOW.values()), last)):  # nearest first
+            for n, width in WINDOW.items():  # ``at``: where the gram's last token is
+                if at - cursor < width and at >= n - 1 and \
+                        list(tokens[at - n + 1:at + 1]) == list(tokens[-n:]):
+                    return self._offer("resync", list(tokens[at + 1:min(at + 1 + k, last + 1)]),
+                                       bar, at + 1, len(tokens))
         return []
 
 

@@ -31,9 +31,10 @@ ALPHA = 0.2  # weight of a new measurement in the moving average
 MIN_SAMPLES = 2  # measurements of a row count before its average is used
 STALE = 2000  # generation steps after which a row count's average is measured again
 # a lone stream's bar: what its measured 3- to 7-token drafts asked here (SmolLM2 Q4_1 0.66
-# to 0.52, Q8_0 0.74 to 0.41); it admits prompt matches and whole n-gram matches into the
-# output, not shorter ones (see ``drafts.PRIOR``)
-LONE_BAR = 0.5
+# to 0.52, Q8_0 0.74 to 0.41); it admits prompt matches, resyncs and predictions, not
+# matches into the output alone (whole ones, 0.6, about break even on Q4_1: a risk with
+# nothing to gain; see ``drafts.PRIOR``)
+LONE_BAR = 0.6
 
 
 class StepCost:

@@ -298,3 +298,89 @@ def test_a_prediction_is_followed_through_an_edit() -> None:
     assert d.propose(prompt + out, 8, len(prompt)) == [13]
     plain = NgramDrafter(max_len=4, n_min=4, min_len=1)  # no prediction: prompt lookup only
     assert plain.propose(prompt + [1, 2, 3], 8, len(prompt)) == []
+
+
+COPIED = list(range(20, 60))  # a prompt text the answer copies, one token a word
+
+
+def _copying(max_len: int = 4) -> tuple[NgramDrafter, list[int]]:
+    """A drafter whose last draft (24..27, from the prompt) was accepted up to 24: the
+    output then wrote something else where the prompt has 25."""
+    prompt = [1, 2, *COPIED, 3]
+    d = NgramDrafter(max_len=max_len, n_min=4, n_max=8)
+    out = [20, 21, 22, 23]
+    assert d.propose(prompt + out, 8, len(prompt)) == [24, 25, 26, 27]
+    d.accepted(4, 1)
+    return d, prompt
+
+
+def test_a_copy_that_left_off_resyncs_on_one_token_just_past_that_point() -> None:
+    d, prompt = _copying()
+    # a word changed (99 for 25), then the copy goes on: 26 is found just past 25
+    assert d.propose(prompt + [20, 21, 22, 23, 24, 99, 26], 8, len(prompt)) == [27, 28]
+    d, prompt = _copying()
+    # a word added (99 before 25)
+    assert d.propose(prompt + [20, 21, 22, 23, 24, 99, 25], 8, len(prompt)) == [26, 27]
+    d, prompt = _copying()
+    # nothing the prompt has there yet: no draft (four tokens would be needed without it)
+    assert d.propose(prompt + [20, 21, 22, 23, 24, 99], 8, len(prompt)) == []
+    plain = NgramDrafter(max_len=4, n_min=4, n_max=8)
+    assert plain.propose(prompt + [20, 21, 22, 23, 24, 99, 26], 8, len(prompt)) == []
+
+
+def test_a_resync_takes_one_token_only_near_and_two_within_the_window() -> None:
+    d, prompt = _copying()
+    far = 25 + 6  # six words left out: one token so far on is a chance match
+    assert d.propose(prompt + [20, 21, 22, 23, 24, 98, far], 8, len(prompt)) == []
+    assert d.propose(prompt + [20, 21, 22, 23, 24, 98, far, far + 1], 8,
+                     len(prompt)) == [far + 2, far + 3]
+    d, prompt = _copying()
+    beyond = 25 + 30  # past the window: the copy is lost
+    assert d.propose(prompt + [20, 21, 22, 23, 24, 98, beyond - 1, beyond], 8,
+                     len(prompt)) == []
+
+
+def test_a_resync_none_of_which_is_accepted_loses_the_copy() -> None:
+    d, prompt = _copying()
+    out = [20, 21, 22, 23, 24, 99, 26]
+    assert d.propose(prompt + out, 8, len(prompt)) == [27, 28]
+    d.accepted(2, 0)
+    d._pause = 0
+    assert d.propose(prompt + out + [97, 28], 8, len(prompt)) == []
+
+
+def test_a_copy_going_well_that_misses_resyncs_at_once() -> None:
+    """A prompt draft none of whose tokens was accepted, in a copy whose record is good,
+    does not pause drafting (``COOLDOWN``): the next token resyncs."""
+    prompt = [1, 2, *COPIED, 3]
+    d = NgramDrafter(max_len=4, n_min=4, n_max=8)
+    assert d.propose(prompt + [20, 21, 22, 23], 8, len(prompt)) == [24, 25, 26, 27]
+    d.accepted(4, 4)
+    assert d.propose(prompt + list(range(20, 29)), 8, len(prompt)) == [29, 30, 31, 32]
+    d.accepted(4, 0)  # the model wrote 99 where the prompt has 29
+    assert d.propose(prompt + list(range(20, 29)) + [99, 29], 8, len(prompt)) == [30, 31]
+    free = NgramDrafter(max_len=4, n_min=4, n_max=8)  # the same miss with a poor record
+    assert free.propose(prompt + [20, 21, 22, 23], 8, len(prompt)) == [24, 25, 26, 27]
+    for _ in range(3):
+        free.accepted(4, 0)
+    assert free.propose(prompt + [20, 21, 22, 23, 99, 24], 8, len(prompt)) == []  # paused
+
+
+def test_a_resync_is_looked_for_only_soon_after_the_copy_left_off() -> None:
+    d, prompt = _copying()
+    wandered = [20, 21, 22, 23, 24, *range(90, 99)]  # nine tokens of its own since
+    assert d.propose(prompt + wandered + [26], 8, len(prompt)) == []
+    assert d.propose(prompt + wandered[:-1] + [26], 8, len(prompt)) == []  # lost for good
+    d, prompt = _copying()
+    assert d.propose(prompt + wandered[:-1] + [26], 8, len(prompt)) == [27, 28]
+
+
+def test_a_first_prompt_match_none_of_which_is_right_starts_no_copy() -> None:
+    """An answer that repeats a few words of its question and goes on its own way: no
+    resync follows (nothing was copied)."""
+    prompt = [1, 2, *COPIED, 3]
+    d = NgramDrafter(max_len=4, n_min=4, n_max=8)
+    assert d.propose(prompt + [20, 21, 22, 23], 8, len(prompt)) == [24, 25, 26, 27]
+    d.accepted(4, 0)
+    d._pause = 0
+    assert d.propose(prompt + [20, 21, 22, 23, 99, 25], 8, len(prompt)) == []
