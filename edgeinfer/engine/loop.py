@@ -114,8 +114,7 @@ class Engine:
         or cancelling the iterator early aborts the request and frees its slot."""
         if not self.is_running:
             raise EngineError("the engine is not running")
-        n_ctx = self.runtime.info.n_ctx
-        room = n_ctx - len(prompt)
+        room = self.runtime.info.n_ctx - len(prompt)
         assert room > 0, "the HTTP layer rejects prompts that do not fit"
         max_tokens = room if params.max_tokens is None else min(params.max_tokens, room)
         if params.dry_multiplier > 0.0 and not self.dry.ready(params):  # made off the engine
@@ -171,13 +170,14 @@ class Engine:
 
     def _refuse_calls(self) -> None:  # calls still in the inbox when the engine stops
         while not self._inbox.empty():
-            msg = self._inbox.get_nowait()
-            if isinstance(msg, Call) and self._loop is not None:
+            if isinstance(msg := self._inbox.get_nowait(), Call) and self._loop is not None:
                 self._loop.call_soon_threadsafe(_settle, msg.future, None,
                                                 EngineError("the engine stopped"))
 
     def _drain(self, block: bool) -> bool:
         """Apply inbox messages; returns False on Stop."""
+        if block:  # nothing to do till a message comes: save kept entries' states meanwhile
+            self.cache.stash_idle()
         try:
             msg = self._inbox.get(block=block)
         except queue.Empty:

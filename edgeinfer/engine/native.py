@@ -354,19 +354,19 @@ class LlamaRuntime:
         """The last position ``seq_id`` holds (-1: none)."""
         return int(llama_cpp.llama_memory_seq_pos_max(self._mem, seq_id))
 
-    def seq_state(self, seq_id: int) -> bytes:
+    def seq_state(self, seq_id: int) -> bytearray:
         """The KV state of one sequence (llama_state_seq_get_data): what ``set_seq_state``
         puts back, in this context or a fresh one of the same model and parameters."""
-        size = llama_cpp.llama_state_seq_get_size(self.ctx, seq_id)
-        buf = (ctypes.c_uint8 * size)()
-        n = llama_cpp.llama_state_seq_get_data(self.ctx, buf, size, seq_id)
-        return ctypes.string_at(buf, n)  # one copy (slicing the array would go int by int)
+        data = bytearray(llama_cpp.llama_state_seq_get_size(self.ctx, seq_id))  # one buffer,
+        n = llama_cpp.llama_state_seq_get_data(  # written in place (new memory is slow to touch)
+            self.ctx, (ctypes.c_uint8 * len(data)).from_buffer(data), len(data), seq_id)
+        return data[:n] if n < len(data) else data
 
     def seq_state_size(self, seq_id: int) -> int:
         """The size of ``seq_state(seq_id)`` in bytes, without copying it."""
         return int(llama_cpp.llama_state_seq_get_size(self.ctx, seq_id))
 
-    def set_seq_state(self, seq_id: int, data: bytes) -> bool:
+    def set_seq_state(self, seq_id: int, data: bytes | bytearray) -> bool:
         """Load a sequence's state saved by ``seq_state`` into ``seq_id`` (which must be
         empty); False when llama.cpp refuses it (no room, or data it cannot read)."""
         buf = (ctypes.c_uint8 * len(data)).from_buffer_copy(data)

@@ -20,6 +20,8 @@ from dataclasses import dataclass
 
 from edgeinfer.engine.prefix_index import PrefixIndex
 
+State = bytes | bytearray  # a sequence's saved KV state (``seq_state`` fills a bytearray)
+
 
 @dataclass(slots=True)
 class RamStats:
@@ -35,7 +37,7 @@ class RamTier:
     def __init__(self, budget: int) -> None:
         self.budget = budget
         self.index = PrefixIndex()
-        self._states: OrderedDict[int, tuple[list[int], bytes]] = OrderedDict()
+        self._states: OrderedDict[int, tuple[list[int], State]] = OrderedDict()
         self._next = 0
         self._pinned: set[int] = set()
         self.bytes = 0
@@ -49,7 +51,7 @@ class RamTier:
         """Whether a state of ``size`` bytes can be kept (beside the pinned states)."""
         return size <= self.budget - sum(len(self._states[h][1]) for h in self._pinned)
 
-    def put(self, tokens: list[int], data: bytes, pinned: bool = False) -> bool:
+    def put(self, tokens: list[int], data: State, pinned: bool = False) -> bool:
         """Keep ``data``, the state of ``tokens`` (False: it does not fit the budget
         beside the pinned states). A pinned state is never pushed out."""
         if not tokens or not self.fits(len(data)):
@@ -68,7 +70,7 @@ class RamTier:
             return hid
         return None
 
-    def _insert(self, tokens: list[int], data: bytes, pinned: bool = False) -> bool:
+    def _insert(self, tokens: list[int], data: State, pinned: bool = False) -> bool:
         """Keep a state that fits the budget (False: the same prefix is already kept)."""
         same = self._exact(tokens)
         if same is not None:
@@ -96,17 +98,17 @@ class RamTier:
                 best, found = n, hid
         return best, found
 
-    def get(self, hid: int) -> bytes:
+    def get(self, hid: int) -> State:
         """A kept state, left in place (and made the most recently used)."""
         self._states.move_to_end(hid)
         return self._states[hid][1]
 
-    def state(self, tokens: Sequence[int]) -> bytes | None:
+    def state(self, tokens: Sequence[int]) -> State | None:
         """The kept state of exactly ``tokens`` (None: none)."""
         hid = self._exact(tokens)
         return None if hid is None else self._states[hid][1]
 
-    def recent(self, n: int) -> list[tuple[list[int], bytes]]:
+    def recent(self, n: int) -> list[tuple[list[int], State]]:
         """The ``n`` most recently used unpinned states, newest first."""
         out = [(list(t), d) for h, (t, d) in reversed(self._states.items())
                if h not in self._pinned]
@@ -121,7 +123,7 @@ class RamTier:
         """(tokens of ``tokens`` a kept state covers, its id)."""
         return self.index.match(tokens)
 
-    def take(self, hid: int) -> tuple[list[int], bytes]:
+    def take(self, hid: int) -> tuple[list[int], State]:
         """Remove and return a kept state (to put it back into the KV cache: say
         ``restored`` once it is there, ``give_back`` if it could not be)."""
         tokens, data = self._states[hid]
@@ -132,7 +134,7 @@ class RamTier:
         self.stats.restored += 1
         self.stats.restored_tokens += len(tokens)
 
-    def give_back(self, tokens: list[int], data: bytes) -> None:
+    def give_back(self, tokens: list[int], data: State) -> None:
         """A state that could not be restored after ``take`` (no room): keep it again."""
         self._insert(tokens, data)
 

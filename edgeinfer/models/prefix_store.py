@@ -190,7 +190,7 @@ class PrefixStore:
         log.warning("prefix cache file %s ignored and removed: %s", path.name, why)
 
     # -- writing ------------------------------------------------------------------
-    def save(self, tokens: list[int], data: bytes, hot: bool = False) -> bool:
+    def save(self, tokens: list[int], data: bytes | bytearray, hot: bool = False) -> bool:
         """Write the state of ``tokens`` (atomically); False when it could not be written
         (no room under the budget, a full disk ...), which is logged. ``hot``: an
         unpinned prefix, restored by ``load_hot`` (a pinned one is loaded by its tokens)."""

@@ -163,6 +163,39 @@ def test_idle_entries_wait_in_ram_while_requests_run_and_come_back_on_a_hit() ->
     assert cache.stats.evictions == 3
 
 
+class CountingMemory(StateMemory):
+    def __init__(self) -> None:
+        super().__init__()
+        self.copies = 0
+
+    def seq_state(self, seq: int) -> bytes:
+        self.copies += 1
+        return super().seq_state(seq)
+
+    def seq_state_size(self, seq: int) -> int:  # no copy
+        return len(StateMemory.seq_state(self, seq))
+
+
+def test_idle_time_saves_kept_entries_so_that_trimming_them_copies_nothing() -> None:
+    """stash_idle (the engine has nothing to do): unpinned entries get their RAM copy then
+    and stay in the KV cache; a request that comes later only drops their cells."""
+    mem = CountingMemory()
+    cache = PrefixCache(cast(LlamaRuntime, mem), 2, 4, True, ram_bytes=1 << 20)
+    a, b, c = list(range(30)), list(range(100, 130)), list(range(200, 230))
+    for tokens, pin in ((a, False), (b, False), (c, True)):
+        fill(cache, mem, 0, tokens)
+        cache.release(0, keep=True, pinned=pin)
+    assert cache.stash_idle() == 2 and mem.copies == 2  # a and b; c (pinned) stays
+    assert cache.ram.has(a) and cache.ram.has(b) and not cache.ram.has(c)
+    assert len(cache.entries) == 3  # still in the KV cache: a hit costs no copy
+    assert cache.stash_idle() == 0  # nothing kept since
+    assert cache.hottest(2) == []  # RAM copies of KV entries are not "recently evicted"
+    fill(cache, mem, 1, [7, 8])  # a request runs
+    assert cache.trim_idle([]) == 2 and mem.copies == 2  # dropped, not copied again
+    assert sorted(cache.index.tokens_of(e) for e in cache.entries) == [c]
+    assert cache.attach(0, [*b, 99], limit=30) == 30 and mem.holds(0) == 30  # a hit
+
+
 def test_an_entry_too_large_for_the_ram_tier_stays_in_the_kv_cache() -> None:
     mem = StateMemory()
     cache = PrefixCache(cast(LlamaRuntime, mem), 2, 4, True, ram_bytes=40)
