@@ -151,9 +151,9 @@ class NgramDrafter(DraftLength):
     def _offer(self, kind: str, draft: list[int], bar: Callable[[int], float],
                start: int | None = None, length: int = 0) -> list[int]:
         """``draft`` (taken from the prompt at ``start``, if it was, after ``length``
-        tokens) if its kind is
-        expected to pass the bar; a refusal fades the kind's record a little (``FORGET``),
-        so that a kind ruled out by early misses is tried again some steps later."""
+        tokens) if its kind is expected to pass the bar; a refusal fades the kind's record
+        a little (``FORGET``), so that a kind ruled out by early misses is tried again some
+        steps later."""
         if not draft:
             return []
         if self.expect(kind) <= bar(len(draft)):
@@ -225,8 +225,10 @@ class NgramDrafter(DraftLength):
             for n, width in WINDOW.items():  # ``at``: where the gram's last token is
                 if at - cursor < width and at >= n - 1 and \
                         list(tokens[at - n + 1:at + 1]) == list(tokens[-n:]):
-                    return self._offer("resync", list(tokens[at + 1:min(at + 1 + k, last + 1)]),
-                                       bar, at + 1, len(tokens))
+                    draft = list(tokens[at + 1:min(at + 1 + k, last + 1)])
+                    if len(draft) < self.min_len:  # the prompt ends: too short to pay
+                        return []
+                    return self._offer("resync", draft, bar, at + 1, len(tokens))
         return []
 
 

@@ -271,11 +271,11 @@ class PrefixCache:
 
     def stash_idle(self) -> int:
         """When nothing runs: save the state of each unpinned entry that the RAM tier does
-        not hold yet (oldest first), so that when requests come ``trim_idle`` only drops
-        its cells. The copy is not paid on the next request's first token then: on this
-        machine ~20 ms for a 1,800-token SmolLM2 entry, and five times that where memory
-        is touched for the first time. Returns how many were saved; does work only after
-        an entry was kept."""
+        not hold yet (oldest first) while it has room without dropping a state, so that
+        when requests come ``trim_idle`` only drops its cells. The copy is not paid on the
+        next request's first token then: on this machine ~20 ms for a 1,800-token SmolLM2
+        entry, and five times that where memory is touched for the first time. Returns
+        how many were saved; does work only after an entry was kept."""
         if not self._stash_due:
             return 0
         self._stash_due = False
@@ -285,7 +285,7 @@ class PrefixCache:
         for entry in sorted(self.entries.values(), key=lambda e: e.last_used):
             tokens = self.index.tokens_of(entry.seq_id)
             if not entry.pinned and not self.ram.has(tokens) and \
-                    self.ram.fits(self.rt.seq_state_size(entry.seq_id)):
+                    self.rt.seq_state_size(entry.seq_id) <= self.ram.budget - self.ram.bytes:
                 saved += self.ram.put(tokens, self.rt.seq_state(entry.seq_id))
         return saved
 

@@ -384,3 +384,13 @@ def test_a_first_prompt_match_none_of_which_is_right_starts_no_copy() -> None:
     d.accepted(4, 0)
     d._pause = 0
     assert d.propose(prompt + [20, 21, 22, 23, 99, 25], 8, len(prompt)) == []
+
+
+def test_a_resync_at_the_end_of_the_prompt_proposes_nothing_shorter_than_the_minimum() -> None:
+    prompt = [1, 2, *COPIED, 3]
+    for min_len, expected in ((1, [3]), (3, [])):
+        d = NgramDrafter(max_len=4, n_min=4, n_max=8, min_len=min_len)
+        out = list(range(20, 57))
+        assert d.propose(prompt + out, 8, len(prompt)) == [57, 58, 59, 3]
+        d.accepted(4, 1)  # the model wrote 99 where the prompt has 58
+        assert d.propose(prompt + out + [57, 99, 59], 8, len(prompt)) == expected

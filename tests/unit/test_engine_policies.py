@@ -196,6 +196,19 @@ def test_idle_time_saves_kept_entries_so_that_trimming_them_copies_nothing() -> 
     assert cache.attach(0, [*b, 99], limit=30) == 30 and mem.holds(0) == 30  # a hit
 
 
+def test_idle_time_saves_only_into_free_room_of_the_ram_tier() -> None:
+    """A state saved ahead of time never pushes out one the RAM tier holds (the entry is
+    still in the KV cache; the state in RAM may be the only copy)."""
+    mem = CountingMemory()
+    cache = PrefixCache(cast(LlamaRuntime, mem), 2, 4, True, ram_bytes=40)
+    a, b = list(range(30)), list(range(100, 130))
+    for tokens in (a, b):
+        fill(cache, mem, 0, tokens)
+        cache.release(0, keep=True)
+    assert cache.stash_idle() == 1 and cache.ram.has(a) and not cache.ram.has(b)
+    assert cache.ram.stats.dropped == 0 and len(cache.entries) == 2
+
+
 def test_an_entry_too_large_for_the_ram_tier_stays_in_the_kv_cache() -> None:
     mem = StateMemory()
     cache = PrefixCache(cast(LlamaRuntime, mem), 2, 4, True, ram_bytes=40)
