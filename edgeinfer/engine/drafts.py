@@ -140,7 +140,8 @@ class NgramDrafter(DraftLength):
         well (then drafting does not pause either: ``COOLDOWN``); else the copy is lost."""
         if self._from is None:
             return
-        going = self.expect(self._kind) >= PRIOR["resync"]
+        record = self._record[self._kind]  # (some of it accepted before: not the prior alone)
+        going = record[1] > 0 and self.expect(self._kind) >= PRIOR["resync"]
         if taken or (going and self._kind == "prompt"):
             self._cursor = (self._from + taken, self._length + taken + 1)
             if going:

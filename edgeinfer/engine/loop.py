@@ -177,7 +177,7 @@ class Engine:
     def _drain(self, block: bool) -> bool:
         """Apply inbox messages; returns False on Stop."""
         if block:  # nothing to do till a message comes: save kept entries' states meanwhile
-            self.cache.stash_idle()
+            self.cache.stash_idle(lambda: not self._inbox.empty())
         try:
             msg = self._inbox.get(block=block)
         except queue.Empty:

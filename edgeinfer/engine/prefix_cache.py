@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from edgeinfer.engine.native import LlamaRuntime
@@ -68,10 +69,8 @@ class PrefixCache:
         self.rt = runtime
         self.num_slots = first_id  # slots are sequence ids 0 .. first_id - 1
         self.checkpoint_every = checkpoint_every
-        if checkpoint_every is not None:  # checkpoint mode: RAM only
-            entries = 0
-        self.enabled = enabled and (entries > 0 or (checkpoint_every is not None
-                                                    and ram_bytes > 0))
+        entries = 0 if checkpoint_every is not None else entries  # checkpoint mode: RAM only
+        self.enabled = enabled and (entries > 0 or (checkpoint_every is not None and ram_bytes > 0))
         self.ram = RamTier(ram_bytes if self.enabled else 0)
         self.index = PrefixIndex()
         self.entries: dict[int, CacheEntry] = {}
@@ -225,7 +224,7 @@ class PrefixCache:
         """Drop an entry from the KV cache (kept in host RAM, where the tier is on: a later
         hit restores it)."""
         tokens = self.index.tokens_of(victim.seq_id)
-        if self.ram.enabled and not self.ram.has(tokens):  # (``stash_idle`` may have saved it)
+        if self.ram.enabled and not self.ram.touch(tokens):  # (``stash_idle`` saved it?)
             self.ram.put(tokens, self.rt.seq_state(victim.seq_id))
         self.rt.seq_rm(victim.seq_id, -1, -1)
         self.index.remove(victim.seq_id)
@@ -269,24 +268,27 @@ class PrefixCache:
             self._evict(entry)
         return len(idle)
 
-    def stash_idle(self) -> int:
-        """When nothing runs: save the state of each unpinned entry that the RAM tier does
-        not hold yet (oldest first) while it has room without dropping a state, so that
-        when requests come ``trim_idle`` only drops its cells. The copy is not paid on the
-        next request's first token then: on this machine ~20 ms for a 1,800-token SmolLM2
-        entry, and five times that where memory is touched for the first time. Returns
-        how many were saved; does work only after an entry was kept."""
-        if not self._stash_due:
-            return 0
-        self._stash_due = False
-        if not self.enabled or not self.ram.enabled or self.checkpoint_every is not None:
+    def stash_idle(self, interrupted: Callable[[], bool]) -> int:
+        """When nothing runs: save the state of each unpinned entry the RAM tier lacks
+        (oldest first), into its free room (none is pushed out), so that ``trim_idle`` only
+        drops its cells when requests come, and their first token does not wait for the
+        copy (20-100 ms for 1,800 SmolLM2 tokens here). Stops when ``interrupted()`` (a
+        message came); returns how many were saved. Work only after an entry was kept."""
+        if not self._stash_due or not self.enabled or not self.ram.enabled or \
+                self.checkpoint_every is not None:
             return 0
         saved = 0
-        for entry in sorted(self.entries.values(), key=lambda e: e.last_used):
-            tokens = self.index.tokens_of(entry.seq_id)
-            if not entry.pinned and not self.ram.has(tokens) and \
-                    self.rt.seq_state_size(entry.seq_id) <= self.ram.budget - self.ram.bytes:
-                saved += self.ram.put(tokens, self.rt.seq_state(entry.seq_id))
+        try:
+            for entry in sorted(self.entries.values(), key=lambda e: e.last_used):
+                if interrupted():
+                    return saved  # still due
+                tokens = self.index.tokens_of(entry.seq_id)
+                if not entry.pinned and not self.ram.has(tokens) and \
+                        self.rt.seq_state_size(entry.seq_id) <= self.ram.budget - self.ram.bytes:
+                    saved += self.ram.put(tokens, self.rt.seq_state(entry.seq_id))
+        except Exception:  # (MemoryError): the entries stay in the KV cache, as they were
+            log.exception("saving idle cache entries to the RAM tier failed")
+        self._stash_due = False
         return saved
 
     def evict_one(self) -> bool:
@@ -349,7 +351,7 @@ class PrefixCache:
         # the RAM tier's copies of entries still in the KV cache (``stash_idle``) were
         # judged by their hits above
         held = {tuple(self.index.tokens_of(e.seq_id)) for e in self.entries.values()}
-        out += [(t, d) for t, d in self.ram.recent(n) if tuple(t) not in held]
+        out += [(t, d) for t, d in self.ram.recent(n + len(held)) if tuple(t) not in held]
         return out[:n]
 
     def unpin_all(self) -> int:

@@ -64,6 +64,13 @@ class RamTier:
         """Whether a state of exactly ``tokens`` is kept."""
         return self._exact(tokens) is not None
 
+    def touch(self, tokens: Sequence[int]) -> bool:
+        """Make the state of exactly ``tokens`` the most recently used (False: none)."""
+        hid = self._exact(tokens)
+        if hid is not None:
+            self._states.move_to_end(hid)
+        return hid is not None
+
     def _exact(self, tokens: Sequence[int]) -> int | None:
         n, hid = self.index.match(tokens)
         if n == len(tokens) and hid is not None and self.index.length(hid) == n:

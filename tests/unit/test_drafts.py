@@ -394,3 +394,15 @@ def test_a_resync_at_the_end_of_the_prompt_proposes_nothing_shorter_than_the_min
         assert d.propose(prompt + out, 8, len(prompt)) == [57, 58, 59, 3]
         d.accepted(4, 1)  # the model wrote 99 where the prompt has 58
         assert d.propose(prompt + out + [57, 99, 59], 8, len(prompt)) == expected
+
+
+def test_a_short_first_miss_is_not_a_copy_going_well_on_the_prior_alone() -> None:
+    """A first 2-token prompt draft that misses leaves the prompt kind expected at 0.72,
+    over the resync prior, but nothing was ever accepted: it pauses and starts no copy."""
+    prompt = [1, 2, *COPIED, 3]
+    d = NgramDrafter(max_len=2, n_min=4, n_max=8, min_len=1)
+    assert d.propose(prompt + [20, 21, 22, 23], 8, len(prompt)) == [24, 25]
+    d.accepted(2, 0)
+    assert d.expect("prompt") > 0.7 and d._pause > 0
+    d._pause = 0
+    assert d.propose(prompt + [20, 21, 22, 23, 99, 24], 8, len(prompt)) == []

@@ -163,6 +163,10 @@ def test_idle_entries_wait_in_ram_while_requests_run_and_come_back_on_a_hit() ->
     assert cache.stats.evictions == 3
 
 
+def NEVER() -> bool:  # noqa: N802 (stash_idle's "interrupted": no message comes)
+    return False
+
+
 class CountingMemory(StateMemory):
     def __init__(self) -> None:
         super().__init__()
@@ -185,10 +189,10 @@ def test_idle_time_saves_kept_entries_so_that_trimming_them_copies_nothing() -> 
     for tokens, pin in ((a, False), (b, False), (c, True)):
         fill(cache, mem, 0, tokens)
         cache.release(0, keep=True, pinned=pin)
-    assert cache.stash_idle() == 2 and mem.copies == 2  # a and b; c (pinned) stays
+    assert cache.stash_idle(NEVER) == 2 and mem.copies == 2  # a and b; c (pinned) stays
     assert cache.ram.has(a) and cache.ram.has(b) and not cache.ram.has(c)
     assert len(cache.entries) == 3  # still in the KV cache: a hit costs no copy
-    assert cache.stash_idle() == 0  # nothing kept since
+    assert cache.stash_idle(NEVER) == 0  # nothing kept since
     assert cache.hottest(2) == []  # RAM copies of KV entries are not "recently evicted"
     fill(cache, mem, 1, [7, 8])  # a request runs
     assert cache.trim_idle([]) == 2 and mem.copies == 2  # dropped, not copied again
@@ -205,8 +209,52 @@ def test_idle_time_saves_only_into_free_room_of_the_ram_tier() -> None:
     for tokens in (a, b):
         fill(cache, mem, 0, tokens)
         cache.release(0, keep=True)
-    assert cache.stash_idle() == 1 and cache.ram.has(a) and not cache.ram.has(b)
+    assert cache.stash_idle(NEVER) == 1 and cache.ram.has(a) and not cache.ram.has(b)
     assert cache.ram.stats.dropped == 0 and len(cache.entries) == 2
+
+
+def test_a_message_interrupts_the_idle_time_saves_which_go_on_later() -> None:
+    mem = CountingMemory()
+    cache = PrefixCache(cast(LlamaRuntime, mem), 2, 4, True, ram_bytes=1 << 20)
+    a, b = list(range(30)), list(range(100, 130))
+    for tokens in (a, b):
+        fill(cache, mem, 0, tokens)
+        cache.release(0, keep=True)
+    calls = iter([False, True])
+    assert cache.stash_idle(lambda: next(calls)) == 1 and cache.ram.has(a)  # b: a message
+    assert cache.stash_idle(NEVER) == 1 and cache.ram.has(b)  # still due, done next time
+
+
+def test_a_failed_idle_time_save_leaves_the_entries_where_they_were() -> None:
+    class Failing(StateMemory):
+        def seq_state(self, seq: int) -> bytes:
+            raise MemoryError
+
+        def seq_state_size(self, seq: int) -> int:
+            return 30
+    mem = Failing()
+    cache = PrefixCache(cast(LlamaRuntime, mem), 2, 4, True, ram_bytes=1 << 20)
+    fill(cache, mem, 0, list(range(30)))
+    cache.release(0, keep=True)
+    assert cache.stash_idle(NEVER) == 0 and [mem.holds(e) for e in cache.entries] == [30]
+
+
+def test_hot_prefixes_are_the_used_entries_and_states_only_in_ram() -> None:
+    """RAM copies of entries still in the KV cache (``stash_idle``) do not crowd out a
+    state that only the RAM tier holds."""
+    mem = CountingMemory()
+    cache = PrefixCache(cast(LlamaRuntime, mem), 2, 4, True, ram_bytes=1 << 20)
+    x, a, b = list(range(300, 330)), list(range(30)), list(range(100, 130))
+    fill(cache, mem, 0, x)
+    cache.release(0, keep=True)
+    fill(cache, mem, 1, [7, 8])  # a request runs: x moves to RAM
+    assert cache.trim_idle([]) == 1 and cache.ram.has(x)
+    cache.release(1, keep=False)
+    for tokens in (a, b):
+        fill(cache, mem, 0, tokens)
+        cache.release(0, keep=True)
+    assert cache.stash_idle(NEVER) == 2
+    assert [t for t, _ in cache.hottest(2)] == [x]
 
 
 def test_an_entry_too_large_for_the_ram_tier_stays_in_the_kv_cache() -> None:
