@@ -214,9 +214,11 @@ def test_sdk_results_go_back_as_history_and_openai_only_fields_are_accepted(
 
 
 def test_streamed_tool_call_equals_the_non_streamed_one(client: openai.OpenAI) -> None:
+    # one call (a second one, free to fill optional fields, may loop to max_tokens: how
+    # far a tiny model gets depends on near ties that drafts can tip past 512 KV cells)
     kw = {"model": "default", "messages": [{"role": "user", "content": "Weather in Berlin?"}],
           "tools": TOOLS, "tool_choice": "required", "max_tokens": 200, "temperature": 0,
-          "seed": 5, "extra_body": {"cache_prompt": False}}
+          "seed": 5, "parallel_tool_calls": False, "extra_body": {"cache_prompt": False}}
     whole = client.chat.completions.create(**kw)  # type: ignore[call-overload]
     with client.chat.completions.stream(**kw) as stream:  # type: ignore[arg-type]
         for _ in stream:
@@ -282,7 +284,8 @@ def test_a_call_cut_off_by_max_tokens_comes_back_as_far_as_it_was_written(
 def test_streamed_tool_call_deltas_have_the_openai_shape(server: ServerProcess) -> None:
     body = {"model": "default", "stream": True, "max_tokens": 300, "temperature": 0, "tools": TOOLS,
             "tool_choice": {"type": "function", "function": {"name": "send_email"}},
-            "messages": [{"role": "user", "content": "Email joe@example.com: hi"}]}
+            "messages": [{"role": "user",
+                          "content": "Send an email to joe@example.com saying hi."}]}
     with httpx.stream("POST", f"{server.base_url}/v1/chat/completions", json=body,
                       timeout=60) as r:
         chunks = [json.loads(ln[6:]) for ln in r.iter_lines()
