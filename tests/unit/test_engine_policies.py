@@ -133,13 +133,21 @@ class StateMemory(FakeMemory):
         return len(self.seq_state(seq))
 
 
-def test_idle_entries_wait_in_ram_while_requests_run_and_come_back_on_a_hit() -> None:
-    mem = StateMemory()
-    cache = PrefixCache(cast(LlamaRuntime, mem), 2, 4, True, ram_bytes=1 << 20)
-    a, b, c = list(range(30)), list(range(100, 130)), list(range(200, 230))
-    for tokens, pin in ((a, False), (b, False), (c, True)):
+def _kept(mem: StateMemory, *entries: tuple[list[int], bool],
+          ram_bytes: int = 1 << 20) -> PrefixCache:
+    """A cache with the RAM tier whose entries hold ``entries`` (tokens, pinned), each
+    computed in slot 0 and kept when its request ended."""
+    cache = PrefixCache(cast(LlamaRuntime, mem), 2, 4, True, ram_bytes=ram_bytes)
+    for tokens, pin in entries:
         fill(cache, mem, 0, tokens)
         cache.release(0, keep=True, pinned=pin)
+    return cache
+
+
+def test_idle_entries_wait_in_ram_while_requests_run_and_come_back_on_a_hit() -> None:
+    mem = StateMemory()
+    a, b, c = list(range(30)), list(range(100, 130)), list(range(200, 230))
+    cache = _kept(mem, (a, False), (b, False), (c, True))
     assert len(cache.entries) == 3
     # a request on a's prefix is admitted: b's cells are idle, a is about to be used,
     # c is pinned
@@ -184,11 +192,8 @@ def test_idle_time_saves_kept_entries_so_that_trimming_them_copies_nothing() -> 
     """stash_idle (the engine has nothing to do): unpinned entries get their RAM copy then
     and stay in the KV cache; a request that comes later only drops their cells."""
     mem = CountingMemory()
-    cache = PrefixCache(cast(LlamaRuntime, mem), 2, 4, True, ram_bytes=1 << 20)
     a, b, c = list(range(30)), list(range(100, 130)), list(range(200, 230))
-    for tokens, pin in ((a, False), (b, False), (c, True)):
-        fill(cache, mem, 0, tokens)
-        cache.release(0, keep=True, pinned=pin)
+    cache = _kept(mem, (a, False), (b, False), (c, True))
     assert cache.stash_idle(NEVER) == 2 and mem.copies == 2  # a and b; c (pinned) stays
     assert cache.ram.has(a) and cache.ram.has(b) and not cache.ram.has(c)
     assert len(cache.entries) == 3  # still in the KV cache: a hit costs no copy
@@ -204,22 +209,16 @@ def test_idle_time_saves_only_into_free_room_of_the_ram_tier() -> None:
     """A state saved ahead of time never pushes out one the RAM tier holds (the entry is
     still in the KV cache; the state in RAM may be the only copy)."""
     mem = CountingMemory()
-    cache = PrefixCache(cast(LlamaRuntime, mem), 2, 4, True, ram_bytes=40)
     a, b = list(range(30)), list(range(100, 130))
-    for tokens in (a, b):
-        fill(cache, mem, 0, tokens)
-        cache.release(0, keep=True)
+    cache = _kept(mem, (a, False), (b, False), ram_bytes=40)
     assert cache.stash_idle(NEVER) == 1 and cache.ram.has(a) and not cache.ram.has(b)
     assert cache.ram.stats.dropped == 0 and len(cache.entries) == 2
 
 
 def test_a_message_interrupts_the_idle_time_saves_which_go_on_later() -> None:
     mem = CountingMemory()
-    cache = PrefixCache(cast(LlamaRuntime, mem), 2, 4, True, ram_bytes=1 << 20)
     a, b = list(range(30)), list(range(100, 130))
-    for tokens in (a, b):
-        fill(cache, mem, 0, tokens)
-        cache.release(0, keep=True)
+    cache = _kept(mem, (a, False), (b, False))
     calls = iter([False, True])
     assert cache.stash_idle(lambda: next(calls)) == 1 and cache.ram.has(a)  # b: a message
     assert cache.stash_idle(NEVER) == 1 and cache.ram.has(b)  # still due, done next time
@@ -259,11 +258,8 @@ def test_hot_prefixes_are_the_used_entries_and_states_only_in_ram() -> None:
 
 def test_an_entry_too_large_for_the_ram_tier_stays_in_the_kv_cache() -> None:
     mem = StateMemory()
-    cache = PrefixCache(cast(LlamaRuntime, mem), 2, 4, True, ram_bytes=40)
     small, large = list(range(30)), list(range(100, 150))
-    for tokens in (small, large):
-        fill(cache, mem, 0, tokens)
-        cache.release(0, keep=True)
+    cache = _kept(mem, (small, False), (large, False), ram_bytes=40)
     fill(cache, mem, 1, [7, 8])  # a request runs
     assert cache.trim_idle([]) == 1  # the small one moved; the large one would be lost
     assert [cache.index.tokens_of(e) for e in cache.entries] == [large]
