@@ -222,10 +222,11 @@ class NgramDrafter(DraftLength):
             self._cursor = None
             return []
         last = prompt_len - 1
+        grams = [(n, width, list(tokens[-n:])) for n, width in WINDOW.items()]
         for at in range(cursor, min(cursor + max(WINDOW.values()), last)):  # nearest first
-            for n, width in WINDOW.items():  # ``at``: where the gram's last token is
+            for n, width, gram in grams:  # ``at``: where the gram's last token is
                 if at - cursor < width and at >= n - 1 and \
-                        list(tokens[at - n + 1:at + 1]) == list(tokens[-n:]):
+                        list(tokens[at - n + 1:at + 1]) == gram:
                     draft = list(tokens[at + 1:min(at + 1 + k, last + 1)])
                     if len(draft) < self.min_len:  # the prompt ends: too short to pay
                         return []

@@ -284,7 +284,7 @@ class PrefixCache:
                     return saved  # still due
                 tokens = self.index.tokens_of(entry.seq_id)
                 if not entry.pinned and not self.ram.has(tokens) and \
-                        self.rt.seq_state_size(entry.seq_id) <= self.ram.budget - self.ram.bytes:
+                        self.rt.seq_state_size(entry.seq_id) <= self.ram.free:
                     saved += self.ram.put(tokens, self.rt.seq_state(entry.seq_id))
         except Exception:  # (MemoryError): the entries stay in the KV cache, as they were
             log.exception("saving idle cache entries to the RAM tier failed")

@@ -47,6 +47,11 @@ class RamTier:
     def enabled(self) -> bool:
         return self.budget > 0
 
+    @property
+    def free(self) -> int:
+        """Bytes the tier takes without pushing a kept state out."""
+        return self.budget - self.bytes
+
     def fits(self, size: int) -> bool:
         """Whether a state of ``size`` bytes can be kept (beside the pinned states)."""
         return size <= self.budget - sum(len(self._states[h][1]) for h in self._pinned)
