@@ -9,10 +9,14 @@ A constructor that gets a null handle from llama.cpp raises the error it is give
 
 from __future__ import annotations
 
+import functools
+import logging
 from pathlib import Path
 from typing import TypeAlias
 
 import llama_cpp
+
+log = logging.getLogger("edgeinfer.llama")
 
 # The binding's functions are untyped; these name what they hand back.
 ModelPtr: TypeAlias = llama_cpp.llama_model_p
@@ -20,6 +24,27 @@ ContextPtr: TypeAlias = llama_cpp.llama_context_p
 VocabPtr: TypeAlias = llama_cpp.llama_vocab_p
 MemoryPtr: TypeAlias = llama_cpp.llama_memory_t
 SamplerPtr: TypeAlias = "llama_cpp.llama_sampler_p"
+
+
+@functools.cache
+def amx_build() -> bool:
+    """True when llama.cpp was built with Intel AMX (a native build on a CPU that has it).
+    Its AMX matrix kernels crash the process on the first decode of some models on such
+    CPUs (SmolLM2's Q4_1 here; llama.cpp issue #20824, unfixed), so ``model_params``
+    keeps the weights out of that buffer type. Logged once."""
+    amx = b"AMX_INT8 = 1" in llama_cpp.llama_print_system_info()
+    if amx:
+        log.warning("llama.cpp was built with Intel AMX, whose kernels can crash (llama.cpp "
+                    "#20824): weights stay in ordinary CPU buffers (no AMX, no repacking)")
+    return amx
+
+
+def model_params() -> llama_cpp.llama_model_params:
+    """llama.cpp's default model parameters, without its extra CPU buffer types (AMX,
+    weight repacking) on an AMX build (``amx_build``): the ordinary CPU kernels instead."""
+    params: llama_cpp.llama_model_params = llama_cpp.llama_model_default_params()
+    params.use_extra_bufts = not amx_build()
+    return params
 
 
 class Model:

@@ -32,6 +32,7 @@ from edgeinfer.engine.handles import (
     Model,
     ModelPtr,
     VocabPtr,
+    model_params,
 )
 from edgeinfer.engine.kv import KV_TYPES, kv_bytes_per_token, serving_bytes
 from edgeinfer.errors import ModelLoadError
@@ -140,7 +141,7 @@ class LlamaRuntime:
 
     def _open(self) -> None:
         cfg = self.cfg
-        mparams = llama_cpp.llama_model_default_params()
+        mparams = model_params()  # (no AMX kernels: they crash)
         mparams.n_gpu_layers = cfg.gpu_layers if isinstance(cfg.gpu_layers, int) else 0
         progress = _LoadProgress(cfg.id)
         mparams.progress_callback = progress.callback
@@ -382,13 +383,10 @@ class LlamaRuntime:
         and trimmed (seq_cp, partial seq_rm); "checkpoint" for recurrent and hybrid models
         and sliding windows without the full-size cache (models.toml ``swa_full``), whose
         state only a whole saved copy reproduces, and where models.toml asks for it."""
-        if self.cfg.cache_mode == "checkpoint":
+        swa = bool(llama_cpp.llama_model_n_swa(model)) and not self.cfg.swa_full
+        if self.cfg.cache_mode == "checkpoint" or swa or llama_cpp.llama_model_is_recurrent(model):
             return "checkpoint"
-        if llama_cpp.llama_model_is_recurrent(model) or llama_cpp.llama_model_is_hybrid(model):
-            return "checkpoint"
-        if llama_cpp.llama_model_n_swa(model) and not self.cfg.swa_full:
-            return "checkpoint"
-        return "kv"
+        return "checkpoint" if llama_cpp.llama_model_is_hybrid(model) else "kv"
 
     @property
     def sliding_window(self) -> int:
