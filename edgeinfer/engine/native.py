@@ -34,6 +34,7 @@ from edgeinfer.engine.handles import (
     VocabPtr,
     model_params,
 )
+from edgeinfer.engine.host_memory import State, host_buffer
 from edgeinfer.engine.kv import KV_TYPES, kv_bytes_per_token, serving_bytes
 from edgeinfer.errors import ModelLoadError
 
@@ -355,11 +356,11 @@ class LlamaRuntime:
         """The last position ``seq_id`` holds (-1: none)."""
         return int(llama_cpp.llama_memory_seq_pos_max(self._mem, seq_id))
 
-    def seq_state(self, seq_id: int) -> bytearray:
+    def seq_state(self, seq_id: int) -> State:
         """The KV state of one sequence (llama_state_seq_get_data): what ``set_seq_state``
         puts back, in this context or a fresh one of the same model and parameters."""
-        data = bytearray(llama_cpp.llama_state_seq_get_size(self.ctx, seq_id))  # one buffer,
-        n = llama_cpp.llama_state_seq_get_data(  # written in place (new memory is slow to touch)
+        data = host_buffer(llama_cpp.llama_state_seq_get_size(self.ctx, seq_id))  # written
+        n = llama_cpp.llama_state_seq_get_data(  # in place (new memory is slow to touch)
             self.ctx, (ctypes.c_uint8 * len(data)).from_buffer(data), len(data), seq_id)
         return data[:n] if n < len(data) else data
 
@@ -367,10 +368,11 @@ class LlamaRuntime:
         """The size of ``seq_state(seq_id)`` in bytes, without copying it."""
         return int(llama_cpp.llama_state_seq_get_size(self.ctx, seq_id))
 
-    def set_seq_state(self, seq_id: int, data: bytes | bytearray) -> bool:
+    def set_seq_state(self, seq_id: int, data: State) -> bool:
         """Load a sequence's state saved by ``seq_state`` into ``seq_id`` (which must be
         empty); False when llama.cpp refuses it (no room, or data it cannot read)."""
-        buf = (ctypes.c_uint8 * len(data)).from_buffer_copy(data)
+        array = ctypes.c_uint8 * len(data)  # read in place where the buffer allows
+        buf = array.from_buffer_copy(data) if isinstance(data, bytes) else array.from_buffer(data)
         return int(llama_cpp.llama_state_seq_set_data(self.ctx, buf, len(data), seq_id)) > 0
 
     @property

@@ -18,9 +18,8 @@ from collections import OrderedDict
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from edgeinfer.engine.host_memory import State as State  # (the cache's name for it)
 from edgeinfer.engine.prefix_index import PrefixIndex
-
-State = bytes | bytearray  # a sequence's saved KV state (``seq_state`` fills a bytearray)
 
 
 @dataclass(slots=True)

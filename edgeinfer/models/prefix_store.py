@@ -32,6 +32,8 @@ from typing import Any
 
 import psutil
 
+from edgeinfer.engine.host_memory import State
+
 log = logging.getLogger("edgeinfer.cache.disk")
 
 MAGIC = b"EDGEINFER-KV\x02\n"  # 2: the tokens are in the file (hot prefixes)
@@ -190,7 +192,7 @@ class PrefixStore:
         log.warning("prefix cache file %s ignored and removed: %s", path.name, why)
 
     # -- writing ------------------------------------------------------------------
-    def save(self, tokens: list[int], data: bytes | bytearray, hot: bool = False) -> bool:
+    def save(self, tokens: list[int], data: State, hot: bool = False) -> bool:
         """Write the state of ``tokens`` (atomically); False when it could not be written
         (no room under the budget, a full disk ...), which is logged. ``hot``: an
         unpinned prefix, restored by ``load_hot`` (a pinned one is loaded by its tokens)."""

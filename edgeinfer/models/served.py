@@ -22,6 +22,7 @@ from edgeinfer.config import ModelConfig
 from edgeinfer.engine.delta import Delta, FailureCode
 from edgeinfer.engine.draft_model import DraftModel
 from edgeinfer.engine.embedding import Embedder
+from edgeinfer.engine.host_memory import State
 from edgeinfer.engine.loop import Engine
 from edgeinfer.engine.native import LlamaRuntime, gpu_offload_supported
 from edgeinfer.engine.sequence import SamplingParams
@@ -281,7 +282,7 @@ class ServedModel:
             return
         cache = self.engine.cache
         data = await self.engine.call(lambda: cache.state_of(tokens))
-        if isinstance(data, (bytes, bytearray)) and await asyncio.to_thread(store.save, tokens,
+        if isinstance(data, State) and await asyncio.to_thread(store.save, tokens,
                                                                             data):
             log.info("model %s: a pinned %d-token prefix saved to disk (%.1f MiB)",
                      self.cfg.id, len(tokens), len(data) / 2**20)
