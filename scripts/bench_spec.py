@@ -39,7 +39,15 @@ from pathlib import Path
 import httpx
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from bench import EOS_ID, PROMPTS, Server, free_port, llama_server_env, model_path
+from bench import (
+    EOS_ID,
+    PROMPTS,
+    Server,
+    free_port,
+    llama_server_env,
+    llama_server_flags,
+    model_path,
+)
 
 from edgeinfer.cli.sse import sse_json
 
@@ -130,7 +138,8 @@ def main() -> int:
             port = free_port()
             servers.append((name, Server(name.replace(" ", "-"), [
                 binary, "-m", str(gguf), "-t", str(args.threads), "-np", "4", "-c", "8192",
-                "--port", str(port), *extra], port, logs, llama_server_env(Path(binary))),
+                "--port", str(port), *extra, *llama_server_flags()], port, logs,
+                llama_server_env(Path(binary))),
                 str(gguf), [None]))
     try:
         for _, srv, model, _ in servers:
