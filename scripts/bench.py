@@ -120,8 +120,8 @@ def no_amx() -> bool:
     return amx_build()
 
 
-def llama_server_flags() -> list[str]:
-    """Flags every llama-server run here gets (``no_amx``)."""
+def llama_flags() -> list[str]:
+    """Flags every llama-server run of these benchmarks gets (``no_amx``)."""
     return ["--no-repack"] if no_amx() else []
 
 
@@ -271,7 +271,7 @@ def main() -> int:
         p = free_port()
         specs.append(("llama-server", [bin_path, "-m", str(gguf), "-t", str(args.threads),
                                        "-np", str(slots), "-c", str(ctx), "--port", str(p),
-                                       *llama_server_flags()],
+                                       *llama_flags()],
                       str(p)))
 
     results: list[Result] = []

@@ -39,15 +39,7 @@ from pathlib import Path
 import httpx
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from bench import (
-    EOS_ID,
-    PROMPTS,
-    Server,
-    free_port,
-    llama_server_env,
-    llama_server_flags,
-    model_path,
-)
+from bench import EOS_ID, PROMPTS, Server, free_port, llama_flags, llama_server_env, model_path
 
 from edgeinfer.cli.sse import sse_json
 
@@ -140,7 +132,7 @@ def main() -> int:
             p1, logs), "default"),
         "llama-server": (Server("llama-server", [
             binary, "-m", str(gguf), "-t", str(args.threads), "-np", "8", "-c", "8192", "-kvu",
-            "--port", str(p2), *llama_server_flags()], p2, logs, llama_server_env(Path(binary))),
+            "--port", str(p2), *llama_flags()], p2, logs, llama_server_env(Path(binary))),
             str(gguf)),
     }
     results: dict[str, list[dict[str, float]]] = {name: [] for name in servers}

@@ -29,8 +29,8 @@ from bench import (
     Server,
     ensure_peer_venv,
     free_port,
+    llama_flags,
     llama_server_env,
-    llama_server_flags,
     model_path,
     peer_command,
     script_parser,
@@ -121,7 +121,7 @@ def main() -> int:
     if binary:
         p3 = free_port()
         specs.append(("llama-server", [binary, "-m", str(gguf), "-t", "2", "-np", "8", "-c",
-                                       "16384", "--port", str(p3), *llama_server_flags()],
+                                       "16384", "--port", str(p3), *llama_flags()],
                       llama_server_env(Path(binary))))
     rows = []
     for name, cmd, env in specs:

@@ -39,15 +39,7 @@ from pathlib import Path
 import httpx
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from bench import (
-    EOS_ID,
-    PROMPTS,
-    Server,
-    free_port,
-    llama_server_env,
-    llama_server_flags,
-    model_path,
-)
+from bench import EOS_ID, PROMPTS, Server, free_port, llama_flags, llama_server_env, model_path
 
 from edgeinfer.cli.sse import sse_json
 
@@ -138,7 +130,7 @@ def main() -> int:
             port = free_port()
             servers.append((name, Server(name.replace(" ", "-"), [
                 binary, "-m", str(gguf), "-t", str(args.threads), "-np", "4", "-c", "8192",
-                "--port", str(port), *extra, *llama_server_flags()], port, logs,
+                "--port", str(port), *extra, *llama_flags()], port, logs,
                 llama_server_env(Path(binary))),
                 str(gguf), [None]))
     try:
