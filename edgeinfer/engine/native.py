@@ -359,7 +359,7 @@ class LlamaRuntime:
     def seq_state(self, seq_id: int) -> State:
         """The KV state of one sequence (llama_state_seq_get_data): what ``set_seq_state``
         puts back, in this context or a fresh one of the same model and parameters."""
-        data = host_buffer(llama_cpp.llama_state_seq_get_size(self.ctx, seq_id))  # written
+        data = host_buffer(self.seq_state_size(seq_id))  # written
         n = llama_cpp.llama_state_seq_get_data(  # in place (new memory is slow to touch)
             self.ctx, (ctypes.c_uint8 * len(data)).from_buffer(data), len(data), seq_id)
         return data[:n] if n < len(data) else data
@@ -386,9 +386,8 @@ class LlamaRuntime:
         and sliding windows without the full-size cache (models.toml ``swa_full``), whose
         state only a whole saved copy reproduces, and where models.toml asks for it."""
         swa = bool(llama_cpp.llama_model_n_swa(model)) and not self.cfg.swa_full
-        if self.cfg.cache_mode == "checkpoint" or swa or llama_cpp.llama_model_is_recurrent(model):
-            return "checkpoint"
-        return "checkpoint" if llama_cpp.llama_model_is_hybrid(model) else "kv"
+        rnn = llama_cpp.llama_model_is_recurrent(model) or llama_cpp.llama_model_is_hybrid(model)
+        return "checkpoint" if self.cfg.cache_mode == "checkpoint" or swa or rnn else "kv"
 
     @property
     def sliding_window(self) -> int:

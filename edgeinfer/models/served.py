@@ -282,8 +282,7 @@ class ServedModel:
             return
         cache = self.engine.cache
         data = await self.engine.call(lambda: cache.state_of(tokens))
-        if isinstance(data, State) and await asyncio.to_thread(store.save, tokens,
-                                                                            data):
+        if isinstance(data, State) and await asyncio.to_thread(store.save, tokens, data):
             log.info("model %s: a pinned %d-token prefix saved to disk (%.1f MiB)",
                      self.cfg.id, len(tokens), len(data) / 2**20)
 
