@@ -4,7 +4,7 @@ The whole body: ``{"id": "msg_...", "type": "message", "role": "assistant", "mod
 "content", "stop_reason", "stop_sequence", "usage"}``; its content blocks, in order: a
 ``thinking`` block (the model's reasoning, ``signature`` "": nothing is signed here;
 left out when the request said ``thinking: {"type": "disabled"}``), a ``text`` block when
-the answer has text that is not only whitespace or has no tool call (then possibly ""),
+the answer has text that is not only whitespace,
 then the ``tool_use`` blocks (``id`` "toolu_...", ``input`` the parsed arguments: always an
 object, the tool grammar makes one).
 
@@ -13,9 +13,10 @@ The stream, as Anthropic sends it: ``message_start`` (content empty), then per b
 ``input_json_delta``) / ``content_block_stop``, with one ``ping`` after the first block
 starts, then ``message_delta`` (stop reason and stop sequence, the final usage) and
 ``message_stop``. Whitespace-only text is held back until text follows (it is dropped if a
-tool call or the end comes first, as in the whole body, except that an answer with no
-block at all still gets its text block). A failure mid-stream is one ``error`` event in
-Anthropic's error shape (``api.errors.shape``), and the stream ends.
+tool call or the end comes first, as in the whole body: an answer of blanks alone has no
+block at all, as Anthropic's empty answers, since it refuses such a block sent back). A
+failure mid-stream is one ``error`` event in Anthropic's error shape
+(``api.errors.shape``), and the stream ends.
 
 Stop reasons: finish "tool_calls" -> ``tool_use``; "length" -> ``max_tokens``; "stop" with
 the request's stop string that matched (``Finish.stop_word``) -> ``stop_sequence`` and that
@@ -104,8 +105,8 @@ async def collect(meta: MessageMeta, events: AsyncIterator[Event]) -> dict[str, 
     content: list[dict[str, Any]] = []
     if c.reasoning and meta.show_thinking:
         content.append({"type": "thinking", "thinking": c.reasoning, "signature": ""})
-    if c.text.strip() or not c.calls:
-        content.append({"type": "text", "text": c.text})
+    if c.text.strip():  # (none, or only blanks: no block, as Anthropic, which refuses
+        content.append({"type": "text", "text": c.text})  # such a block sent back)
     content += [{"type": "tool_use", "id": tool_use_id(k.id), "name": k.name,
                  "input": _input(k.arguments)} for k in c.calls]
     return message_body(meta, content, stop_reason(c.finish, c.stop_word),
@@ -172,13 +173,8 @@ class Blocks:
         return out
 
     def finish(self) -> list[dict[str, str]]:
-        """Close the last block; a message without a text or tool_use block gets its
-        (maybe empty) text block."""
-        if self.open == "thinking" or self.index < 0:
-            out = self._start({"type": "text", "text": ""})
-            if self.held:
-                out.append(self._delta({"type": "text_delta", "text": self.held}))
-            return out + self.close()
+        """Close the last block. Text of blanks alone gets no block (Anthropic refuses an
+        empty or blank text block sent back), so a message may have none."""
         return self.close()
 
     def feed(self, e: Event, meta: MessageMeta) -> list[dict[str, str]]:

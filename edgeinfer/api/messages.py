@@ -32,8 +32,11 @@ def _content(msg: dict[str, Any], i: int) -> str:
                 and part.get("type") == "refusal" and isinstance(part.get("refusal"), str)):
             parts.append(part["refusal"])  # an earlier answer's refusal, as its text
             continue
-        if not isinstance(part, dict) or part.get("type") != "text" or not isinstance(
+        if isinstance(part, dict) and part.get("type") == "text" and not isinstance(
                 part.get("text"), str):
+            raise InvalidRequest(f"'{where}[{j}].text' must be a string",
+                                 param=f"{where}[{j}].text")
+        if not isinstance(part, dict) or part.get("type") != "text":
             raise InvalidRequest(f"'{where}[{j}]': only text content parts are supported",
                                  param=f"{where}[{j}]")
         parts.append(part["text"])

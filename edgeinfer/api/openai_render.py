@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import codecs
 import json
 import logging
 import time
@@ -72,9 +73,24 @@ def token_entries(piece: Callable[[int], bytes], items: list[TokenLogprob], ids:
             for lp in items]
 
 
+def char_offsets(pieces: list[bytes], start: int = 0, partial: bytes = b""
+                 ) -> tuple[list[int], int, bytes]:
+    """Each token's ``text_offset``: the characters written before it, a character counted
+    once its last byte came (a token may hold part of one). Also the offset after them and
+    the bytes of a character not complete yet, to go on from (``start``, ``partial``)."""
+    decoder = codecs.getincrementaldecoder("utf-8")("replace")
+    decoder.decode(partial)
+    offsets, pos = [], start
+    for raw in pieces:
+        offsets.append(pos)
+        pos += len(decoder.decode(raw))
+    return offsets, pos, decoder.getstate()[0]
+
+
 def logprobs_body(meta: CompletionMeta, items: list[TokenLogprob],
-                  text_offset: int = 0) -> dict[str, Any] | None:
-    """The ``logprobs`` of a choice, chat or completions shape; None when not asked."""
+                  text_offset: int = 0, partial: bytes = b"") -> dict[str, Any] | None:
+    """The ``logprobs`` of a choice, chat or completions shape; None when not asked
+    (``text_offset``, ``partial``: where the text before these tokens ended)."""
     if not items:
         return None
 
@@ -83,10 +99,7 @@ def logprobs_body(meta: CompletionMeta, items: list[TokenLogprob],
 
     if meta.kind == "chat":
         return {"content": token_entries(meta.piece, items), "refusal": None}
-    offsets, pos = [], text_offset
-    for lp in items:
-        offsets.append(pos)
-        pos += len(text(lp.token))
+    offsets = char_offsets([meta.piece(lp.token) for lp in items], text_offset, partial)[0]
     return {
         "tokens": [text(lp.token) for lp in items],
         "token_logprobs": [lp.logprob for lp in items],
@@ -103,6 +116,7 @@ class HeldLogprobs:
     def __init__(self, piece: Callable[[int], bytes]) -> None:
         self.piece = piece
         self.offset = 0  # characters of text the tokens sent so far wrote
+        self.partial = b""  # and the bytes of a character they began, not complete yet
         self._pending: list[TokenLogprob] = []
         self._room = 0  # bytes of text sent that no token sent so far accounts for
 
@@ -126,7 +140,8 @@ class HeldLogprobs:
         return out
 
     def _sent(self, items: list[TokenLogprob]) -> None:
-        self.offset += sum(len(self.piece(lp.token).decode("utf-8", "replace")) for lp in items)
+        _, self.offset, self.partial = char_offsets([self.piece(lp.token) for lp in items],
+                                                    self.offset, self.partial)
 
 
 def _delta(e: TextDelta | ToolCallDelta | ReasoningDelta, functions: bool = False
@@ -180,8 +195,9 @@ class _Chunks:
         return [self.event(_choice(self.meta, i, {"role": "assistant", "content": first}, None))]
 
     def text(self, e: TextDelta) -> list[dict[str, str]]:
-        at = self.held[e.choice].offset
-        lps = logprobs_body(self.meta, self.held[e.choice].add(e.text, e.logprob), at)
+        held = self.held[e.choice]
+        at = held.offset, held.partial
+        lps = logprobs_body(self.meta, held.add(e.text, e.logprob), *at)
         if not e.text and not lps:
             return []
         return [*self.role(e.choice, e),
@@ -201,8 +217,8 @@ class _Chunks:
             return [*self.role(i, e), self.event(_choice(meta, i, _delta(e, meta.functions), None))]
         out = self.role(i, e) + [c for t in ([] if self.called[i] else self.blanks[i])
                                  for c in self.text(t)]
-        at = self.held[i].offset  # the tokens of text released at the end (not a stop's)
-        lps = logprobs_body(meta, self.held[i].finish(e.stopped), at)
+        at = self.held[i].offset, self.held[i].partial  # the tokens of text released at
+        lps = logprobs_body(meta, self.held[i].finish(e.stopped), *at)  # the end (no stop's)
         if lps:
             out.append(self.event(_choice(meta, i, {"content": ""}, None, lps)))
         extra = {"timings": e.timings} if e.timings else {}

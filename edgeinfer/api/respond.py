@@ -20,7 +20,7 @@ from edgeinfer.errors import InvalidRequest
 from edgeinfer.models.lease import Lease
 from edgeinfer.models.pool import ModelPool
 from edgeinfer.service.events import Event, UsageReport
-from edgeinfer.service.generation import Generation, generate
+from edgeinfer.service.generation import Generation, generate, prompt_fits
 from edgeinfer.service.request import GenerateRequest
 
 LEASES = "edgeinfer.leases"
@@ -54,26 +54,32 @@ async def start(request: Request, req: GenerateRequest, request_id: str) -> Gene
 
 
 def turn_cuts(messages: Sequence[dict[str, Any]]) -> list[int]:
-    """Where a conversation too long for the context may be cut, in the order to try:
-    0 (nothing dropped), then before the 1st, 2nd, 4th, ... user message after the first
+    """Where a conversation too long for the context may be cut, from keeping everything
+    to keeping least: 0 (nothing dropped), then before each user message after the first
     message (the last one always stays)."""
-    turns = [i for i, m in enumerate(messages) if i > 0 and m["role"] == "user"]
-    return [0, *sorted({turns[min(2 ** k - 1, len(turns) - 1)]
-                        for k in range(len(turns).bit_length() + 1)})] if turns else [0]
+    return [0, *(i for i, m in enumerate(messages) if i > 0 and m["role"] == "user")]
 
 
 async def start_fitting(request: Request, cuts: list[int],
                         request_at: Callable[[int], GenerateRequest],
                         request_id: str) -> tuple[Generation, int]:
-    """Start ``request_at(cut)`` for the first of ``cuts`` whose prompt fits the context;
-    returns the generation and that cut (the last cut's error when none fits)."""
-    for cut in cuts:
-        try:
-            return await start(request, request_at(cut), request_id), cut
-        except InvalidRequest as exc:
-            if exc.code != "context_length_exceeded" or cut == cuts[-1]:
-                raise
-    raise AssertionError("unreachable")
+    """Start ``request_at(cut)`` for the first of ``cuts`` whose prompt fits the context
+    (the last cut's error when none fits); returns the generation and that cut. Fewer
+    turns never make a longer prompt, so the first fitting cut is searched from the end
+    (1, 2, 4, ... turns kept, then halving): few prompts are rendered, the short ones."""
+    try:
+        return await start(request, request_at(cuts[0]), request_id), cuts[0]
+    except InvalidRequest as exc:
+        if exc.code != "context_length_exceeded" or len(cuts) == 1:
+            raise
+    bad, good, step = 0, len(cuts) - 1, 1  # cuts[bad] does not fit; cuts[good] is tried
+    while good - bad > 1:
+        i = max(good - step, bad + 1) if step else (bad + good) // 2
+        if await prompt_fits(pool(request), request_at(cuts[i]), leases(request)):
+            good, step = i, step * 2 if step else 0
+        else:
+            bad, step = i, 0  # from here on, halving between the two
+    return await start(request, request_at(cuts[good]), request_id), cuts[good]
 
 
 def sse(request: Request, events: AsyncIterator[dict[str, str]]) -> Stream:

@@ -52,6 +52,7 @@ class HeaderDeadline:
     _waiting_since: float = 0.0  # when it began to wait for its next request's headers
     _head_bytes = 0  # bytes received since then, while its headers are not complete
     _discarding = False  # answered 431: what comes in is dropped until the close
+    _tail = b""  # the last bytes of a head coming in (its blank line may be split)
 
     def connection_made(self, transport: asyncio.Transport) -> None:
         super().connection_made(transport)  # type: ignore[misc]
@@ -85,6 +86,10 @@ class HeaderDeadline:
     def data_received(self, data: bytes) -> None:
         if self._discarding:
             return
+        if self._idle() and not (self.cycle is not None and self.cycle.more_body) and \
+                self._head_past_limit(data):
+            self._refuse_head()
+            return
         super().data_received(data)  # type: ignore[misc]
         between = self.cycle is None or self.cycle.response_complete
         if not between or self.cycle is not None and self.cycle.more_body:
@@ -97,6 +102,16 @@ class HeaderDeadline:
             self._refuse_head()
         elif self._deadline is None or self._waited_on is not self.cycle:
             self._arm()  # the first bytes of a next request, not yet complete
+
+    def _head_past_limit(self, data: bytes) -> bool:
+        """Whether the head of the request coming in passes MAX_HEAD_BYTES with ``data``:
+        counted before the parser sees it (a head that arrives whole in one read would
+        otherwise be complete, and pass, before it is counted)."""
+        seen = self._tail + data
+        end = seen.find(b"\r\n\r\n")
+        head = len(data) if end < 0 else max(0, end + 4 - len(self._tail))
+        self._tail = seen[-3:]
+        return self._head_bytes + head > MAX_HEAD_BYTES
 
     def _refuse_head(self) -> None:
         """431 for a request line and headers past MAX_HEAD_BYTES (uvicorn's httptools

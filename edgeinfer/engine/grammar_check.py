@@ -9,18 +9,40 @@ The prompt layer builds grammars; only this module hands them to llama.cpp. Call
 from __future__ import annotations
 
 import ctypes
+import json
 import re
 from functools import lru_cache
+from typing import Any
 
 import llama_cpp
-from llama_cpp.llama_grammar import json_schema_to_gbnf as _convert
+from llama_cpp.llama_grammar import SchemaConverter
 
 from edgeinfer.engine.handles import Sampler, SamplerPtr, VocabPtr
 
 
+class _Converter(SchemaConverter):
+    r"""llama-cpp-python's converter, its string literals escaped as llama.cpp's own
+    converter escapes them. Its copy leaves a backslash as it is, so the JSON text of a
+    ``const``, an ``enum`` value or a property name holding a quote (``"say "hi""``)
+    ended the GBNF literal early (a grammar llama.cpp cannot parse), and one holding a
+    backslash let the model write it unescaped (``"a"``: another text, or no JSON)."""
+
+    def _format_literal(self, literal: str) -> str:
+        return '"' + _LITERAL_ESCAPE.sub(lambda m: _LITERAL_ESCAPES[m.group(0)], literal) + '"'
+
+
+_LITERAL_ESCAPE = re.compile(r'[\r\n"\\]')
+_LITERAL_ESCAPES = {"\r": "\\r", "\n": "\\n", '"': '\\"', "\\": "\\\\"}
+
+
 def json_schema_to_gbnf(schema_json: str, prop_order: list[str]) -> str:
-    """llama-cpp-python's converter: JSON schema text -> GBNF (root rule ``root``)."""
-    gbnf: str = _convert(schema_json, prop_order)
+    """llama-cpp-python's converter (``llama_grammar.json_schema_to_gbnf``, with the
+    literal escaping above): JSON schema text -> GBNF (root rule ``root``)."""
+    make: Any = _Converter  # (llama-cpp-python's converter has no type annotations)
+    converter = make(prop_order={name: i for i, name in enumerate(prop_order)},
+                     allow_fetch=False, dotall=False, raw_pattern=False)
+    converter.visit(converter.resolve_refs(json.loads(schema_json), "stdin"), "")
+    gbnf: str = converter.format_grammar()
     return gbnf
 
 

@@ -62,6 +62,12 @@ def check_schema_node(node: dict[str, Any], param: str) -> None:
             raise InvalidRequest(f"'{key}' must be a finite number", param=param)
         if abs(v) > 1e300:
             raise InvalidRequest(f"'{key}' is out of range", param=param)
+    for low, high in (("minLength", "maxLength"), ("minItems", "maxItems"),
+                      ("minProperties", "maxProperties"), ("minimum", "maximum")):
+        if isinstance(node.get(low), int | float) and isinstance(node.get(high), int | float) \
+                and node[low] > node[high]:
+            raise InvalidRequest(f"'{low}' ({node[low]}) is greater than '{high}' "
+                                 f"({node[high]}): nothing satisfies the schema", param=param)
     pattern = node.get("pattern")
     if pattern is not None:
         if not isinstance(pattern, str):

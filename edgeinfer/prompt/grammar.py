@@ -25,7 +25,7 @@ from edgeinfer.prompt.budget import (
     check_schema_node,
 )
 from edgeinfer.prompt.intrange import int_range_gbnf
-from edgeinfer.prompt.pattern import json_pattern
+from edgeinfer.prompt.pattern import json_pattern, with_lengths
 from edgeinfer.prompt.toolformat import GENERIC, ToolFormat
 
 log = logging.getLogger("edgeinfer.prompt")
@@ -144,6 +144,7 @@ def _bound(node: Any, ints: dict[str, str]) -> Any:
     """
     if not isinstance(node, dict):
         return node
+    node = _lengths_in_pattern(_required_present(node))
     if node.get("type") == "integer" and any(k in node for k in _BOUNDS):
         try:
             expr = int_range_gbnf(*_int_bounds(node))
@@ -177,6 +178,41 @@ def _bound(node: Any, ints: dict[str, str]) -> Any:
                                             "format"} & set(out):
         out["maxLength"] = max(DEFAULT_MAX_LENGTH, int(out.get("minLength", 0) or 0))
     return out
+
+
+def _lengths_in_pattern(node: dict[str, Any]) -> dict[str, Any]:
+    """A string's ``minLength`` / ``maxLength`` folded into its ``pattern`` (the converter
+    ignores them beside one: ``pattern.with_lengths``); 400 where that cannot be done.
+    A pattern the grammar drops anyway leaves them as they are."""
+    pattern, lengths = node.get("pattern"), {"minLength", "maxLength"} & set(node)
+    if not isinstance(pattern, str) or not lengths:
+        return node
+    try:
+        folded = with_lengths(pattern, node.get("minLength") or 0, node.get("maxLength"))
+    except ValueError as exc:
+        raise InvalidRequest(str(exc), param="schema") from None
+    if json_pattern(folded) is None:
+        return node
+    return {**{k: v for k, v in node.items() if k not in lengths}, "pattern": folded}
+
+
+def _required_present(node: dict[str, Any]) -> dict[str, Any]:
+    """An object's ``required`` names missing from its ``properties`` made properties of
+    any value (or of ``additionalProperties``' schema): the converter drops them, so the
+    answer lacked them. 400 where ``additionalProperties`` is false (no object can)."""
+    props, required = node.get("properties") or {}, node.get("required")
+    if not isinstance(required, list) or not isinstance(props, dict):
+        return node
+    missing = [n for n in required if isinstance(n, str) and n not in props]
+    if not missing:
+        return node
+    extra = node.get("additionalProperties", True)
+    if extra is False:
+        raise InvalidRequest(f"the required property {missing[0]!r} is not among the "
+                             "'properties' and 'additionalProperties' is false: no object "
+                             "satisfies the schema", param="schema")
+    any_value = extra if isinstance(extra, dict) else {}
+    return {**node, "properties": {**props, **{n: any_value for n in missing}}}
 
 
 # what Python's re says of a pattern no regex dialect takes (not of ECMA-only syntax)

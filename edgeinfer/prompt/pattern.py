@@ -18,10 +18,16 @@ or where it lets a string hold characters JSON forbids raw (``.`` and ``[^...]``
 What a grammar cannot express (lookarounds, back-references, word boundaries, anchors
 inside the pattern, escaped control characters) gives None: the caller drops the pattern
 and keeps the rest of the schema.
+
+``with_lengths`` folds a string's ``minLength`` / ``maxLength`` into its pattern (the
+converter ignores them beside one): kept as it is where the pattern's own lengths lie
+within them, else the pattern's one variable repetition bounded to fit.
 """
 
 from __future__ import annotations
 
+import math
+import re
 import string
 
 JSON_CHAR = '"\\\\\\x7F\\x00-\\x1F'  # inside [^...]: what a raw JSON string char is not
@@ -126,11 +132,88 @@ def _body(pattern: str) -> str | None:
 def json_pattern(pattern: str) -> str | None:
     """``pattern`` as an anchored regex in the converter's subset; None when a grammar
     cannot express it."""
-    start = pattern.startswith("^")
-    # a final "$" is an anchor unless escaped (an odd run of backslashes before it)
-    end = pattern.endswith("$") and (len(pattern) - 1 - len(pattern[:-1].rstrip("\\"))) % 2 == 0
-    body = _body(pattern[int(start):len(pattern) - int(end)])
+    start, end, body_in = _anchors(pattern)
+    body = _body(body_in)
     if body is None:
         return None
     pad = f"{ANY}{{0,{PAD}}}"
     return f"^{'' if start else pad}({body}){'' if end else pad}$"
+
+
+_ATOM = re.compile(r"\[(?:\\.|[^\]\\])+\]|\\u[0-9a-fA-F]{4}|\\x[0-9a-fA-F]{2}|\\."
+                   r"|[^\\^$()|*+?{}\[]")
+_COUNT = re.compile(r"(\*|\+|\?|\{(\d+)(,(\d*))?\})\??")
+
+
+def _anchors(pattern: str) -> tuple[bool, bool, str]:
+    """(anchored at the start, at the end, the pattern between)."""
+    start = pattern.startswith("^")
+    # a final "$" is an anchor unless escaped (an odd run of backslashes before it)
+    end = pattern.endswith("$") and (len(pattern) - 1 - len(pattern[:-1].rstrip("\\"))) % 2 == 0
+    return start, end, pattern[int(start):len(pattern) - int(end)]
+
+
+def _pieces(body: str) -> list[tuple[str, int, float]] | None:
+    """A pattern of single-character atoms, each with its count range (atom, min, max);
+    None for anything else (groups, alternatives)."""
+    out: list[tuple[str, int, float]] = []
+    i = 0
+    while i < len(body):
+        if (atom := _ATOM.match(body, i)) is None:
+            return None
+        i, lo, hi = atom.end(), 1, 1.0
+        if count := _COUNT.match(body, i):
+            i, q = count.end(), count.group(1)
+            lo = {"*": 0, "+": 1, "?": 0}.get(q[0], 0) if q[0] != "{" else int(count.group(2))
+            hi = (1.0 if q[0] == "?" else math.inf if q[0] in "*+" else
+                  lo if count.group(3) is None else
+                  int(count.group(4)) if count.group(4) else math.inf)
+        out.append((atom.group(), lo, hi))
+    return out
+
+
+def _width(body: str) -> tuple[int, float]:
+    """The fewest and most characters ``body`` matches (0 and no bound when unknown)."""
+    pieces = _pieces(body)
+    if pieces is not None:
+        return sum(p[1] for p in pieces), sum(p[2] for p in pieces)
+    try:  # groups and alternatives: Python's regex parser knows (ECMA-only syntax: unknown)
+        lo, hi = re._parser.parse(body).getwidth()  # type: ignore[attr-defined]
+    except (re.error, AttributeError, RecursionError):
+        return 0, math.inf
+    return lo, math.inf if hi >= 1 << 30 else hi
+
+
+def with_lengths(pattern: str, min_length: int = 0, max_length: int | None = None) -> str:
+    """``pattern``, made to hold a string's length bounds too; ValueError when no string
+    satisfies both, or when this cannot be done (a pattern with groups or alternatives
+    whose own lengths are not within the bounds). Otherwise the result is anchored (it
+    matches whole strings, which also match the pattern) and each variable count gets an
+    equal share of the room the bounds leave."""
+    start, end, body = _anchors(pattern)
+    lo, hi = _width(body)
+    top = math.inf if max_length is None else max_length
+    if lo > top or (start and end and hi < min_length):
+        raise ValueError(f"no string matches the 'pattern' {pattern[:100]!r} with "
+                         f"'minLength' {min_length} and 'maxLength' {max_length}")
+    if start and end and lo >= min_length and hi <= top:
+        return pattern
+    pieces = _pieces(body)
+    cannot = ValueError(f"'minLength' / 'maxLength' beside the 'pattern' {pattern[:100]!r} "
+                        "cannot be enforced: put the length in the pattern ({m,n})")
+    if pieces is None:
+        raise cannot
+    variable = [k for k, p in enumerate(pieces) if p[1] != p[2]]
+    room, need = top - lo, min_length - lo
+    for n, k in enumerate(variable):  # the room in equal shares, the need first come
+        atom, a, b = pieces[k]
+        share = room if room == math.inf else int(room) // len(variable) + (
+            n < int(room) % len(variable))
+        b = min(b, a + share)
+        more = int(max(0, min(need, b - a)))
+        pieces[k], need = (atom, a + more, b), need - more
+    if need > 0:
+        raise cannot
+    return "^" + "".join(atom + ("" if (x, y) == (1, 1) else f"{{{x}}}" if x == y else
+                                 f"{{{x},{'' if y == math.inf else int(y)}}}")
+                         for atom, x, y in pieces) + "$"

@@ -77,14 +77,25 @@ def failure_error(failure: Failure | None) -> APIError:
     return EngineError(f.message, code=f.code.value)
 
 
-async def generate(pool: ModelPool, req: GenerateRequest, leases: list[Lease],
-                   request_id: str) -> Generation:
-    """Start ``req``; its engine requests are named ``{request_id}-{k}``. Raises APIError
-    (4xx / 429 / 503) for what is wrong before anything is generated."""
+@dataclass(frozen=True, slots=True)
+class _Fitted:
+    """A request checked against its model, its prompts rendered and tokenized."""
+
+    served: ServedModel
+    req: GenerateRequest
+    params: SamplingParams
+    implicit: tuple[str, ...]  # the template's own stop strings
+    read: Prompts
+    prompts: list[list[int]]
+
+
+async def _fitted(pool: ModelPool, req: GenerateRequest, leases: list[Lease],
+                  request_id: str) -> _Fitted:
+    """``req`` on its model, its prompts made; 400 context_length_exceeded (and the other
+    errors of ``generate``) where they do not fit the context."""
     served = await model_for(pool, req.model, leases, choices=req.num_choices,
                              routing=features(req), wait=req.wait_for_model)
-    n_vocab = served.runtime.info.n_vocab
-    _check_vocab(req, n_vocab)
+    _check_vocab(req, served.runtime.info.n_vocab)
     params = req.params
     if params.max_tokens is None and served.cfg.max_tokens is not None:
         params = replace(params, max_tokens=served.cfg.max_tokens)  # the model's default
@@ -100,6 +111,28 @@ async def generate(pool: ModelPool, req: GenerateRequest, leases: list[Lease],
     where = "messages" if isinstance(req.prompt, ChatPrompt) else "prompt"
     for p in prompts:
         served.check_fits(len(p), params.max_tokens, where)
+    return _Fitted(served, req, params, implicit, read, prompts)
+
+
+async def prompt_fits(pool: ModelPool, req: GenerateRequest, leases: list[Lease]) -> bool:
+    """Whether ``req``'s prompts fit its model's context (nothing is started; other
+    errors are raised as ``generate`` raises them)."""
+    try:
+        await _fitted(pool, req, leases, "fits")
+    except InvalidRequest as exc:
+        if exc.code != "context_length_exceeded":
+            raise
+        return False
+    return True
+
+
+async def generate(pool: ModelPool, req: GenerateRequest, leases: list[Lease],
+                   request_id: str) -> Generation:
+    """Start ``req``; its engine requests are named ``{request_id}-{k}``. Raises APIError
+    (4xx / 429 / 503) for what is wrong before anything is generated."""
+    f = await _fitted(pool, req, leases, request_id)
+    served, req, params, implicit, read, prompts = (
+        f.served, f.req, f.params, f.implicit, f.read, f.prompts)
     # a prompt that leaves a reasoning block open: the constraint applies after the block
     reading = read.reading
     close_marker = reading.markers.close if reading.markers and reading.in_thought else None

@@ -547,6 +547,25 @@ def test_truncation_auto_drops_oldest_turns(keyed: tuple[ServerProcess, Path]) -
     assert ok.json()["truncation"] == "auto" and ok.json()["usage"]["input_tokens"] < 1024
 
 
+def test_truncation_auto_keeps_as_much_of_a_long_history_as_fits(
+        keyed: tuple[ServerProcess, Path]) -> None:
+    """The oldest turns go, only as many as must: however long the history (a search of
+    the cut once tried the 1st, 2nd, 4th, 8th ... turn, so the longer the history, the
+    less of it was kept: 32 of 8,000 tokens at 60 turns of 354)."""
+    srv, _ = keyed
+    kept = []
+    for turns in (30, 120):  # ~50 tokens each: 1,500 and 6,000 tokens
+        history = [{"role": "user" if i % 2 == 0 else "assistant",
+                    "content": f"Turn {i}: " + "the train left the station at noon. " * 4}
+                   for i in range(turns)]
+        r = post(srv, {**BASE, "truncation": "auto",
+                       "input": [*history, {"role": "user", "content": "When?"}]}, key=KEY_A)
+        assert r.status_code == 200, r.text
+        kept.append(r.json()["usage"]["input_tokens"])
+    # a context of 1,024 with one token to answer: one more turn pair would not have fit
+    assert all(1024 - 2 * 50 - 20 < n < 1024 for n in kept), kept
+
+
 # -- the store's bounds, without a server -----------------------------------------------------
 
 

@@ -470,6 +470,25 @@ def test_llama_servers_schema_fields_constrain_the_answer(server: ServerProcess)
         assert r.json()["choices"][0]["message"]["content"] == '"42"', extra
 
 
+def test_quotes_backslashes_and_lengths_in_schemas_hold_in_the_answer(
+        client: openai.OpenAI) -> None:
+    """A const, an enum and a property name holding a quote or a backslash (they were a
+    400), and a pattern with a maxLength (the length was not enforced): the answer
+    validates."""
+    schemas: list[dict[str, Any]] = [
+        {"const": 'say "hi"'}, {"enum": ["C:\\temp", 'x"y']},
+        {"type": "object", "properties": {'a"b': {"type": "string", "maxLength": 5}},
+         "required": ['a"b'], "additionalProperties": False},
+        {"type": "string", "pattern": "^[a-z]+$", "maxLength": 3}]
+    for schema in schemas:
+        r = client.chat.completions.create(
+            model="default", temperature=0, max_tokens=40,
+            messages=[{"role": "user", "content": "Reply with the word extraordinary"}],
+            response_format={"type": "json_schema",
+                             "json_schema": {"name": "x", "schema": schema}})
+        jsonschema.validate(json.loads(r.choices[0].message.content or ""), schema)
+
+
 def test_deeply_nested_schema_is_refused(server: ServerProcess) -> None:
     for depth in (200, 5000):  # deeper than our limit; deeper than Python's JSON recursion
         schema = '{"type": "array", "items": ' * depth + '{"type": "string"}' + "}" * depth

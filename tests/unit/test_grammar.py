@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import json
+import re
 from typing import Any
 
 import pytest
 
 from edgeinfer.errors import InvalidRequest
 from edgeinfer.prompt.grammar import schema_to_gbnf
+from edgeinfer.prompt.pattern import with_lengths
 
 
 def test_property_names_that_are_keywords_are_data_not_schema() -> None:
@@ -225,3 +228,65 @@ def test_muse_glimmers_calls_start_at_a_message_to_a_tool(
                                        fmt=MUSE_GLIMMER)
     assert forced is not None and lazy is not None
     assert 'head ::= " to=get_time<|message|>" | " to=get_date<|message|>"' in forced
+
+
+def _root_literal(gbnf: str) -> str:
+    """The text a ``root ::= "..."`` rule stands for (GBNF escapes undone)."""
+    line = next(ln for ln in gbnf.splitlines() if ln.startswith("root ::= "))
+    body = line.removeprefix('root ::= "').removesuffix('"')
+    return re.sub(r'\\(["\\nr])', lambda m: {"n": "\n", "r": "\r"}.get(m[1], m[1]), body)
+
+
+@pytest.mark.parametrize("value", ['say "hi"', "C:\\temp", 'both \\"', "line\nbreak"])
+def test_quotes_and_backslashes_in_a_const_stay_json(value: str) -> None:
+    """llama-cpp-python's converter left a backslash unescaped in GBNF literals: a quote
+    ended the literal early (llama.cpp could not parse the grammar) and a backslash let
+    the model write another text."""
+    assert _root_literal(schema_to_gbnf({"const": value}, "s")) == json.dumps(value)
+    gbnf = schema_to_gbnf({"type": "object", "properties": {value: {"enum": [value]}},
+                           "required": [value]}, "s")
+    assert f'"{json.dumps(json.dumps(value))[1:-1]}"' in gbnf  # the name and the value
+
+
+@pytest.mark.parametrize(("pattern", "low", "high", "folded"), [
+    ("^[a-z]+$", 0, 3, "^[a-z]{1,3}$"),
+    ("^[a-z]*$", 3, 5, "^[a-z]{3,5}$"),
+    ("[a-z]+", None, 3, "^[a-z]{1,3}$"),  # anchored: whole strings also match
+    (r"^\d{3}-\d{4}$", 0, 8, r"^\d{3}-\d{4}$"),  # its own lengths: as it is
+    (r"^[A-Z][a-z]*$", 2, 10, r"^[A-Z][a-z]{1,9}$"),
+    (r"^\u00e9+$", None, 4, r"^\u00e9{1,4}$"),
+    (r"^[^@]+@[^@]+\.[a-z]{2,}$", None, 50, r"^[^@]{1,16}@[^@]{1,16}\.[a-z]{2,16}$"),
+])
+def test_lengths_beside_a_pattern_are_folded_into_it(pattern: str, low: int | None,
+                                                    high: int, folded: str) -> None:
+    """The converter ignores minLength / maxLength beside a pattern: "^[a-z]+$" with
+    maxLength 3 gave a 12-letter word."""
+    assert with_lengths(pattern, low or 0, high) == folded
+    schema = {"type": "string", "pattern": pattern, "maxLength": high}
+    if low is not None:
+        schema["minLength"] = low
+    assert schema_to_gbnf(schema, "s") == schema_to_gbnf(
+        {"type": "string", "pattern": folded}, "s")
+
+
+@pytest.mark.parametrize("schema", [
+    {"type": "string", "minLength": 10, "maxLength": 1},
+    {"type": "array", "items": {"type": "integer"}, "minItems": 5, "maxItems": 2},
+    {"type": "number", "minimum": 2.5, "maximum": 1},
+    {"type": "string", "pattern": r"^\d{3}-\d{4}$", "maxLength": 7},
+    {"type": "string", "pattern": "^(ab)+$", "maxLength": 5},  # a group: cannot be folded
+    {"type": "object", "properties": {"a": {}}, "required": ["b"],
+     "additionalProperties": False},
+])
+def test_schemas_nothing_satisfies_or_that_cannot_be_enforced_are_400(
+        schema: dict[str, Any]) -> None:
+    with pytest.raises(InvalidRequest) as info:
+        schema_to_gbnf({"type": "object", "properties": {"x": schema}}, "response_format")
+    assert info.value.param == "response_format"
+
+
+def test_a_required_name_missing_from_properties_is_still_written() -> None:
+    gbnf = schema_to_gbnf({"type": "object", "properties": {"a": {"type": "integer"}},
+                           "required": ["zzz"]}, "s")
+    root = next(ln for ln in gbnf.splitlines() if ln.startswith("root ::= "))
+    assert root.startswith('root ::= "{" space zzz-kv'), root  # required: first, always

@@ -204,3 +204,20 @@ def test_the_per_request_cap_is_configurable() -> None:
     for i in range(4):
         sched.add(_seq(f"h{i}", "h"))
     assert len(sched.admit()) == 2
+
+
+@pytest.mark.parametrize(("part", "param"), [
+    ({"type": "text"}, "messages[0].content[0].text"),
+    ({"type": "text", "text": 5}, "messages[0].content[0].text"),
+    ({"type": "image_url", "image_url": {"url": "u"}}, "messages[0].content[0]"),
+])
+def test_a_bad_content_part_is_named_for_what_is_wrong(part: dict[str, object],
+                                                       param: str) -> None:
+    """A text part without its text says so (it was told only text parts are supported)."""
+    from edgeinfer.api.fields import Body
+    from edgeinfer.api.messages import messages
+    msgs = [{"role": "user", "content": [part]}]
+    with pytest.raises(InvalidRequest) as info:
+        messages(Body({"messages": msgs}, {"messages"}))
+    assert info.value.param == param
+    assert ("must be a string" in info.value.message) == param.endswith(".text")
