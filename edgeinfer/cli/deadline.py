@@ -93,7 +93,8 @@ class HeaderDeadline:
         super().data_received(data)  # type: ignore[misc]
         between = self.cycle is None or self.cycle.response_complete
         if not between or self.cycle is not None and self.cycle.more_body:
-            self._head_bytes = 0  # a request, or the rest of an answered one's body
+            # a request, or the rest of an answered one's body
+            self._head_bytes, self._tail = 0, b""
             return
         if self.transport.is_closing():
             return
