@@ -79,7 +79,13 @@ async def start_fitting(request: Request, cuts: list[int],
             good, step = i, step * 2 if step else 0
         else:
             bad, step = i, 0  # from here on, halving between the two
-    return await start(request, request_at(cuts[good]), request_id), cuts[good]
+    for cut in cuts[good:]:  # (the probes and the start may meet other models: "auto",
+        try:  # a fallback with another context; then the next cuts, one by one)
+            return await start(request, request_at(cut), request_id), cut
+        except InvalidRequest as exc:
+            if exc.code != "context_length_exceeded" or cut == cuts[-1]:
+                raise
+    raise AssertionError("unreachable")
 
 
 def sse(request: Request, events: AsyncIterator[dict[str, str]]) -> Stream:

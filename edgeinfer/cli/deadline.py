@@ -108,9 +108,13 @@ class HeaderDeadline:
         """Whether the head of the request coming in passes MAX_HEAD_BYTES with ``data``:
         counted before the parser sees it (a head that arrives whole in one read would
         otherwise be complete, and pass, before it is counted)."""
-        seen = self._tail + data
-        end = seen.find(b"\r\n\r\n")
-        head = len(data) if end < 0 else max(0, end + 4 - len(self._tail))
+        lead = 0  # blank lines before a request, which the parser skips
+        if not self._head_bytes and not self._tail:
+            lead = len(data) - len(data.lstrip(b"\r\n"))
+        seen = self._tail + data[lead:]
+        ends = [i + n for i, n in ((seen.find(b"\r\n\r\n"), 4), (seen.find(b"\n\n"), 2))
+                if i >= 0]
+        head = len(data) - lead if not ends else max(0, min(ends) - len(self._tail))
         self._tail = seen[-3:]
         return self._head_bytes + head > MAX_HEAD_BYTES
 

@@ -183,9 +183,12 @@ def _bound(node: Any, ints: dict[str, str]) -> Any:
 def _lengths_in_pattern(node: dict[str, Any]) -> dict[str, Any]:
     """A string's ``minLength`` / ``maxLength`` folded into its ``pattern`` (the converter
     ignores them beside one: ``pattern.with_lengths``); 400 where that cannot be done.
-    A pattern the grammar drops anyway leaves them as they are."""
+    A pattern the grammar drops leaves them as they are."""
     pattern, lengths = node.get("pattern"), {"minLength", "maxLength"} & set(node)
     if not isinstance(pattern, str) or not lengths:
+        return node
+    _check_regex(pattern)
+    if json_pattern(pattern) is None:  # (lookarounds, \b, ...: dropped, the lengths kept)
         return node
     try:
         folded = with_lengths(pattern, node.get("minLength") or 0, node.get("maxLength"))

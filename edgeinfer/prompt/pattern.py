@@ -21,7 +21,7 @@ and keeps the rest of the schema.
 
 ``with_lengths`` folds a string's ``minLength`` / ``maxLength`` into its pattern (the
 converter ignores them beside one): kept as it is where the pattern's own lengths lie
-within them, else the pattern's one variable repetition bounded to fit.
+within them, else its counts bounded to fit.
 """
 
 from __future__ import annotations
@@ -140,7 +140,7 @@ def json_pattern(pattern: str) -> str | None:
     return f"^{'' if start else pad}({body}){'' if end else pad}$"
 
 
-_ATOM = re.compile(r"\[(?:\\.|[^\]\\])+\]|\\u[0-9a-fA-F]{4}|\\x[0-9a-fA-F]{2}|\\."
+_ATOM = re.compile(r"\[\^?\]?(?:\\.|[^\]\\])*\]|\\u[0-9a-fA-F]{4}|\\x[0-9a-fA-F]{2}|\\."
                    r"|[^\\^$()|*+?{}\[]")
 _COUNT = re.compile(r"(\*|\+|\?|\{(\d+)(,(\d*))?\})\??")
 
@@ -188,8 +188,10 @@ def with_lengths(pattern: str, min_length: int = 0, max_length: int | None = Non
     """``pattern``, made to hold a string's length bounds too; ValueError when no string
     satisfies both, or when this cannot be done (a pattern with groups or alternatives
     whose own lengths are not within the bounds). Otherwise the result is anchored (it
-    matches whole strings, which also match the pattern) and each variable count gets an
-    equal share of the room the bounds leave."""
+    matches whole strings, which also match the pattern: a side without an anchor gets a
+    count of any characters) and its counts are bounded: what ``minLength`` asks goes to
+    the widest counts first, the room ``maxLength`` leaves is shared as equally as the
+    counts take it. The strings it matches are some of those both bounds allow."""
     start, end, body = _anchors(pattern)
     lo, hi = _width(body)
     top = math.inf if max_length is None else max_length
@@ -199,21 +201,27 @@ def with_lengths(pattern: str, min_length: int = 0, max_length: int | None = Non
     if start and end and lo >= min_length and hi <= top:
         return pattern
     pieces = _pieces(body)
-    cannot = ValueError(f"'minLength' / 'maxLength' beside the 'pattern' {pattern[:100]!r} "
-                        "cannot be enforced: put the length in the pattern ({m,n})")
     if pieces is None:
-        raise cannot
-    variable = [k for k, p in enumerate(pieces) if p[1] != p[2]]
-    room, need = top - lo, min_length - lo
-    for n, k in enumerate(variable):  # the room in equal shares, the need first come
-        atom, a, b = pieces[k]
-        share = room if room == math.inf else int(room) // len(variable) + (
-            n < int(room) % len(variable))
-        b = min(b, a + share)
-        more = int(max(0, min(need, b - a)))
-        pieces[k], need = (atom, a + more, b), need - more
-    if need > 0:
-        raise cannot
+        raise ValueError(f"'minLength' / 'maxLength' beside the 'pattern' {pattern[:100]!r} "
+                         "cannot be enforced: put the length in the pattern ({m,n})")
+    pads = [(".", 0, math.inf)]  # the pattern's own counts come first, then these
+    pieces = [*([] if start else pads), *pieces, *([] if end else pads)]
+    lows = [p[1] for p in pieces]
+    highs = [p[2] for p in pieces]
+    padded = {k for k in (0, len(pieces) - 1) if pieces[k] is pads[0]}
+    need = min_length - sum(lows)
+    for k in sorted(range(len(pieces)), key=lambda k: (k in padded, lows[k] - highs[k])):
+        more = int(max(0, min(need, highs[k] - lows[k])))  # widest first
+        lows[k], need = lows[k] + more, need - more
+    room = top - sum(lows)
+    for group in ([k for k in range(len(pieces)) if k not in padded], sorted(padded)):
+        variable = sorted((k for k in group if highs[k] > lows[k]),
+                          key=lambda k: highs[k] - lows[k])  # narrowest first: water-filling
+        for n, k in enumerate([] if room == math.inf else variable):
+            share = int(room) // (len(variable) - n)
+            highs[k] = lows[k] + min(highs[k] - lows[k], share)
+            room -= highs[k] - lows[k]
     return "^" + "".join(atom + ("" if (x, y) == (1, 1) else f"{{{x}}}" if x == y else
                                  f"{{{x},{'' if y == math.inf else int(y)}}}")
-                         for atom, x, y in pieces) + "$"
+                         for (atom, _, _), x, y in zip(pieces, lows, highs, strict=True)
+                         if y > 0) + "$"

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import json
 import re
 from typing import Any
@@ -255,18 +256,39 @@ def test_quotes_and_backslashes_in_a_const_stay_json(value: str) -> None:
     (r"^\d{3}-\d{4}$", 0, 8, r"^\d{3}-\d{4}$"),  # its own lengths: as it is
     (r"^[A-Z][a-z]*$", 2, 10, r"^[A-Z][a-z]{1,9}$"),
     (r"^\u00e9+$", None, 4, r"^\u00e9{1,4}$"),
-    (r"^[^@]+@[^@]+\.[a-z]{2,}$", None, 50, r"^[^@]{1,16}@[^@]{1,16}\.[a-z]{2,16}$"),
+    (r"^[^@]+@[^@]+\.[a-z]{2,}$", None, 50, r"^[^@]{1,15}@[^@]{1,16}\.[a-z]{2,17}$"),
+    (r"^\+?\d+$", 10, 15, r"^\+{0,1}\d{10,14}$"),  # what minLength asks: the widest count
+    ("^a?b*$", 4, 5, "^b{4,5}$"),
+    ("abc", 5, None, "^.{2,}abc.{0,}$"),  # an open side may pad to minLength
+    ("^[^]]+$", 5, 5, "^[^]]{5}$"),  # a leading "]" in a class is a character
 ])
 def test_lengths_beside_a_pattern_are_folded_into_it(pattern: str, low: int | None,
                                                     high: int, folded: str) -> None:
     """The converter ignores minLength / maxLength beside a pattern: "^[a-z]+$" with
     maxLength 3 gave a 12-letter word."""
     assert with_lengths(pattern, low or 0, high) == folded
-    schema = {"type": "string", "pattern": pattern, "maxLength": high}
-    if low is not None:
-        schema["minLength"] = low
+    schema: dict[str, Any] = {"type": "string", "pattern": pattern}
+    schema.update({k: v for k, v in (("minLength", low), ("maxLength", high)) if v is not None})
     assert schema_to_gbnf(schema, "s") == schema_to_gbnf(
         {"type": "string", "pattern": folded}, "s")
+
+
+@pytest.mark.parametrize(("pattern", "low", "high"), [
+    ("^[a-z]+$", 0, 3), ("[a-z]+", 2, 4), (r"^\d{2}-?\d*$", 3, 6), ("^a?b*c?$", 2, 3),
+    ("x[0-9]{1,3}", 4, 6), ("^[^]x]*y$", 0, 3), ("[ab]{2}", 3, None)])
+def test_folded_patterns_only_match_what_both_bounds_allow(pattern: str, low: int,
+                                                          high: int | None) -> None:
+    """Every short string over a small alphabet that the folded pattern matches also
+    matches the pattern (searched, as JSON Schema does) and has an allowed length."""
+    folded = re.compile(with_lengths(pattern, low, high))
+    matched = 0
+    for n in range(6):
+        for chars in itertools.product("ab1-xyc]", repeat=n):
+            text = "".join(chars)
+            if folded.fullmatch(text):
+                matched += 1
+                assert re.search(pattern, text) and low <= n <= (high or n), (text, folded)
+    assert matched, folded.pattern  # (not an empty language)
 
 
 @pytest.mark.parametrize("schema", [
@@ -283,6 +305,13 @@ def test_schemas_nothing_satisfies_or_that_cannot_be_enforced_are_400(
     with pytest.raises(InvalidRequest) as info:
         schema_to_gbnf({"type": "object", "properties": {"x": schema}}, "response_format")
     assert info.value.param == "response_format"
+
+
+@pytest.mark.parametrize("pattern", [r"^\bab$", r"^(?=.*\d).+$"])
+def test_a_pattern_the_grammar_drops_keeps_its_lengths(pattern: str) -> None:
+    """(The length check once ran first, and refused them.)"""
+    assert schema_to_gbnf({"type": "string", "pattern": pattern, "maxLength": 4}, "s") == \
+        schema_to_gbnf({"type": "string", "maxLength": 4}, "s")
 
 
 def test_a_required_name_missing_from_properties_is_still_written() -> None:

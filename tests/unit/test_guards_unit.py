@@ -221,3 +221,18 @@ def test_a_bad_content_part_is_named_for_what_is_wrong(part: dict[str, object],
         messages(Body({"messages": msgs}, {"messages"}))
     assert info.value.param == param
     assert ("must be a string" in info.value.message) == param.endswith(".text")
+
+
+def test_a_request_head_is_counted_before_the_parser_completes_it() -> None:
+    """A head past 64 KiB in one read, after blank lines (which the parser skips) too;
+    a body in the same read is not counted, after CRLF or bare LF line ends."""
+    from edgeinfer.cli.deadline import HeaderDeadline
+
+    def past(data: bytes) -> bool:
+        return HeaderDeadline.__new__(HeaderDeadline)._head_past_limit(data)
+
+    big = b"X-A: " + b"a" * 100_000
+    assert past(b"GET / HTTP/1.1\r\n" + big + b"\r\n\r\n")
+    assert past(b"\r\n\r\nGET / HTTP/1.1\r\n" + big + b"\r\n\r\n")
+    assert not past(b"POST / HTTP/1.1\r\nContent-Length: 100000\r\n\r\n" + b"b" * 100_000)
+    assert not past(b"POST / HTTP/1.1\nContent-Length: 100000\n\n" + b"b" * 100_000)
