@@ -476,7 +476,7 @@ def test_quotes_backslashes_and_lengths_in_schemas_hold_in_the_answer(
     400), and a pattern with a maxLength (the length was not enforced): the answer
     validates."""
     schemas: list[dict[str, Any]] = [
-        {"const": 'say "hi"'}, {"enum": ["C:\\temp", 'x"y']},
+        {"const": 'say "hi"'}, {"enum": ["C:\\temp", 'x"y']}, {"enum": ["\u0000"]},
         {"type": "object", "properties": {'a"b': {"type": "string", "maxLength": 5}},
          "required": ['a"b'], "additionalProperties": False},
         {"type": "string", "pattern": "^[a-z]+$", "maxLength": 3}]
