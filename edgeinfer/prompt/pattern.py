@@ -159,8 +159,9 @@ def _pieces(body: str) -> list[tuple[str, int, float]] | None:
     out: list[tuple[str, int, float]] = []
     i = 0
     while i < len(body):
-        if (atom := _ATOM.match(body, i)) is None:
-            return None
+        atom = _ATOM.match(body, i)
+        if atom is None or atom.group()[0] == "\\" and atom.group()[1] in _UNSUPPORTED_ESCAPES:
+            return None  # (\b is no character; back-references, \A, ...)
         i, lo, hi = atom.end(), 1, 1.0
         if count := _COUNT.match(body, i):
             i, q = count.end(), count.group(1)
@@ -179,7 +180,7 @@ def _width(body: str) -> tuple[int, float]:
         return sum(p[1] for p in pieces), sum(p[2] for p in pieces)
     try:  # groups and alternatives: Python's regex parser knows (ECMA-only syntax: unknown)
         lo, hi = re._parser.parse(body).getwidth()  # type: ignore[attr-defined]
-    except (re.error, AttributeError, RecursionError):
+    except (re.error, AttributeError, RecursionError, OverflowError):
         return 0, math.inf
     return lo, math.inf if hi >= 1 << 30 else hi
 
@@ -195,7 +196,7 @@ def with_lengths(pattern: str, min_length: int = 0, max_length: int | None = Non
     start, end, body = _anchors(pattern)
     lo, hi = _width(body)
     top = math.inf if max_length is None else max_length
-    if lo > top or (start and end and hi < min_length):
+    if lo > top or min_length > top or (start and end and hi < min_length):
         raise ValueError(f"no string matches the 'pattern' {pattern[:100]!r} with "
                          f"'minLength' {min_length} and 'maxLength' {max_length}")
     if start and end and lo >= min_length and hi <= top:

@@ -319,3 +319,13 @@ def test_a_required_name_missing_from_properties_is_still_written() -> None:
                            "required": ["zzz"]}, "s")
     root = next(ln for ln in gbnf.splitlines() if ln.startswith("root ::= "))
     assert root.startswith('root ::= "{" space zzz-kv'), root  # required: first, always
+
+
+@pytest.mark.parametrize(("pattern", "low", "high"), [
+    ("[a-z]+", 5, 3),  # no length at all
+    (r"-\b[a-z]+", 3, None),  # \b is no character: not counted as one
+])
+def test_lengths_that_cannot_be_folded_raise(pattern: str, low: int, high: int | None
+                                             ) -> None:
+    with pytest.raises(ValueError):
+        with_lengths(pattern, low, high)
