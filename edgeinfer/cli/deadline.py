@@ -70,6 +70,11 @@ class HeaderDeadline:
         """No request in progress: between requests or its headers not complete."""
         return self.cycle is None or self.cycle.response_complete
 
+    def _heading(self) -> bool:
+        """What comes in is a next request's head: idle, and no answered request's body
+        still coming."""
+        return self._idle() and not (self.cycle is not None and self.cycle.more_body)
+
     def _longest_idle(self) -> HeaderDeadline | None:
         """The connection to close for a new one: an idle one (one that never completed a
         request, silent or its headers still coming, before a keep-alive one), else one
@@ -86,13 +91,11 @@ class HeaderDeadline:
     def data_received(self, data: bytes) -> None:
         if self._discarding:
             return
-        if self._idle() and not (self.cycle is not None and self.cycle.more_body) and \
-                self._head_past_limit(data):
+        if self._heading() and self._head_past_limit(data):
             self._refuse_head()
             return
         super().data_received(data)  # type: ignore[misc]
-        between = self.cycle is None or self.cycle.response_complete
-        if not between or self.cycle is not None and self.cycle.more_body:
+        if not self._heading():
             # a request, or the rest of an answered one's body
             self._head_bytes, self._tail = 0, b""
             return

@@ -23,9 +23,9 @@ from edgeinfer.engine.handles import Sampler, SamplerPtr, VocabPtr
 class _Converter(SchemaConverter):
     r"""llama-cpp-python's converter, its string literals escaped as llama.cpp's own
     converter escapes them. Its copy leaves a backslash as it is, so the JSON text of a
-    ``const``, an ``enum`` value or a property name holding a quote (``"say "hi""``)
+    ``const``, an ``enum`` value or a property name holding a quote (``"say \"hi\""``)
     ended the GBNF literal early (a grammar llama.cpp cannot parse), and one holding a
-    backslash let the model write it unescaped (``"a"``: another text, or no JSON)."""
+    backslash let the model write it unescaped (``"C:\temp"`` as a tab: another text)."""
 
     def _format_literal(self, literal: str) -> str:
         return '"' + _LITERAL_ESCAPE.sub(lambda m: _LITERAL_ESCAPES[m.group(0)], literal) + '"'

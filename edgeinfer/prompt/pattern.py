@@ -173,9 +173,9 @@ def _pieces(body: str) -> list[tuple[str, int, float]] | None:
     return out
 
 
-def _width(body: str) -> tuple[int, float]:
-    """The fewest and most characters ``body`` matches (0 and no bound when unknown)."""
-    pieces = _pieces(body)
+def _width(body: str, pieces: list[tuple[str, int, float]] | None) -> tuple[int, float]:
+    """The fewest and most characters ``body`` (read into ``pieces``) matches (0 and no
+    bound when unknown)."""
     if pieces is not None:
         return sum(p[1] for p in pieces), sum(p[2] for p in pieces)
     try:  # groups and alternatives: Python's regex parser knows (ECMA-only syntax: unknown)
@@ -194,14 +194,14 @@ def with_lengths(pattern: str, min_length: int = 0, max_length: int | None = Non
     the widest counts first, the room ``maxLength`` leaves is shared as equally as the
     counts take it. The strings it matches are some of those both bounds allow."""
     start, end, body = _anchors(pattern)
-    lo, hi = _width(body)
+    pieces = _pieces(body)
+    lo, hi = _width(body, pieces)
     top = math.inf if max_length is None else max_length
     if lo > top or min_length > top or (start and end and hi < min_length):
         raise ValueError(f"no string matches the 'pattern' {pattern[:100]!r} with "
                          f"'minLength' {min_length} and 'maxLength' {max_length}")
     if start and end and lo >= min_length and hi <= top:
         return pattern
-    pieces = _pieces(body)
     if pieces is None:
         raise ValueError(f"'minLength' / 'maxLength' beside the 'pattern' {pattern[:100]!r} "
                          "cannot be enforced: put the length in the pattern ({m,n})")
