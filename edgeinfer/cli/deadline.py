@@ -51,8 +51,11 @@ class HeaderDeadline:
     _waited_on: Any = None  # the cycle in place when the deadline was armed
     _waiting_since: float = 0.0  # when it began to wait for its next request's headers
     _head_bytes = 0  # bytes received since then, while its headers are not complete
-    _discarding = False  # answered 431: what comes in is dropped until the close
+    _discarding = False  # refused (431): what comes in is dropped until the close
     _tail = b""  # the last bytes of a head coming in (its blank line may be split)
+    _parser_events = False  # httptools: the parser's message callbacks pass through here
+    _in_body = False  # (httptools) the parser is inside a request's body
+    _refuse_pending = False  # a pipelined head passed the limit: 431 once the answer ends
 
     def connection_made(self, transport: asyncio.Transport) -> None:
         super().connection_made(transport)  # type: ignore[misc]
@@ -71,9 +74,28 @@ class HeaderDeadline:
         return self.cycle is None or self.cycle.response_complete
 
     def _heading(self) -> bool:
-        """What comes in is a next request's head: idle, and no answered request's body
+        """What comes in is a next request's head. With httptools: unless the parser is
+        inside a body, even while the request before is still answered (the parser reads a
+        pipelined head at once, so it is counted as it comes). With h11 (which holds a
+        pipelined head in its own bounded buffer): idle, and no answered request's body
         still coming."""
+        if self._parser_events:
+            return not self._in_body
         return self._idle() and not (self.cycle is not None and self.cycle.more_body)
+
+    def on_headers_complete(self) -> None:
+        super().on_headers_complete()  # type: ignore[misc]
+        self._in_body = True  # until on_message_complete, at once for a request without
+
+    def on_message_complete(self) -> None:
+        self._in_body = False  # uvicorn's own flag stays unset for an answered request
+        super().on_message_complete()  # type: ignore[misc]
+
+    def on_response_complete(self) -> None:
+        super().on_response_complete()  # type: ignore[misc]
+        if self._refuse_pending and self._idle() and not self.transport.is_closing():
+            self._refuse_pending = False
+            self._send_431()
 
     def _longest_idle(self) -> HeaderDeadline | None:
         """The connection to close for a new one: an idle one (one that never completed a
@@ -124,7 +146,16 @@ class HeaderDeadline:
     def _refuse_head(self) -> None:
         """431 for a request line and headers past MAX_HEAD_BYTES (uvicorn's httptools
         protocol has no such limit: a 64 MB header line was read whole). What the client
-        still sends is read and dropped for LINGER seconds, then the connection is closed
+        still sends is dropped from now on; the 431 goes out once no request is being
+        answered (a pipelined head waits for the answer before it)."""
+        self._discarding = True
+        if self._idle():
+            self._send_431()
+        else:
+            self._refuse_pending = True
+
+    def _send_431(self) -> None:
+        """Write the 431; read and drop what still comes for LINGER seconds, then close
         (closed at once, its unread bytes would reset the connection before the client
         reads the answer)."""
         log.info("closed a connection whose request headers passed %d bytes", MAX_HEAD_BYTES)
@@ -134,7 +165,6 @@ class HeaderDeadline:
         self.transport.write(b"HTTP/1.1 431 Request Header Fields Too Large\r\n"
                              b"content-type: application/json\r\nconnection: close\r\n"
                              b"content-length: " + str(len(body)).encode() + b"\r\n\r\n" + body)
-        self._discarding = True
         if self.transport.can_write_eof():
             self.transport.write_eof()
         self.loop.call_later(LINGER, self.transport.close)
@@ -205,4 +235,5 @@ def protocol_class(header_timeout: float = HEADER_TIMEOUT,
         base = H11Protocol
     return type(f"Deadline{base.__name__}", (HeaderDeadline, base), {
         "header_timeout": header_timeout,
+        "_parser_events": base.__name__ == "HttpToolsProtocol",
         "max_connections": max_connections or default_max_connections()})

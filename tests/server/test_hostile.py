@@ -469,6 +469,30 @@ def test_request_headers_past_64_kib_get_431(server: ServerProcess) -> None:
     alive(server)
 
 
+def test_a_pipelined_head_past_64_kib_gets_431_after_the_answer_before_it(
+        server: ServerProcess) -> None:
+    """A next request's head sent while the one before it is still answered (pipelined)
+    is counted too: the first answer is whole, then 431 and the close (the parser used to
+    read that head without a limit)."""
+    body = json.dumps({"model": "default", "max_tokens": 48, "ignore_eos": True,
+                       "messages": [{"role": "user", "content": "Count to ten."}]}).encode()
+    with socket.create_connection(("127.0.0.1", server.port)) as sock:
+        sock.sendall(b"POST /v1/chat/completions HTTP/1.1\r\nHost: 127.0.0.1\r\n"
+                     b"Content-Type: application/json\r\nContent-Length: "
+                     + str(len(body)).encode() + b"\r\n\r\n" + body
+                     + b"GET /health HTTP/1.1\r\nHost: 127.0.0.1\r\nX-Big: ")
+        try:
+            for _ in range(40):
+                sock.sendall(b"a" * 4096)
+        except OSError:
+            pass
+        got = _closed_within(sock, 60)
+    first, _, rest = got.partition(b"\r\n\r\n")
+    assert first.startswith(b"HTTP/1.1 200"), got[:200]
+    assert b'"chat.completion"' in rest and b"HTTP/1.1 431" in rest, got[-400:]
+    alive(server)
+
+
 def test_a_body_that_trickles_gets_408(impatient_server: ServerProcess) -> None:
     srv = impatient_server
     with socket.create_connection(("127.0.0.1", srv.port)) as sock:
