@@ -3,8 +3,10 @@ items of stored responses) and /v1/responses/input_tokens.
 
 ``instructions`` (a system message, never carried over, as OpenAI does) + the stored
 conversation of ``previous_response_id`` + ``input`` (a string, or message, function_call
-and function_call_output items) become OpenAI chat messages (calls: assistant
-``tool_calls``; outputs: ``tool`` messages) checked by ``api.messages``. Earlier turns
+and function_call_output items, and ``item_reference`` items naming an input or output item
+of a stored response of the same API key, 400 ``not_found`` when none has it) become
+OpenAI chat messages (calls: assistant ``tool_calls``; outputs: ``tool`` messages) checked
+by ``api.messages``. Earlier turns
 render the same way each time, so a continued conversation's prompt is a prefix-cache hit.
 Function ``tools``, ``tool_choice``, ``parallel_tool_calls`` and ``text.format`` (text,
 json_object, json_schema) become the ``Constraint``.
@@ -43,7 +45,7 @@ from edgeinfer.api.respond import (
     unless_disconnected,
 )
 from edgeinfer.api.responses_input import bad as _bad
-from edgeinfer.api.responses_input import input_items
+from edgeinfer.api.responses_input import input_items, stored_item
 from edgeinfer.api.responses_render import (
     ResponseMeta,
     chat_messages,
@@ -260,6 +262,23 @@ async def _earlier(request: Request, previous_id: str | None) -> list[dict[str, 
     return found.conversation
 
 
+async def _resolve(request: Request, d: Draft) -> None:
+    """Replace the ``item_reference`` input items with the stored items they name (400
+    when no stored response of this API key holds one)."""
+    if all(it["type"] != "item_reference" for it in d.items):
+        return
+    store, owner, items = kept_on(request.app.state), key_owner(request), []
+    for i, it in enumerate(d.items):
+        if it["type"] == "item_reference":
+            found = await store.item(owner, it["id"])
+            if found is None:
+                raise InvalidRequest(f"Item with id '{it['id']}' not found.",
+                                     param=f"input[{i}].id", code="not_found")
+            it = stored_item(found, f"input[{i}]")
+        items.append(it)
+    d.items, d.messages = items, chat_messages(items)
+
+
 async def _start(request: Request, d: Draft, conversation: list[dict[str, Any]],
                  request_id: str) -> Generation:
     """Start the generation; with truncation "auto", drop the oldest turns while the
@@ -276,6 +295,7 @@ async def _start(request: Request, d: Draft, conversation: list[dict[str, Any]],
 
 async def create_response(request: Request) -> Response:
     d = parse(await read_json(request), dict(request.headers), FIELDS)
+    await _resolve(request, d)
     owner = key_owner(request)
     conversation = await _earlier(request, d.previous_id) + d.messages
     meta = ResponseMeta("", d.echo)
@@ -320,6 +340,7 @@ async def count_input_tokens(request: Request) -> Response:
     """The prompt tokens ``input`` (with instructions, tools and the previous response's
     conversation) would take, rendered with the model's chat template."""
     d = parse(await read_json(request), dict(request.headers), TOKEN_FIELDS)
+    await _resolve(request, d)
     req = d.request(await _earlier(request, d.previous_id) + d.messages)
     served = await model_named(pool(request), d.model, leases(request))
     tools = req.constraint.tools if req.constraint.offers_tools else ()

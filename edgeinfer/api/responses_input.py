@@ -1,6 +1,8 @@
 """The ``input`` of a Responses request: message, function_call, function_call_output and
 reasoning items, checked (400 naming the field) and normalised into the shape
-``input_items`` lists, each with an id."""
+``input_items`` lists, each with an id; ``item_reference`` items (an item of a stored
+response, by id, as the Vercel AI SDK sends earlier turns) are kept as they are, for
+``openai_responses`` to resolve from the store (``resolved``)."""
 
 from __future__ import annotations
 
@@ -16,7 +18,9 @@ ITEM_KEYS = {"message": {"type", "id", "role", "content", "status", "phase"},
              "function_call_output": {"type", "id", "call_id", "output", "status", "name",
                                       "namespace", "caller"},
              # an earlier answer's reasoning, given back: kept with the input, not rendered
-             "reasoning": {"type", "id", "summary", "content", "encrypted_content", "status"}}
+             "reasoning": {"type", "id", "summary", "content", "encrypted_content", "status"},
+             # an item of a stored response, by id: resolved from the store before use
+             "item_reference": {"type", "id"}}
 PART_KEYS = {"type", "text", "annotations", "logprobs", "prompt_cache_breakpoint"}
 
 def bad(where: str, what: str) -> InvalidRequest:
@@ -50,11 +54,16 @@ def _item(raw: Any, where: str) -> dict[str, Any]:
     kind = raw.get("type", "message") if isinstance(raw, dict) else None
     if not isinstance(kind, str) or kind not in ITEM_KEYS:
         raise bad(f"{where}.type" if isinstance(raw, dict) else where,
-                   "must be a message, function_call, function_call_output or reasoning item")
+                   "must be a message, function_call, function_call_output, reasoning or "
+                   "item_reference item")
     extra: list[str] = sorted(set(raw) - ITEM_KEYS[kind])
     if extra:
         raise bad(f"{where}.{extra[0]}", "is not a recognized field of this item")
     rid = raw["id"] if isinstance(raw.get("id"), str) and raw["id"] else None
+    if kind == "item_reference":
+        if rid is None:
+            raise bad(f"{where}.id", "must be the id of an item of a stored response")
+        return {"type": kind, "id": rid}
     if kind == "function_call":
         call_id, name, args = _strings(raw, where, "call_id", "name", "arguments")
         return {"id": rid or new_id("fc"), "type": kind, "call_id": call_id, "name": name,
@@ -88,3 +97,9 @@ def input_items(raw: Any) -> list[dict[str, Any]]:
     return [_item(r, f"input[{i}]") for i, r in enumerate(raw)]
 
 
+def stored_item(raw: dict[str, Any], where: str) -> dict[str, Any]:
+    """An item found in the store for an ``item_reference`` at ``where``, normalised as an
+    input item (an output item of a stored response has the same shape)."""
+    if raw.get("type") == "item_reference":
+        raise bad(where, "names an item_reference, not an item")
+    return _item(raw, where)

@@ -256,7 +256,7 @@ def chat_messages(items: list[dict[str, Any]]) -> list[dict[str, Any]]:
     function_call_output is a tool message."""
     out: list[dict[str, Any]] = []
     for it in items:
-        if it["type"] == "reasoning":
+        if it["type"] in ("reasoning", "item_reference"):
             continue  # earlier reasoning is not rendered again (as the templates do)
         if it["type"] == "function_call":
             call = {"id": it["call_id"], "type": "function",

@@ -7,7 +7,8 @@ What one row keeps: the response JSON, its input items (normalised, with ids), t
 conversation (OpenAI-shaped chat messages, instructions left out) needed to continue it
 with ``previous_response_id``, and its owner: the SHA-256 of the API key that created it
 ("" without one). A read or delete with another owner finds nothing, as if the row did
-not exist.
+not exist. A second table maps the ids of its input and output items to it, for
+``item_reference`` input items; those rows go with the response.
 
 Bounds: at most ``MAX_ROWS`` (10 000) rows and ``MAX_STORE_BYTES`` (512 MiB) of JSON,
 none older than ``MAX_AGE_DAYS`` (30 days); every write removes what is past a bound, oldest
@@ -47,6 +48,9 @@ CREATE TABLE IF NOT EXISTS responses (
     id TEXT PRIMARY KEY, owner TEXT NOT NULL, created REAL NOT NULL,
     response TEXT NOT NULL, input_items TEXT NOT NULL, conversation TEXT NOT NULL);
 CREATE INDEX IF NOT EXISTS responses_created ON responses (created);
+CREATE TABLE IF NOT EXISTS response_items (
+    owner TEXT NOT NULL, id TEXT NOT NULL, response_id TEXT NOT NULL,
+    PRIMARY KEY (owner, id));
 """
 
     async def put(self, owner: str, record: StoredResponse) -> bool:
@@ -55,6 +59,11 @@ CREATE INDEX IF NOT EXISTS responses_created ON responses (created);
 
     async def get(self, owner: str, response_id: str) -> StoredResponse | None:
         return await self._run(self._get, owner, response_id, default=None)
+
+    async def item(self, owner: str, item_id: str) -> dict[str, Any] | None:
+        """``owner``'s input or output item ``item_id`` of a stored response (the latest
+        that holds it), for an ``item_reference``; None when no stored response has it."""
+        return await self._run(self._item, owner, item_id, default=None)
 
     async def delete(self, owner: str, response_id: str) -> bool:
         """True if ``owner``'s response ``response_id`` existed and is now gone."""
@@ -70,9 +79,27 @@ CREATE INDEX IF NOT EXISTS responses_created ON responses (created);
             return False
         db.execute("INSERT OR REPLACE INTO responses VALUES (?, ?, ?, ?, ?, ?)",
                    (r.id, owner, time.time(), *fields))
+        items = [*r.input_items, *r.response.get("output", [])]
+        db.executemany("INSERT OR REPLACE INTO response_items VALUES (?, ?, ?)",
+                       [(owner, it["id"], r.id) for it in items
+                        if isinstance(it, dict) and isinstance(it.get("id"), str)])
+        before = db.total_changes
         self.prune(db, "responses", "length(response) + length(input_items) + "
                    "length(conversation)")
+        if db.total_changes != before:  # responses went: so do their items
+            db.execute("DELETE FROM response_items WHERE response_id NOT IN "
+                       "(SELECT id FROM responses)")
         return True
+
+    def _item(self, db: sqlite3.Connection, owner: str, item_id: str
+              ) -> dict[str, Any] | None:
+        row = db.execute("SELECT response_id FROM response_items WHERE owner = ? AND id = ?",
+                         (owner, item_id)).fetchone()
+        found = self._get(db, owner, row[0]) if row else None
+        if found is None:
+            return None
+        items = [*found.input_items, *found.response.get("output", [])]
+        return next((it for it in items if it.get("id") == item_id), None)
 
     def _get(self, db: sqlite3.Connection, owner: str, response_id: str
              ) -> StoredResponse | None:
@@ -87,6 +114,8 @@ CREATE INDEX IF NOT EXISTS responses_created ON responses (created);
     def _delete(self, db: sqlite3.Connection, owner: str, response_id: str) -> bool:
         cur = db.execute("DELETE FROM responses WHERE id = ? AND owner = ?",
                          (response_id, owner))
+        db.execute("DELETE FROM response_items WHERE response_id = ? AND owner = ?",
+                   (response_id, owner))
         return cur.rowcount > 0
 
 

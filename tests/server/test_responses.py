@@ -278,6 +278,33 @@ def test_previous_response_id_three_turns(client: openai.OpenAI) -> None:
     assert cached[1] >= inputs[0] and cached[2] >= inputs[1]
 
 
+def test_item_references_stand_for_the_stored_items(server: ServerProcess,
+                                                    client: openai.OpenAI) -> None:
+    """``item_reference`` input items (the Vercel AI SDK's earlier turns with store on) are
+    the stored input or output items they name: the same prompt as the items themselves;
+    an id no stored response holds is a 400 (another API key's: see below)."""
+    first = client.responses.create(model="default", input="Hi, my name is Bob.",
+                                    max_output_tokens=12, temperature=0)
+    [answer] = first.output
+    [asked] = client.responses.input_items.list(first.id).data
+    follow = {"role": "user", "content": "What is my name?"}
+    whole = client.responses.create(model="default", max_output_tokens=8, temperature=0,
+                                    input=[{"role": "user", "content": "Hi, my name is Bob."},
+                                           answer.model_dump(exclude_none=True), follow])
+    by_ref = client.responses.create(
+        model="default", max_output_tokens=8, temperature=0, input=[
+            {"type": "item_reference", "id": asked.id},
+            {"type": "item_reference", "id": answer.id}, follow])
+    assert by_ref.usage is not None and whole.usage is not None
+    assert by_ref.usage.input_tokens == whole.usage.input_tokens
+    assert by_ref.output_text == whole.output_text
+    [_, ref, _] = client.responses.input_items.list(by_ref.id, order="asc").data
+    assert ref.type == "message" and ref.id == answer.id and ref.role == "assistant"
+    err = invalid(post(server, {"model": "default", "input": [
+        {"type": "item_reference", "id": "msg_nope"}]}), "input[0].id")
+    assert err["code"] == "not_found" and "msg_nope" in err["message"]
+
+
 def test_unknown_previous_response(server: ServerProcess) -> None:
     err = invalid(post(server, {"model": "default", "input": "hi",
                                 "previous_response_id": "resp_nope"}), "previous_response_id")
@@ -512,6 +539,9 @@ def test_responses_belong_to_their_api_key(keyed: tuple[ServerProcess, Path]) ->
     invalid(httpx.delete(f"{srv.base_url}/v1/responses/{rid}", timeout=30,
                          headers={"x-api-key": KEY_B}), "response_id", 404)
     invalid(post(srv, {**BASE, "previous_response_id": rid}, key=KEY_B), "previous_response_id")
+    ref = {**BASE, "input": [{"type": "item_reference", "id": made.json()["output"][0]["id"]}]}
+    invalid(post(srv, ref, key=KEY_B), "input[0].id")
+    assert post(srv, ref, key=KEY_A).status_code == 200
     assert post(srv, {**BASE, "previous_response_id": rid}, key=KEY_A).status_code == 200
     assert _get(srv, rid, KEY_A).status_code == 200  # B's delete did nothing
     assert _get(srv, rid, "").status_code == 401
