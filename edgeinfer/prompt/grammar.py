@@ -25,6 +25,7 @@ from edgeinfer.prompt.budget import (
     check_schema_node,
 )
 from edgeinfer.prompt.intrange import int_range_gbnf
+from edgeinfer.prompt.keywords import accepted, sound
 from edgeinfer.prompt.pattern import json_pattern, with_lengths
 from edgeinfer.prompt.toolformat import GENERIC, ToolFormat
 
@@ -42,10 +43,7 @@ _SUPPORTED = {
     "minItems", "maxItems", "enum", "const", "anyOf", "oneOf", "allOf", "$ref", "$defs",
     "definitions", "pattern", "format", "minLength", "maxLength", "minimum", "maximum",
     "exclusiveMinimum", "exclusiveMaximum",
-    # annotations, no effect on the grammar
-    "title", "description", "default", "examples", "$schema", "$id", "$comment", "strict",
-    "deprecated", "readOnly", "writeOnly", "discriminator",
-}
+}  # and what keywords.accepted says: annotations, and keywords keywords.sound rewrites
 _SCHEMA_MAPS = {"properties", "$defs", "definitions"}
 _SCHEMA_LISTS = {"anyOf", "oneOf", "allOf", "prefixItems"}
 
@@ -69,7 +67,7 @@ def _check_schema(schema: Any, param: str) -> None:
             raise InvalidRequest("every sub-schema must be an object", param=param)
         check_schema_node(node, param)
         for key, value in node.items():
-            if key not in _SUPPORTED:
+            if key not in _SUPPORTED and not accepted(key):
                 raise InvalidRequest(f"unsupported JSON schema keyword: {key!r}", param=param)
             if key in _SCHEMA_MAPS:
                 if not isinstance(value, dict):
@@ -144,7 +142,7 @@ def _bound(node: Any, ints: dict[str, str]) -> Any:
     """
     if not isinstance(node, dict):
         return node
-    node = _lengths_in_pattern(_required_present(node))
+    node = _lengths_in_pattern(sound(_required_present(node)))
     if node.get("type") == "integer" and any(k in node for k in _BOUNDS):
         try:
             expr = int_range_gbnf(*_int_bounds(node))

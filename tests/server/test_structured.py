@@ -489,6 +489,40 @@ def test_quotes_backslashes_and_lengths_in_schemas_hold_in_the_answer(
         jsonschema.validate(json.loads(r.choices[0].message.content or ""), schema)
 
 
+def test_keywords_zod_and_pydantic_write_are_taken_and_hold_in_the_answer(
+        client: openai.OpenAI) -> None:
+    """zod's record (propertyNames) and draft-07 tuple (additionalItems), property counts,
+    an integer's multipleOf and annotations were a 400: taken now, and the answer validates
+    against the whole schema."""
+    schemas: list[dict[str, Any]] = [
+        {"type": "object", "properties": {"headers": {
+            "type": "object", "propertyNames": {"type": "string"},
+            "additionalProperties": {"type": "string"}}}, "required": ["headers"]},
+        {"type": "array", "items": [{"type": "string"}, {"type": "integer"}],
+         "additionalItems": False, "minItems": 2, "maxItems": 2},
+        {"type": "object", "properties": {"a": {"type": "string"}, "b": {"type": "string"},
+                                          "c": {"type": "string"}},
+         "minProperties": 2, "maxProperties": 2, "additionalProperties": True},
+        {"type": "integer", "minimum": 3, "maximum": 40, "multipleOf": 7,
+         "contentMediaType": "text/plain", "x-order": 1}]
+    for schema in schemas:
+        r = client.chat.completions.create(
+            model="default", temperature=0, max_tokens=400,
+            messages=[{"role": "user", "content": "Give me an example."}],
+            response_format={"type": "json_schema",
+                             "json_schema": {"name": "x", "schema": schema}})
+        jsonschema.Draft7Validator(schema).validate(json.loads(r.choices[0].message.content
+                                                               or ""))
+    tool = {"type": "function", "function": {"name": "set_headers", "parameters": {
+        "type": "object", "properties": schemas[0]["properties"], "required": ["headers"],
+        "additionalProperties": False, "$schema": "http://json-schema.org/draft-07/schema#"}}}
+    r = client.chat.completions.create(
+        model="default", max_tokens=80, tools=[tool], tool_choice="required",
+        messages=[{"role": "user", "content": "Set the header Accept to text/html."}])
+    [call] = r.choices[0].message.tool_calls or []
+    assert isinstance(json.loads(call.function.arguments)["headers"], dict)
+
+
 def test_deeply_nested_schema_is_refused(server: ServerProcess) -> None:
     for depth in (200, 5000):  # deeper than our limit; deeper than Python's JSON recursion
         schema = '{"type": "array", "items": ' * depth + '{"type": "string"}' + "}" * depth

@@ -1,0 +1,128 @@
+"""JSON schema keywords the grammar has no element for, made sound before conversion.
+
+llama-cpp-python's converter ignores what it does not know, so a keyword it skips would
+silently not hold. Each one here is either rewritten into what the converter does take
+(so every answer still satisfies it), dropped because every answer satisfies it anyway,
+or dropped with a logged warning where no grammar can hold it and breaking it leaves
+valid JSON that a client reads the same way (as a pattern with lookarounds is):
+
+- annotations (``ANNOTATIONS``, any ``x-...`` key): no effect.
+- ``additionalItems``: the converter writes a tuple (``items`` as a list) exactly, which
+  every ``additionalItems`` allows; beside a schema ``items`` it means nothing.
+- ``propertyNames``: ``{"type": "string"}`` (what zod writes for a record) always holds;
+  other constraints on names are dropped with a warning.
+- ``minProperties`` / ``maxProperties``: the first optional properties become required up
+  to the minimum; beyond the maximum the last optional ones are left out and no other
+  property is written. A closed object that cannot reach the minimum, or more required
+  properties than the maximum, is a 400; an object with no ``properties`` (any members)
+  cannot be bounded so and the count is dropped with a warning.
+- ``multipleOf``: on an integer with both bounds and at most ``MAX_MULTIPLES`` multiples
+  between them, the enum of those multiples; ``multipleOf: 1`` on an integer holds;
+  otherwise dropped with a warning.
+- ``uniqueItems``: dropped with a warning (true with at most one item holds).
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+from typing import Any
+
+from edgeinfer.errors import InvalidRequest
+
+log = logging.getLogger("edgeinfer.prompt")
+
+ANNOTATIONS = {
+    "title", "description", "default", "examples", "example", "$schema", "$id", "$comment",
+    "$anchor", "strict", "deprecated", "readOnly", "writeOnly", "discriminator", "nullable",
+    "contentMediaType", "contentEncoding", "contentSchema", "markdownDescription",
+    "enumDescriptions", "markdownEnumDescriptions", "errorMessage",
+}
+REWRITTEN = {"additionalItems", "propertyNames", "minProperties", "maxProperties",
+             "multipleOf", "uniqueItems"}
+MAX_MULTIPLES = 256
+
+
+def accepted(key: str) -> bool:
+    """Whether ``key`` is an annotation or a keyword ``sound`` takes care of."""
+    return key in ANNOTATIONS or key in REWRITTEN or key.startswith("x-")
+
+
+def _unenforced(key: str, value: Any) -> None:
+    log.warning("a JSON schema keyword a grammar cannot hold is not enforced: %s=%s", key,
+                str(value)[:200])
+
+
+def sound(node: dict[str, Any]) -> dict[str, Any]:
+    """``node`` (one sub-schema) without the ``REWRITTEN`` keywords, each made to hold as
+    the module docstring says; 400 where no object satisfies the counts."""
+    if not REWRITTEN & set(node):
+        return node
+    out = {k: v for k, v in node.items() if k not in REWRITTEN}
+    names = node.get("propertyNames")
+    if isinstance(names, dict) and set(names) - ANNOTATIONS - {"type"} or (
+            isinstance(names, dict) and names.get("type", "string") != "string"):
+        _unenforced("propertyNames", names)
+    if node.get("uniqueItems") is True and not (
+            isinstance(node.get("maxItems"), int) and node["maxItems"] <= 1):
+        _unenforced("uniqueItems", True)
+    if "multipleOf" in node:
+        out = _multiples(out, node["multipleOf"])
+    if "minProperties" in node or "maxProperties" in node:
+        out = _counted(out, node.get("minProperties"), node.get("maxProperties"))
+    return out
+
+
+def _multiples(node: dict[str, Any], step: Any) -> dict[str, Any]:
+    if not isinstance(step, int | float) or isinstance(step, bool) or step <= 0:
+        raise InvalidRequest("'multipleOf' must be a number greater than 0", param="schema")
+    if node.get("type") != "integer" or step != int(step):
+        _unenforced("multipleOf", step)
+        return node
+    step = int(step)
+    if step == 1:
+        return node
+    lo, hi = node.get("minimum"), node.get("maximum")
+    if "exclusiveMinimum" in node or "exclusiveMaximum" in node or not isinstance(
+            lo, int | float) or not isinstance(hi, int | float) or isinstance(
+            lo, bool) or isinstance(hi, bool) or (hi - lo) / step > MAX_MULTIPLES:
+        _unenforced("multipleOf", step)
+        return node
+    first = math.ceil(lo / step) * step
+    values = list(range(first, math.floor(hi) + 1, step))
+    if not values:
+        raise InvalidRequest(f"no multiple of {step} lies between {lo} and {hi}: nothing "
+                             "satisfies the schema", param="schema")
+    rest = {k: v for k, v in node.items() if k not in ("type", "minimum", "maximum")}
+    return {**rest, "enum": values}
+
+
+def _counted(node: dict[str, Any], least: Any, most: Any) -> dict[str, Any]:
+    props = node.get("properties")
+    extra = node.get("additionalProperties")
+    if not isinstance(props, dict):  # any members: nothing to choose or close
+        _unenforced("minProperties/maxProperties", (least, most))
+        return node
+    required = [n for n in node.get("required") or [] if n in props]
+    optional = [n for n in props if n not in required]
+    open_ = extra is not None and extra is not False
+    if isinstance(least, int) and len(required) < least:
+        if len(required) + len(optional) < least:
+            if not open_:
+                raise InvalidRequest(f"'minProperties' is {least} but the object has only "
+                                     f"{len(props)} properties: nothing satisfies the schema",
+                                     param="schema")
+            _unenforced("minProperties", least)
+        else:
+            take = least - len(required)
+            required, optional = required + optional[:take], optional[take:]
+            node = {**node, "required": required}
+    if isinstance(most, int):
+        if len(required) > most:
+            raise InvalidRequest(f"'maxProperties' is {most} but {len(required)} properties "
+                                 "are required: nothing satisfies the schema", param="schema")
+        kept = set(required) | set(optional[:most - len(required)])
+        node = {**node, "properties": {n: s for n, s in props.items() if n in kept}}
+        if open_:
+            node["additionalProperties"] = False
+    return node

@@ -1,0 +1,85 @@
+"""Schema keywords the grammar has no element for (``prompt.keywords``): rewritten so they
+hold, dropped where every answer satisfies them, or dropped with a warning."""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+import pytest
+
+from edgeinfer.errors import InvalidRequest
+from edgeinfer.prompt.grammar import schema_to_gbnf
+from edgeinfer.prompt.keywords import sound
+
+ABC = {"a": {"type": "string"}, "b": {"type": "integer"}, "c": {"type": "boolean"}}
+
+
+def test_property_counts_become_required_and_left_out_properties() -> None:
+    two = sound({"type": "object", "properties": ABC, "required": ["b"],
+                 "minProperties": 2, "maxProperties": 2})
+    assert two["required"] == ["b", "a"] and list(two["properties"]) == ["a", "b"]
+    assert "minProperties" not in two and "maxProperties" not in two
+    # an open object is closed at its maximum: no member beyond the properties kept
+    most = sound({"type": "object", "properties": ABC, "additionalProperties": True,
+                  "maxProperties": 1})
+    assert list(most["properties"]) == ["a"] and most["additionalProperties"] is False
+    assert sound({"type": "object", "properties": ABC, "required": ["a", "b"],
+                  "minProperties": 1}).get("required") == ["a", "b"]
+
+
+@pytest.mark.parametrize("schema", [
+    {"type": "object", "properties": ABC, "minProperties": 4},
+    {"type": "object", "properties": ABC, "required": ["a", "b"], "maxProperties": 1},
+    {"type": "integer", "minimum": 1, "maximum": 4, "multipleOf": 5},
+    {"type": "integer", "multipleOf": 0},
+    {"type": "number", "multipleOf": -1.5},
+])
+def test_counts_and_multiples_nothing_satisfies_are_400(schema: dict[str, Any]) -> None:
+    with pytest.raises(InvalidRequest):
+        schema_to_gbnf(schema, "schema")
+
+
+def test_a_bounded_integer_multiple_is_the_enum_of_its_multiples() -> None:
+    got = sound({"type": "integer", "minimum": -7, "maximum": 20, "multipleOf": 5,
+                 "description": "d"})
+    assert got == {"enum": [-5, 0, 5, 10, 15, 20], "description": "d"}
+    assert sound({"type": "integer", "multipleOf": 1}) == {"type": "integer"}
+
+
+@pytest.mark.parametrize("schema", [
+    {"type": "object", "additionalProperties": {"type": "string"},
+     "propertyNames": {"type": "string"}},  # zod 4's record
+    {"type": "array", "items": [{"type": "string"}, {"type": "number"}],
+     "additionalItems": False, "minItems": 2, "maxItems": 2},  # zod's tuple, draft-07
+    {"type": "array", "items": {"type": "string"}, "uniqueItems": True, "maxItems": 1},
+    {"type": "string", "contentMediaType": "text/plain", "contentEncoding": "base64",
+     "x-vendor": {"any": 1}, "markdownDescription": "m", "nullable": True, "example": "e"},
+])
+def test_what_every_answer_satisfies_is_taken_without_a_warning(
+        schema: dict[str, Any], caplog: pytest.LogCaptureFixture) -> None:
+    with caplog.at_level(logging.WARNING, logger="edgeinfer.prompt"):
+        assert "root ::=" in schema_to_gbnf(schema, "schema")
+    assert "not enforced" not in caplog.text
+
+
+@pytest.mark.parametrize("schema", [
+    {"type": "array", "items": {"type": "string"}, "uniqueItems": True},
+    {"type": "number", "multipleOf": 0.5},
+    {"type": "integer", "minimum": 0, "multipleOf": 3},  # no upper bound: no enum
+    {"type": "object", "minProperties": 1},  # any members: nothing to require
+    {"type": "object", "additionalProperties": {"type": "integer"},
+     "propertyNames": {"pattern": "^[a-z]+$"}},
+])
+def test_what_no_grammar_holds_is_dropped_with_a_warning(
+        schema: dict[str, Any], caplog: pytest.LogCaptureFixture) -> None:
+    with caplog.at_level(logging.WARNING, logger="edgeinfer.prompt"):
+        assert "root ::=" in schema_to_gbnf(schema, "schema")
+    assert "not enforced" in caplog.text
+
+
+def test_structural_keywords_stay_refused() -> None:
+    for key, value in (("patternProperties", {"^a": {}}), ("not", {}), ("if", {}),
+                       ("contains", {})):
+        with pytest.raises(InvalidRequest, match="unsupported JSON schema keyword"):
+            schema_to_gbnf({"type": "object", key: value}, "schema")
