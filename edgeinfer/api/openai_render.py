@@ -108,6 +108,12 @@ def logprobs_body(meta: CompletionMeta, items: list[TokenLogprob],
     }
 
 
+def no_logprobs(meta: CompletionMeta) -> dict[str, Any]:
+    """The ``logprobs`` of a choice or chunk that asked for them and has no token."""
+    return ({"content": [], "refusal": None} if meta.kind == "chat" else
+            {"tokens": [], "token_logprobs": [], "top_logprobs": [], "text_offset": []})
+
+
 class HeldLogprobs:
     """A streamed choice's token logprobs, each held until the text it wrote has been
     sent: text that might start a stop string is held back, and a stop string's tokens
@@ -200,6 +206,8 @@ class _Chunks:
         lps = logprobs_body(self.meta, held.add(e.text, e.logprob), *at)
         if not e.text and not lps:
             return []
+        if lps is None and self.meta.logprobs:  # its token's rest is still to come (a
+            lps = no_logprobs(self.meta)  # character split over tokens, a held stop)
         return [*self.role(e.choice, e),
                 self.event(_choice(self.meta, e.choice, _delta(e), None, lps))]
 
@@ -279,8 +287,7 @@ def _body_choice(meta: CompletionMeta, i: int, c: ChoiceOutcome) -> dict[str, An
     lps = logprobs_body(meta, within(meta.piece, c.logprobs, c.text) if c.stopped
                         else c.logprobs)
     if lps is None and meta.logprobs:  # asked, but no token is the answer's
-        lps = ({"content": [], "refusal": None} if meta.kind == "chat" else
-               {"tokens": [], "token_logprobs": [], "top_logprobs": [], "text_offset": []})
+        lps = no_logprobs(meta)
     if meta.kind != "chat":
         return {"index": i, "text": c.text, "logprobs": lps, "finish_reason": c.finish}
     message: dict[str, Any] = {"role": "assistant", "content": c.text}

@@ -402,6 +402,23 @@ def test_streamed_logprobs_are_the_streamed_texts_tokens(client: openai.OpenAI) 
         assert "".join(tokens) == "".join(p.choices[0].text for p in parts)
 
 
+def test_streamed_logprobs_of_characters_split_over_tokens(client: openai.OpenAI) -> None:
+    """Emoji and accents split over tokens: every content chunk carries a logprobs list
+    (empty while its token's other bytes are still to come, never null), and the tokens'
+    bytes join up to the content."""
+    ask = [{"role": "user", "content": "Repeat exactly: 東京タワー 🗼🎉 São Paulo — naïve café 😀👍🏽"}]
+    chunks = list(client.chat.completions.create(
+        model="default", temperature=0, seed=1, max_tokens=60, logprobs=True,
+        messages=ask, stream=True))  # type: ignore[call-overload]
+    texts = [c for c in chunks if c.choices and c.choices[0].delta.content]
+    assert texts and all(c.choices[0].logprobs is not None for c in texts)
+    items = [i for c in chunks if c.choices and c.choices[0].logprobs
+             for i in c.choices[0].logprobs.content or []]
+    content = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+    assert bytes(b for i in items for b in i.bytes or []) == content.encode()
+    assert any(i.token.endswith("\ufffd") for i in items)  # a split character was there
+
+
 def test_n_choices_share_one_prompt_computation(client: openai.OpenAI,
                                                 server: ServerProcess) -> None:
     messages = [{"role": "user", "content": "Invent a name for a cat. " + "x" * 40}]
