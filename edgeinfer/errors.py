@@ -30,12 +30,14 @@ class APIError(EdgeInferError):
     type: ClassVar[str] = "server_error"
 
     def __init__(self, message: str, *, param: str | None = None, code: str | None = None,
-                 headers: dict[str, str] | None = None) -> None:
+                 headers: dict[str, str] | None = None,
+                 details: dict[str, object] | None = None) -> None:
         super().__init__(message)
         self.message = message
         self.param = param
         self.code = code
         self.headers = headers or {}
+        self.details = details  # Anthropic's error.details (its SDKs read error_code there)
 
     def to_dict(self) -> dict[str, object]:
         return {"error": {"message": self.message, "type": self.type, "param": self.param,

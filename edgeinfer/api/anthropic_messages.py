@@ -15,7 +15,9 @@ join with a newline. Custom ``tools`` (name, description, input_schema) and ``to
 (and 0: no cache pre-warming), unknown fields (in the body, messages, blocks and tools),
 roles other than user / assistant / system, image / document / search_result /
 server-tool blocks, server tools (any ``type`` but "custom", such as web_search_20250305),
-``container``, ``temperature`` outside 0..1. ``thinking``: ``enabled`` sets the template's
+``container``, ``thread`` (message threads: ``thread_unsupported_request`` in
+``error.details``, so the SDKs' tool runners go on without one), ``temperature`` outside
+0..1. ``thinking``: ``enabled`` sets the template's
 ``enable_thinking`` and its ``budget_tokens`` is the reasoning budget; a model that reasons
 shows it as ``thinking`` blocks unless ``{"type": "disabled"}`` (which also tells the
 template).
@@ -58,7 +60,7 @@ IGNORED: dict[str, type] = {
     "workspace_id": str}
 FIELDS = set(IGNORED) | {"model", "messages", "system", "tools", "tool_choice",
                          "output_config", "max_tokens", "stop_sequences", "temperature",
-                         "top_p", "top_k", "stream", "container"}
+                         "top_p", "top_k", "stream", "container", "thread"}
 TOKEN_FIELDS = FIELDS - {"max_tokens"}  # count_tokens: the same body, without max_tokens
 TEXT_KEYS = {"type", "text", "cache_control", "citations"}
 TOOL_USE_KEYS = {"type", "id", "name", "input", "cache_control", "caller", "toolset_name"}
@@ -315,6 +317,11 @@ def parse(body: Any, headers: dict[str, str], allowed: set[str] = FIELDS
             raise _bad("'max_tokens' is required", "max_tokens")
         max_tokens = b.integer("max_tokens", 1, MAX_TOKENS_LIMIT, None)
     _check_ignored(b)
+    if b.body.get("thread") is not None:
+        # Anthropic's SDK tool runners then send the whole conversation without one
+        raise InvalidRequest("message threads ('thread') are not supported by this server: "
+                             "send the whole conversation", param="thread", details={
+                                 "error_code": "thread_unsupported_request", "unsupported": []})
     msgs = conversation(b)
     tools = _tools(b.body.get("tools"))
     choice, parallel = _tool_choice(b.body.get("tool_choice"), tools)

@@ -36,8 +36,10 @@ _ANTHROPIC_TYPES = {400: "invalid_request_error", 401: "authentication_error",
 def shape(exc: APIError, path: str = "") -> dict[str, Any]:
     """The JSON body of ``exc`` for a request to ``path``."""
     if _anthropic(path):
+        details = {"details": exc.details} if exc.details is not None else {}
         return {"type": "error", "error": {
-            "type": _ANTHROPIC_TYPES.get(exc.status, "api_error"), "message": exc.message}}
+            "type": _ANTHROPIC_TYPES.get(exc.status, "api_error"), "message": exc.message,
+            **details}}
     if path.startswith(OLLAMA_PREFIX):
         return {"error": exc.message}
     return exc.to_dict()

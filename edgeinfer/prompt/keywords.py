@@ -13,8 +13,9 @@ valid JSON that a client reads the same way (as a pattern with lookarounds is):
   other constraints on names are dropped with a warning.
 - ``minProperties`` / ``maxProperties``: the first optional properties become required up
   to the minimum; beyond the maximum the last optional ones are left out and no other
-  property is written. A closed object that cannot reach the minimum, or more required
-  properties than the maximum, is a 400; an object with no ``properties`` (any members)
+  property is written. An object closed by ``additionalProperties: false`` that cannot
+  reach the minimum, or more required properties than the maximum, is a 400 (an open one
+  that cannot: dropped with a warning); an object with no ``properties`` (any members)
   cannot be bounded so and the count is dropped with a warning.
 - ``multipleOf``: on an integer with both bounds and at most ``MAX_MULTIPLES`` multiples
   between them, the enum of those multiples; ``multipleOf: 1`` on an integer holds;
@@ -108,7 +109,7 @@ def _counted(node: dict[str, Any], least: Any, most: Any) -> dict[str, Any]:
     open_ = extra is not None and extra is not False
     if isinstance(least, int) and len(required) < least:
         if len(required) + len(optional) < least:
-            if not open_:
+            if extra is False:  # (unset, JSON Schema's objects are open: other members)
                 raise InvalidRequest(f"'minProperties' is {least} but the object has only "
                                      f"{len(props)} properties: nothing satisfies the schema",
                                      param="schema")

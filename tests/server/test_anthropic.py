@@ -200,6 +200,32 @@ def test_tool_round_trip(ac: anthropic.Anthropic) -> None:
     assert auto.stop_reason in ("end_turn", "max_tokens", "tool_use")
 
 
+def test_the_sdk_tool_runner_goes_on_without_a_message_thread(ac: anthropic.Anthropic,
+                                                              server: ServerProcess) -> None:
+    """The SDK's tool runner asks for a message thread first (``thread``, a beta): the
+    answer is a 400 with ``thread_unsupported_request`` in ``error.details``, on which the
+    runner sends the whole conversation without one, and runs the tool."""
+    ran: list[str] = []
+
+    @anthropic.beta_tool
+    def get_weather(city: str) -> str:
+        """The weather in a city."""
+        ran.append(city)
+        return f"Sunny in {city}"
+
+    runner = ac.beta.messages.tool_runner(
+        model="default", max_tokens=60, tools=[get_weather], max_iterations=2,
+        tool_choice={"type": "any"}, messages=[{"role": "user", "content": "Paris weather?"}])
+    replies = list(runner)
+    assert replies and replies[0].stop_reason == "tool_use" and ran
+    r = post(server, {"model": "default", "max_tokens": 4, "thread": {"type": "create"},
+                      "messages": [{"role": "user", "content": "hi"}]})
+    assert r.status_code == 400 and r.json()["type"] == "error", r.text
+    err = r.json()["error"]
+    assert err["type"] == "invalid_request_error" and "thread" in err["message"]
+    assert err["details"] == {"error_code": "thread_unsupported_request", "unsupported": []}
+
+
 def test_tool_result_errors_and_strings_are_accepted(ac: anthropic.Anthropic) -> None:
     turns: list[Any] = [
         {"role": "user", "content": "Weather in Oslo?"},

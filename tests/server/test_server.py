@@ -406,7 +406,8 @@ def test_streamed_logprobs_of_characters_split_over_tokens(client: openai.OpenAI
     """Emoji and accents split over tokens: every content chunk carries a logprobs list
     (empty while its token's other bytes are still to come, never null), and the tokens'
     bytes join up to the content."""
-    ask = [{"role": "user", "content": "Repeat exactly: 東京タワー 🗼🎉 São Paulo — naïve café 😀👍🏽"}]
+    ask = [{"role": "user",
+            "content": "Repeat exactly: 東京タワー 🗼🎉 São Paulo — naïve café 😀👍🏽"}]
     chunks = list(client.chat.completions.create(
         model="default", temperature=0, seed=1, max_tokens=60, logprobs=True,
         messages=ask, stream=True))  # type: ignore[call-overload]

@@ -29,7 +29,7 @@ def test_property_counts_become_required_and_left_out_properties() -> None:
 
 
 @pytest.mark.parametrize("schema", [
-    {"type": "object", "properties": ABC, "minProperties": 4},
+    {"type": "object", "properties": ABC, "additionalProperties": False, "minProperties": 4},
     {"type": "object", "properties": ABC, "required": ["a", "b"], "maxProperties": 1},
     {"type": "integer", "minimum": 1, "maximum": 4, "multipleOf": 5},
     {"type": "integer", "multipleOf": 0},
@@ -68,6 +68,7 @@ def test_what_every_answer_satisfies_is_taken_without_a_warning(
     {"type": "number", "multipleOf": 0.5},
     {"type": "integer", "minimum": 0, "multipleOf": 3},  # no upper bound: no enum
     {"type": "object", "minProperties": 1},  # any members: nothing to require
+    {"type": "object", "properties": {"a": {}}, "minProperties": 2},  # open: other members
     {"type": "object", "additionalProperties": {"type": "integer"},
      "propertyNames": {"pattern": "^[a-z]+$"}},
 ])
