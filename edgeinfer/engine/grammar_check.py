@@ -30,6 +30,19 @@ class _Converter(SchemaConverter):
     def _format_literal(self, literal: str) -> str:
         return '"' + _LITERAL_ESCAPE.sub(lambda m: _LITERAL_ESCAPES[m.group(0)], literal) + '"'
 
+    def _add_rule(self, name: str, rule: str) -> str:
+        """An object's members beyond its properties (``additionalProperties``: zod's
+        records) come at most MAX_EXTRA_MEMBERS times, as arrays are bounded: a small
+        model that keeps adding members would otherwise run into max_tokens and leave
+        JSON that does not parse."""
+        if name.endswith("additional-kvs") and rule.endswith(" )*"):
+            rule = f"{rule[:-1]}{{0,{MAX_EXTRA_MEMBERS - 1}}}"
+        added: str = super()._add_rule(name, rule)  # type: ignore[no-untyped-call]
+        return added
+
+
+MAX_EXTRA_MEMBERS = 10
+
 
 _LITERAL_ESCAPE = re.compile(r'[\r\n"\\]')
 _LITERAL_ESCAPES = {"\r": "\\r", "\n": "\\n", '"': '\\"', "\\": "\\\\"}

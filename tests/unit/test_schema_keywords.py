@@ -84,3 +84,13 @@ def test_structural_keywords_stay_refused() -> None:
                        ("contains", {})):
         with pytest.raises(InvalidRequest, match="unsupported JSON schema keyword"):
             schema_to_gbnf({"type": "object", key: value}, "schema")
+
+
+def test_members_beyond_the_properties_are_bounded_as_items_are() -> None:
+    """A record's members (``additionalProperties``) come at most 10 times: a model that
+    keeps adding them cannot run into max_tokens with JSON that does not parse."""
+    gbnf = schema_to_gbnf({"type": "object", "additionalProperties": {"type": "integer"},
+                           "propertyNames": {"type": "string"}}, "schema")
+    [kvs] = [line for line in gbnf.splitlines() if line.startswith("additional-kvs ::=")]
+    assert kvs.endswith('( "," space additional-kv ){0,9}'), kvs  # (llama.cpp takes it:
+    # the server test of zod's record)
