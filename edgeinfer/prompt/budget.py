@@ -274,6 +274,20 @@ def check_nullable_pattern(pattern: str, param: str) -> None:
     _too_many(_parse(tokens, 0)[0], set(), param)
 
 
+def check_rewritten_pattern(pattern: str, rewritten: str, param: str) -> None:
+    """``check_nullable_pattern`` for the pattern as the converter gets it: ``*`` and ``+``
+    have become counts there (``pattern.MAX_REPEAT``), so ``(a?b?)*`` is as costly as
+    ``(a?b?){0,200}`` (8 minutes for 9 tokens, every request of the model waiting)."""
+    try:
+        check_nullable_pattern(rewritten, param)
+    except InvalidRequest:
+        raise InvalidRequest(
+            f"'pattern' {pattern[:100]!r} repeats with * or + a group that may match nothing; "
+            f"make what it repeats match at least one character, or give it a count of at "
+            f"most {MAX_NULLABLE_REPEAT} (grammar budget)", param=param,
+            code="grammar_too_large") from None
+
+
 def check_nullable_repeats(gbnf: str, param: str) -> None:
     """llama.cpp's grammar engine takes time cubic in the count to accept each token of a
     counted repetition of something that may match nothing: ``("a"?){0,1000}`` took

@@ -22,6 +22,7 @@ from edgeinfer.prompt.budget import (
     MAX_SCHEMA_BYTES,
     MAX_SCHEMA_DEPTH,
     check_gbnf_budget,
+    check_rewritten_pattern,
     check_schema_node,
 )
 from edgeinfer.prompt.intrange import int_range_gbnf
@@ -164,6 +165,7 @@ def _bound(node: Any, ints: dict[str, str]) -> Any:
         elif k == "pattern" and isinstance(v, str):
             _check_regex(v)
             if (rewritten := json_pattern(v)) is not None:
+                check_rewritten_pattern(v, rewritten, "schema")
                 out[k] = rewritten
             else:  # the rest of the schema still holds
                 log.warning("a JSON schema pattern a grammar cannot express is not enforced: "
@@ -242,7 +244,7 @@ def schema_to_gbnf(schema: Any, param: str, prop_order: tuple[str, ...] = ()) ->
     try:
         return _schema_gbnf(text, prop_order)
     except InvalidRequest as exc:
-        raise InvalidRequest(exc.message, param=param) from None
+        raise InvalidRequest(exc.message, param=param, code=exc.code) from None
     except (ValueError, AssertionError, KeyError, TypeError, AttributeError,
             RecursionError) as exc:
         raise InvalidRequest(f"cannot turn the JSON schema into a grammar: {exc}",

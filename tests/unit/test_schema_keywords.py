@@ -94,3 +94,20 @@ def test_members_beyond_the_properties_are_bounded_as_items_are() -> None:
     [kvs] = [line for line in gbnf.splitlines() if line.startswith("additional-kvs ::=")]
     assert kvs.endswith('( "," space additional-kv ){0,9}'), kvs  # (llama.cpp takes it:
     # the server test of zod's record)
+
+
+@pytest.mark.parametrize("pattern", ["^(a?b?)*$", "^(a|aa|a?)*b$", "^([a-z]?)+$",
+                                     "^([a-z]*,?)*$", "(x?)*"])
+def test_a_star_over_what_may_match_nothing_is_refused_as_its_count_is(pattern: str) -> None:
+    """``*`` and ``+`` become counts of 200 for the converter: over a group that may match
+    nothing that took minutes per token for every request of the model (``(a?b?)*``: 516 s
+    for 9 tokens), as ``(a?){0,200}`` would, which the budget refuses."""
+    with pytest.raises(InvalidRequest) as info:
+        schema_to_gbnf({"type": "string", "pattern": pattern}, "schema")
+    assert info.value.code == "grammar_too_large" and "* or +" in info.value.message
+
+
+@pytest.mark.parametrize("pattern", ["^[a-z]*$", "^(ab)*$", "^(\\s*\\w+)*$", "^(a+)*$",
+                                     "^([a-z]+ ?)*$"])
+def test_a_star_over_what_matches_something_is_taken(pattern: str) -> None:
+    assert "root ::=" in schema_to_gbnf({"type": "string", "pattern": pattern}, "schema")
