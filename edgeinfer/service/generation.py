@@ -19,7 +19,7 @@ from dataclasses import dataclass, replace
 
 from edgeinfer.engine.delta import Delta, Failure, FailureCode
 from edgeinfer.engine.sequence import SamplingParams
-from edgeinfer.errors import APIError, EngineError, InvalidRequest, Timeout, Unavailable
+from edgeinfer.errors import APIError, EngineError, InvalidRequest, Overloaded, Timeout, Unavailable
 from edgeinfer.models.lease import Lease
 from edgeinfer.models.pool import ModelPool
 from edgeinfer.models.served import ServedModel
@@ -36,7 +36,7 @@ from edgeinfer.service.events import (
 )
 from edgeinfer.service.reader import ChoiceReader, Reading
 from edgeinfer.service.request import ChatPrompt, GenerateRequest, MixedPrompt, TextPrompts
-from edgeinfer.service.selection import features, model_for
+from edgeinfer.service.selection import NoneLeft, features, model_for
 
 log = logging.getLogger("edgeinfer.service")
 
@@ -90,11 +90,12 @@ class _Fitted:
 
 
 async def _fitted(pool: ModelPool, req: GenerateRequest, leases: list[Lease],
-                  request_id: str) -> _Fitted:
-    """``req`` on its model, its prompts made; 400 context_length_exceeded (and the other
-    errors of ``generate``) where they do not fit the context."""
+                  request_id: str, skip: tuple[str, ...] = ()) -> _Fitted:
+    """``req`` on its model (passing over those in ``skip``), its prompts made; 400
+    context_length_exceeded (and the other errors of ``generate``) where they do not fit
+    the context."""
     served = await model_for(pool, req.model, leases, choices=req.num_choices,
-                             routing=features(req), wait=req.wait_for_model)
+                             routing=features(req), wait=req.wait_for_model, skip=skip)
     _check_vocab(req, served.runtime.info.n_vocab)
     params = req.params
     if params.max_tokens is None and served.cfg.max_tokens is not None:
@@ -127,10 +128,25 @@ async def prompt_fits(pool: ModelPool, req: GenerateRequest, leases: list[Lease]
 
 
 async def generate(pool: ModelPool, req: GenerateRequest, leases: list[Lease],
-                   request_id: str) -> Generation:
+                   request_id: str, skip: tuple[str, ...] = ()) -> Generation:
     """Start ``req``; its engine requests are named ``{request_id}-{k}``. Raises APIError
-    (4xx / 429 / 503) for what is wrong before anything is generated."""
-    f = await _fitted(pool, req, leases, request_id)
+    (4xx / 429 / 503) for what is wrong before anything is generated. A model found
+    saturated right before submitting (a burst filled its queue while this request was
+    rendered) passes the request down its fallbacks, as ``model_for`` does."""
+    f = await _fitted(pool, req, leases, request_id, skip)
+    try:
+        return await _started(f, req, leases, request_id)
+    except Overloaded as exc:
+        try:
+            return await generate(pool, req, leases, request_id, (*skip, f.served.cfg.id))
+        except NoneLeft:
+            raise exc from None
+
+
+async def _started(f: _Fitted, req: GenerateRequest, leases: list[Lease],
+                   request_id: str) -> Generation:
+    """Submit the fitted request: its constraint made, its places reserved (Overloaded
+    when the queue filled since ``model_for`` admitted it)."""
     served, req, params, implicit, read, prompts = (
         f.served, f.req, f.params, f.implicit, f.read, f.prompts)
     # a prompt that leaves a reasoning block open: the constraint applies after the block

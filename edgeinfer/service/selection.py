@@ -44,16 +44,25 @@ def _served(pool: ModelPool, names: tuple[str, ...] | list[str]) -> list[str]:
     return out
 
 
+class NoneLeft(LookupError):
+    """``model_for`` was told to skip every model of the chain."""
+
+
 async def model_for(pool: ModelPool, name: str, leases: list[Lease], *, choices: int = 1,
-                    routing: Features | None = None, wait: bool = True) -> ServedModel:
+                    routing: Features | None = None, wait: bool = True,
+                    skip: tuple[str, ...] = ()) -> ServedModel:
     """The model that answers: the one named (or routed by ``routing``, for "auto"), or the
     first of its fallbacks when it is saturated (429) or unavailable (503). Admission is
-    checked for ``choices`` engine requests; the model is leased into ``leases``."""
+    checked for ``choices`` engine requests; the model is leased into ``leases``. The
+    models in ``skip`` are passed over (found saturated since); NoneLeft when that is all."""
     if name == "auto":
         name = route(pool.config.routing, list(pool.config.models),
                      routing or Features(False, "", 0))
     first = pool.resolve(name)
-    chain = [first, *_served(pool, pool.entries[first].cfg.fallback)]
+    chain = [m for m in [first, *_served(pool, pool.entries[first].cfg.fallback)]
+             if m not in skip]
+    if not chain:
+        raise NoneLeft(name)
     last_error: APIError | None = None
     for model_id in chain:
         try:

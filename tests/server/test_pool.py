@@ -171,6 +171,25 @@ def test_fallback_when_the_first_choice_is_saturated(pool_server: ServerProcess)
     assert second.status_code == 200 and second.json()["model"] == "spare"
 
 
+def test_a_burst_beyond_the_first_choice_goes_to_its_fallback(pool_server: ServerProcess
+                                                              ) -> None:
+    """Requests arriving together are all admitted before any is rendered; those the first
+    choice (1 slot, no queue) cannot take when they are submitted go to its fallback, not
+    a 429."""
+    base = pool_server.base_url
+
+    async def main() -> list[httpx.Response]:
+        async with httpx.AsyncClient(timeout=120) as c:
+            return list(await asyncio.gather(*(c.post(f"{base}/v1/chat/completions", json={
+                "model": "busy", "max_tokens": 2,
+                "messages": [{"role": "user", "content": f"Tell story {i}."}]})
+                for i in range(3))))
+
+    answers = asyncio.run(main())
+    assert [r.status_code for r in answers] == [200] * 3, [r.text for r in answers]
+    assert {r.json()["model"] for r in answers} == {"busy", "spare"}
+
+
 def test_a_fallback_this_server_does_not_serve_is_skipped(pool_server: ServerProcess,
                                                          tmp_path: Path) -> None:
     # `serve --model busy` serves busy alone; its fallback "spare" (models.toml) is not
