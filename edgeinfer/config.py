@@ -82,14 +82,11 @@ class ModelConfig:
     threads: int = field(default_factory=lambda: min(8, os.cpu_count() or 1))
     gpu_layers: int | str = 0  # a count, or "auto": what fits the GPU's free memory
     batch: int = 256
-    # token budget of a step that computes prompts only (no stream generating): a lone
-    # prompt goes in pieces this large; 0 (or below batch): batch. 512 measured 1.02x
-    # faster than 256 on a 2-core CPU (scripts/bench_prefill.py), so it is off by default;
-    # larger pieces are what GPU offload wants
+    # token budget of a step that computes prompts only: a lone prompt goes in pieces this
+    # large; 0 (or below batch): batch (off: no faster on a 2-core CPU, bench_prefill.py)
     prefill_batch: int = 0
     # while streams generate, a step should take about this long: prompt chunks shrink to
-    # what the measured rate computes in it, so a long prompt arriving does not stall the
-    # streams (0: chunks of up to batch tokens whatever they cost)
+    # fit, so a long prompt does not stall the streams (0: up to batch tokens whatever)
     step_target_ms: int = 0
     chat_template: str | None = None
     max_tokens: int | None = None  # default max_tokens when a request sets none
@@ -109,17 +106,14 @@ class ModelConfig:
     # without swa_full), or "checkpoint" (whole saved states only, in the RAM tier)
     cache_mode: str = "auto"
     # in checkpoint mode, a prompt's state is saved every this many tokens (and one token
-    # before its end), so that prompts sharing part of it restore the latest one (0: only
-    # before the end)
+    # before its end; 0: only there), so prompts sharing part of it restore the latest
     checkpoint_every: int = 256
-    # speculative decoding: "ngram" (drafts looked up in the sequence's own tokens,
-    # verified by the model; the output is what it would be without), "draft" (drafts
-    # guessed by draft_model, another configured model with the same vocabulary) or
-    # "off"; draft_max bounds a sequence's drafts per step
+    # speculative decoding: "ngram" (drafts looked up in the sequence's own tokens), "draft"
+    # (guessed by draft_model, a model with the same vocabulary) or "off"; draft_max bounds
+    # a sequence's drafts per step (verified: the output is what it would be without)
     speculative: str = "ngram"
     draft_max: int = 8
-    # prompt-lookup drafts shorter than this are not verified (on a CPU a step's second
-    # row costs about as much as its first, so a one-token draft rarely pays)
+    # prompt-lookup drafts shorter than this are not verified (a one-token draft rarely pays)
     draft_min: int = 3
     draft_model: str | None = None
     # the KV cache's types: f16 (default), bf16, f32, q8_0 (about half of f16), q4_0
@@ -152,8 +146,8 @@ class ModelConfig:
         for name in ("context", "slots", "threads", "batch"):
             if getattr(self, name) < 1:
                 raise ConfigError(f"model {self.id!r}: {name} must be >= 1")
-        if self.max_queue < 0 or self.request_timeout <= 0:
-            raise ConfigError(f"model {self.id!r}: max_queue must be >= 0 and "
+        if self.max_queue < 0 or self.request_timeout <= 0 or (self.ttl or 0) < 0:
+            raise ConfigError(f"model {self.id!r}: max_queue and ttl must be >= 0 and "
                               "request_timeout > 0")
         if self.batch < self.slots:
             raise ConfigError(f"model {self.id!r}: batch must be >= slots")
@@ -281,8 +275,14 @@ def _model_from_table(table: dict[str, Any], base: Path) -> ModelConfig:
         raise ConfigError(f"unknown key(s) in [[models]]: {', '.join(sorted(unknown))}")
     if "id" not in table:
         raise ConfigError("every [[models]] entry needs an 'id'")
-    _check_types(table, {f.name: f.default for f in dataclasses.fields(ModelConfig)},
-                 f"model {table['id']!r}")
+    where = f"model {table['id']!r}"  # (kinds for the fields whose default is None)
+    _check_types(table, {f.name: f.default for f in dataclasses.fields(ModelConfig)} | {
+        "id": "", "path": "", "chat_template": "", "chat_template_file": "", "draft_model": "",
+        "max_tokens": 0, "max_slots_per_request": 0, "ttl": 0.0}, where)
+    for key in ("aliases", "tags", "fallback", "pinned_prompts"):  # ("abc": 3 aliases)
+        if not isinstance(v := table.get(key, []), list) or not all(isinstance(x, str) and x
+                                                                    for x in v):
+            raise ConfigError(f"{where}: {key} must be a list of non-empty texts, not {v!r}")
     kwargs = dict(table)
     if "path" in kwargs:
         p = Path(os.path.expanduser(str(kwargs["path"])))

@@ -317,4 +317,7 @@ class ModelPool:
                 if ttl is not None and entry.state is ModelState.LOADED and (
                         entry.idle_for(now) > ttl):
                     log.info("model %s idle for %.0fs: unloading", entry.cfg.id, ttl)
-                    await self.unload(entry.cfg.id)
+                    try:  # (a request may have come meanwhile: the next pass sees it)
+                        await self.unload(entry.cfg.id)
+                    except Exception:  # the reaper goes on for the other models
+                        log.exception("model %s: unloading after its ttl failed", entry.cfg.id)

@@ -74,6 +74,16 @@ gpu_layers = 99
     "[server]\nhost='0.0.0.0'\napi_keys=['']\n[[models]]\nid='a'\npath='x'\n",
     "[server]\napi_keys='k'\n[[models]]\nid='a'\npath='x'\n",
     "[[models]]\nid='a'\npath='x'\nfallback=['nope']\n",  # a fallback that is not there
+    # fields whose default is None or a list (a traceback, or quietly misread, before)
+    "[[models]]\nid='a'\npath='x'\nfallback=5\n",
+    "[[models]]\nid=5\npath='x'\n",
+    "[[models]]\nid='a'\npath='x'\nchat_template=5\n",
+    "[[models]]\nid='a'\npath='x'\nttl='soon'\n",  # (it stopped every model's unloading)
+    "[[models]]\nid='a'\npath='x'\nttl=-5\n",
+    "[[models]]\nid='a'\npath='x'\naliases='abc'\n",  # (three one-letter aliases)
+    "[[models]]\nid='a'\npath='x'\npinned_prompts='hello'\n",
+    "[[models]]\nid='a'\npath='x'\nmax_tokens=1.5\n",
+    "[[models]]\nid='a'\npath=3\n",
 ])
 def test_invalid_configs_are_clear(tmp_path: Path, body: str) -> None:
     with pytest.raises(ConfigError):
@@ -94,6 +104,7 @@ def test_kv_cache_types_are_checked_and_sized() -> None:
 
 def test_values_of_the_right_kind_pass(tmp_path: Path) -> None:
     body = ("[server]\nport=0\nmemory_budget_mb=300\nsend_timeout=5\napi_keys=['k1']\n"
-            "[[models]]\nid='a'\npath='x'\ngpu_layers='auto'\nstep_target_ms=40\n")
+            "[[models]]\nid='a'\npath='x'\ngpu_layers='auto'\nstep_target_ms=40\nttl=2\n"
+            "aliases=['b']\npinned_prompts=['You help.']\nmax_tokens=64\n")
     cfg = load_config(write(tmp_path, body))
     assert cfg.api_keys == ("k1",) and cfg.models[0].gpu_layers == "auto"
