@@ -36,7 +36,7 @@ async def pin_prefix(request: Request) -> Response:
     else:
         assert prompt is not None
         tokens = await served.run(served.tokenize_text, prompt)
-    n = await served.pin(tokens)
+    n = await served.pin(tokens, runtime=True)
     return JSONResponse({"object": "cache.pin", "model": served.cfg.id, "tokens": n})
 
 
@@ -46,7 +46,7 @@ async def unpin_prefixes(request: Request) -> Response:
     if not name:
         raise InvalidRequest("name the model: DELETE /v1/cache/pins?model=ID", param="model")
     served = pool(request).get(name)
-    served.engine.unpin_all()
+    await served.unpin_all()
     return JSONResponse({"object": "cache.unpin", "model": served.cfg.id})
 
 

@@ -202,9 +202,12 @@ class ModelPool:
         for hook in self.on_load:
             hook(cfg.id, served)
         try:  # the cache is an optimisation: the model serves without it
-            for text in cfg.pinned_prompts:
-                n = await served.pin(served.system_prefix([{"role": "system", "content": text}]))
+            pinned = tuple(served.system_prefix([{"role": "system", "content": text}])
+                           for text in cfg.pinned_prompts)
+            for tokens in pinned:
+                n = await served.pin(tokens)
                 log.info("model %s: pinned a %d-token system prompt", cfg.id, n)
+            await served.restore_hot("runtime", skip=pinned)  # (POST /v1/cache/pin's)
             await served.restore_hot()
         except Exception as exc:
             log.error("model %s: restoring its prefix cache failed (%s: %s); it serves "

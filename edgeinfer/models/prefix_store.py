@@ -3,9 +3,10 @@
 When a model pins a prefix (a models.toml ``pinned_prompts`` entry, or ``POST
 /v1/cache/pin``), its computed KV state is written here; when the model loads again
 (a restart, a reload after its ttl) the state is read back instead of computing the
-prompt, so the first request after a restart is warm. Opt-in (models.toml
-``cache_disk_hot``), the most used unpinned prefixes are written here too when the model
-unloads or the server stops, and all of them are restored when it loads.
+prompt, so the first request after a restart is warm. Prefixes pinned at run time are
+pinned again at load from their files (``DELETE /v1/cache/pins`` removes those files).
+Opt-in (models.toml ``cache_disk_hot``), the most used unpinned prefixes are written here
+too when the model unloads or the server stops, and all of them are restored when it loads.
 
 One file per prefix, named by a hash of the model's identity (its file's path, size
 and modification time, the llama.cpp build and the context parameters that shape the
@@ -146,9 +147,10 @@ class PrefixStore:
         head["_start"] = start + n
         return head, ""
 
-    def load_hot(self) -> list[tuple[list[int], bytes]]:
-        """Every saved hot prefix (``save(..., hot=True)``), as (tokens, state); unusable
-        files are removed, saying why."""
+    def load_hot(self, kind: str = "hot") -> list[tuple[list[int], bytes]]:
+        """Every saved hot prefix (``save(..., hot=True)``), or with ``kind`` "runtime"
+        every prefix pinned at run time, as (tokens, state); unusable files are removed,
+        saying why."""
         out = []
         with self._lock:
             for _, _, path in self._files():
@@ -157,8 +159,8 @@ class PrefixStore:
                 except OSError:
                     continue
                 head, _ = self._header(raw)
-                if head is not None and not head.get("hot"):
-                    continue  # a pinned prefix: loaded by its tokens
+                if head is not None and not head.get(kind):
+                    continue  # (a models.toml pin: loaded by its tokens)
                 body, why = self._check(raw, None)
                 if body is None and why == _FOREIGN:
                     continue  # another configuration's (sharing the folder): aged by the budget
@@ -170,14 +172,15 @@ class PrefixStore:
                 self.stats.restores += 1
         return out
 
-    def drop_hot(self, keep: list[list[int]]) -> None:
-        """Remove the hot prefixes' files other than those of ``keep``."""
+    def drop_hot(self, keep: list[list[int]], kind: str = "hot") -> None:
+        """Remove the hot prefixes' files (with ``kind`` "runtime": those pinned at run
+        time) other than those of ``keep``."""
         wanted = {self.path_for(t) for t in keep}
         with self._lock:
             for _, _, path in self._files():
                 with contextlib.suppress(OSError):
                     head, _ = self._header(path.read_bytes()[:_HEADER_MAX + len(MAGIC) + 4])
-                    if head is not None and head.get("hot") and path not in wanted:
+                    if head is not None and head.get(kind) and path not in wanted:
                         path.unlink()
 
     def reject(self, path: Path, why: str) -> None:
@@ -192,10 +195,13 @@ class PrefixStore:
         log.warning("prefix cache file %s ignored and removed: %s", path.name, why)
 
     # -- writing ------------------------------------------------------------------
-    def save(self, tokens: list[int], data: State, hot: bool = False) -> bool:
+    def save(self, tokens: list[int], data: State, hot: bool = False,
+             runtime: bool = False) -> bool:
         """Write the state of ``tokens`` (atomically); False when it could not be written
         (no room under the budget, a full disk ...), which is logged. ``hot``: an
-        unpinned prefix, restored by ``load_hot`` (a pinned one is loaded by its tokens)."""
+        unpinned prefix, restored by ``load_hot``; ``runtime``: pinned by ``POST
+        /v1/cache/pin``, pinned again at load (``load_hot("runtime")``); a models.toml pin
+        is loaded by its tokens."""
         if not data or len(data) > self.budget:
             if data:
                 log.warning("prefix state of %d tokens (%d MiB) is over the disk budget "
@@ -204,6 +210,7 @@ class PrefixStore:
         packed = struct.pack(f"<{len(tokens)}i", *tokens)
         head = json.dumps({"model": self.identity, "tokens": _tokens_digest(tokens),
                            "n_tokens": len(tokens), "size": len(data), "hot": hot,
+                           "runtime": runtime,
                            "sha256": hashlib.sha256(packed + data).hexdigest()}).encode()
         path = self.path_for(tokens)
         tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")

@@ -229,19 +229,21 @@ class ServedModel:
         """Tokens of messages rendered as the start of a conversation (no generation prompt)."""
         return self.chat_prompt(messages, add_generation_prompt=False)
 
-    async def pin(self, tokens: list[int]) -> int:
-        """Keep the KV of ``tokens`` resident (never evicted); returns the count. The
-        state comes from the disk tier when it was saved there before (a restart), else
-        it is computed and saved there."""
+    async def pin(self, tokens: list[int], runtime: bool = False) -> int:
+        """Keep the KV of ``tokens`` resident (never evicted); returns the count. The state
+        comes from the disk tier when saved there before, else it is computed and saved
+        (``runtime``: pinned by a request, so pinned again at load: ``restore_hot``)."""
         if not tokens:
             raise InvalidRequest("nothing to pin: the prompt is empty", param="prompt")
         self.check_fits(len(tokens), 1)
         lease = self.lease()
         try:
             if await self._restore(tokens):
+                if runtime:  # (its file may be a models.toml pin's: now one to restore)
+                    await self._save(tokens, runtime)
                 return len(tokens)
             await self._compute_pinned(tokens)
-            await self._save(tokens)
+            await self._save(tokens, runtime)
         finally:
             lease.release()
         return len(tokens)
@@ -276,13 +278,14 @@ class ServedModel:
                  self.cfg.id, len(tokens), len(data) / 2**20, time.perf_counter() - t0)
         return True
 
-    async def _save(self, tokens: list[int]) -> None:
+    async def _save(self, tokens: list[int], runtime: bool = False) -> None:
         store = self.prefix_store
         if store is None:
             return
         cache = self.engine.cache
         data = await self.engine.call(lambda: cache.state_of(tokens))
-        if isinstance(data, State) and await asyncio.to_thread(store.save, tokens, data):
+        if isinstance(data, State) and await asyncio.to_thread(store.save, tokens, data,
+                                                               False, runtime):
             log.info("model %s: a pinned %d-token prefix saved to disk (%.1f MiB)",
                      self.cfg.id, len(tokens), len(data) / 2**20)
 
@@ -302,18 +305,27 @@ class ServedModel:
         await asyncio.to_thread(store.drop_hot, saved)
         log.info("model %s: %d hot prefixes saved to disk", self.cfg.id, len(saved))
 
-    async def restore_hot(self) -> int:
-        """Put the hot prefixes saved by ``save_hot`` back into the cache (at load)."""
+    async def restore_hot(self, kind: str = "hot", skip: tuple[list[int], ...] = ()) -> int:
+        """Put the hot prefixes saved by ``save_hot`` back into the cache (at load); with
+        ``kind`` "runtime", pin again those pinned by requests (but ``skip``'s)."""
         store = self.prefix_store
-        if store is None or not self.cfg.cache_disk_hot:
+        if store is None or kind == "hot" and not self.cfg.cache_disk_hot:
             return 0
         cache, n = self.engine.cache, 0
-        for tokens, data in await asyncio.to_thread(store.load_hot):
-            n += bool(await self.engine.call(functools.partial(cache.restore, tokens, data,
-                                                               pinned=False)))
+        for tokens, data in await asyncio.to_thread(store.load_hot, kind):
+            if tokens not in skip:
+                n += bool(await self.engine.call(functools.partial(
+                    cache.restore, tokens, data, pinned=kind == "runtime")))
         if n:
-            log.info("model %s: %d hot prefixes restored from disk", self.cfg.id, n)
+            log.info("model %s: %d %s prefixes restored from disk", self.cfg.id, n,
+                     "pinned" if kind == "runtime" else "hot")
         return n
+
+    async def unpin_all(self) -> None:
+        """Unpin every prefix; those pinned by requests are not pinned again at load."""
+        self.engine.unpin_all()
+        if self.prefix_store is not None:
+            await asyncio.to_thread(self.prefix_store.drop_hot, [], "runtime")
 
     def check_fits(self, n_prompt: int, max_tokens: int | None, param: str = "messages"
                    ) -> None:

@@ -130,3 +130,43 @@ def test_hot_prefixes_survive_a_restart_when_asked(tmp_path: Path) -> None:
     finally:
         stop_server(srv)
     assert third["cached"] >= first["cached"]
+
+
+def test_a_prefix_pinned_at_run_time_is_pinned_again_after_a_restart(tmp_path: Path) -> None:
+    """``POST /v1/cache/pin`` survives a restart as a models.toml pin does (it was saved,
+    then never read back); ``DELETE /v1/cache/pins`` ends that too."""
+    cfg = tmp_path / "models.toml"
+    cfg.write_text(f'[[models]]\nid = "small"\naliases = ["default"]\n{SMALL}\n'
+                   "context = 2048\nslots = 2\nbatch = 128\n")
+    env = {"EDGEINFER_CACHE": str(tmp_path / "cache")}
+
+    def serve() -> ServerProcess:
+        return start_server(tmp_path, "--config", str(cfg), env=env)
+
+    srv = serve()
+    try:
+        r = httpx.post(f"{srv.base_url}/v1/cache/pin", timeout=120, json={
+            "model": "default", "messages": [{"role": "system", "content": SYSTEM}]})
+        assert r.status_code == 200, r.text
+        cold = _ask(srv)
+    finally:
+        stop_server(srv)
+    srv = serve()
+    try:
+        _wait_for(srv, r"1 pinned prefixes restored from disk")
+        warm = _ask(srv, question="Do you sell bells?")
+        assert warm["cached"] == cold["cached"] > 300
+        (row,) = httpx.get(f"{srv.base_url}/v1/cache", timeout=10).json()["data"]
+        assert row["disk"]["restores"] == 1
+        assert httpx.delete(f"{srv.base_url}/v1/cache/pins?model=default",
+                            timeout=10).status_code == 200
+    finally:
+        stop_server(srv)
+    srv = serve()
+    try:
+        time.sleep(1)
+        assert "restored from disk" not in srv.log.read_text()
+        (row,) = httpx.get(f"{srv.base_url}/v1/cache", timeout=10).json()["data"]
+        assert row["disk"]["restores"] == 0
+    finally:
+        stop_server(srv)
