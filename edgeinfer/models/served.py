@@ -295,9 +295,8 @@ class ServedModel:
         store, n = self.prefix_store, self.cfg.cache_disk_hot
         if store is None or not n or not self.engine.is_running:
             return
-        cache = self.engine.cache
         try:
-            hot = await self.engine.call(lambda: cache.hottest(n))
+            hot = await self.engine.call(functools.partial(self.engine.cache.hottest, n))
         except EngineError:
             return
         assert isinstance(hot, list)
@@ -306,8 +305,8 @@ class ServedModel:
         log.info("model %s: %d hot prefixes saved to disk", self.cfg.id, len(saved))
 
     async def restore_hot(self, kind: str = "hot", skip: tuple[list[int], ...] = ()) -> int:
-        """Put the hot prefixes saved by ``save_hot`` back into the cache (at load); with
-        ``kind`` "runtime", pin again those pinned by requests (but ``skip``'s)."""
+        """Put back the hot prefixes ``save_hot`` saved (at load); with ``kind`` "runtime",
+        pin again those pinned by requests (but ``skip``'s). ``unpin_all`` drops those."""
         store = self.prefix_store
         if store is None or kind == "hot" and not self.cfg.cache_disk_hot:
             return 0
@@ -322,10 +321,9 @@ class ServedModel:
         return n
 
     async def unpin_all(self) -> None:
-        """Unpin every prefix; those pinned by requests are not pinned again at load."""
         self.engine.unpin_all()
-        if self.prefix_store is not None:
-            await asyncio.to_thread(self.prefix_store.drop_hot, [], "runtime")
+        if (store := self.prefix_store) is not None:
+            await asyncio.to_thread(store.drop_hot, [], "runtime")
 
     def check_fits(self, n_prompt: int, max_tokens: int | None, param: str = "messages"
                    ) -> None:
