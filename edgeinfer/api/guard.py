@@ -21,7 +21,7 @@ from typing import Any
 from starlette.requests import Request
 
 from edgeinfer.api.errors import dialect_path, error_body
-from edgeinfer.errors import APIError, AuthenticationFailed, PermissionDenied
+from edgeinfer.errors import APIError, AuthenticationFailed, InvalidRequest, PermissionDenied
 
 Scope = MutableMapping[str, Any]
 Receive = Callable[[], Awaitable[MutableMapping[str, Any]]]
@@ -65,6 +65,10 @@ class HostGuard:
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] == "http":
+            if sum(k == b"host" for k, _ in scope["headers"]) > 1:  # RFC 9112 3.2: 400 (a
+                await _deny(scope, send, InvalidRequest(  # proxy may route on another one)
+                    "more than one Host header", code="invalid_host"))
+                return
             host = _host_only(_headers(scope).get("host", ""))
             if host is None or not self.any_host and host not in self.hosts:
                 await _deny(scope, send, PermissionDenied(

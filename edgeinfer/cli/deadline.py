@@ -113,17 +113,20 @@ class HeaderDeadline:
     def data_received(self, data: bytes) -> None:
         if self._discarding:
             return
-        if self._heading() and self._head_past_limit(data):
+        heading = self._heading()
+        if heading and self._head_past_limit(data):
             self._refuse_head()
             return
         super().data_received(data)  # type: ignore[misc]
-        if not self._heading():
-            # a request, or the rest of an answered one's body
+        if not self._heading() or not heading:
+            # a request, or the rest of an answered one's body (what follows a body's end
+            # in the same read is not counted: one read at most)
             self._head_bytes, self._tail = 0, b""
-            return
+            if not self._heading():
+                return
         if self.transport.is_closing():
             return
-        self._head_bytes += len(data)
+        self._head_bytes += len(data) if heading else 0
         if self._head_bytes > MAX_HEAD_BYTES:
             self._refuse_head()
         elif self._deadline is None or self._waited_on is not self.cycle:
@@ -168,6 +171,20 @@ class HeaderDeadline:
         if self.transport.can_write_eof():
             self.transport.write_eof()
         self.loop.call_later(LINGER, self.transport.close)
+
+    def send_400_response(self, msg: str) -> None:
+        """A request the HTTP parser cannot read (bad framing, an unknown method, TLS on
+        plain HTTP): 400 in the OpenAI error shape, where httptools' protocol wrote plain
+        text; then the close, as uvicorn does (h11's protocol answers in its own way)."""
+        if not self._parser_events:
+            super().send_400_response(msg)  # type: ignore[misc]
+            return
+        body = error_body(InvalidRequest(f"invalid HTTP request: {msg}",
+                                         code="invalid_http_request"))
+        self.transport.write(b"HTTP/1.1 400 Bad Request\r\ncontent-type: application/json\r\n"
+                             b"connection: close\r\ncontent-length: " + str(len(body)).encode()
+                             + b"\r\n\r\n" + body)
+        self.transport.close()
 
     def connection_lost(self, exc: Exception | None) -> None:
         if self._deadline is not None:

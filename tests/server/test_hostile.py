@@ -493,6 +493,33 @@ def test_a_pipelined_head_past_64_kib_gets_431_after_the_answer_before_it(
     alive(server)
 
 
+@pytest.mark.parametrize("raw", [
+    b"POST /v1/chat/completions HTTP/1.1\r\nHost: 127.0.0.1\r\nTransfer-Encoding: chunked"
+    b"\r\n\r\nzz\r\n",  # a chunk size that is no number
+    b"BREW /v1/models HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n",  # no such method
+    b"\x16\x03\x01\x02\x00\x01\x00\x01\xfc\x03\x03",  # TLS on plain HTTP
+])
+def test_what_the_http_parser_cannot_read_is_a_json_400(server: ServerProcess,
+                                                        raw: bytes) -> None:
+    with socket.create_connection(("127.0.0.1", server.port)) as sock:
+        sock.sendall(raw)
+        got = _closed_within(sock, 10)
+    head, _, body = got.partition(b"\r\n\r\n")
+    assert head.startswith(b"HTTP/1.1 400") and b"application/json" in head, got[:300]
+    assert json.loads(body)["error"]["code"] == "invalid_http_request"
+    alive(server)
+
+
+def test_two_host_headers_are_a_400_in_either_order(server: ServerProcess) -> None:
+    for hosts in ((b"evil.example", b"127.0.0.1"), (b"127.0.0.1", b"evil.example")):
+        with socket.create_connection(("127.0.0.1", server.port)) as sock:
+            sock.sendall(b"GET /v1/models HTTP/1.1\r\nHost: " + hosts[0] + b"\r\nHost: "
+                         + hosts[1] + b"\r\nConnection: close\r\n\r\n")
+            got = _closed_within(sock, 10)
+        assert got.startswith(b"HTTP/1.1 400"), got[:200]
+        assert b"more than one Host header" in got
+
+
 def test_a_body_that_trickles_gets_408(impatient_server: ServerProcess) -> None:
     srv = impatient_server
     with socket.create_connection(("127.0.0.1", srv.port)) as sock:
