@@ -23,7 +23,7 @@ answer 501: models come from models.toml (``edgeinfer pull`` installs their file
   answer is sent, if nothing else uses it; another value keeps the model loaded that long
   after its last request, instead of its models.toml ``ttl``, until it is unloaded
   (``ModelPool.keep``); a request without it changes nothing. No messages / an empty prompt loads
-  the model, or with keep_alive 0 unloads it (409 while it serves requests).
+  the model, or with keep_alive 0 unloads it (while it serves requests: once they end).
 - /api/generate: ``system``; ``raw`` skips the template; a non-empty ``template``,
   ``suffix`` or ``images`` is refused. ``context`` (token ids, deprecated by Ollama) comes
   before the rendered prompt, after its BOS; the last line of an answer that is not

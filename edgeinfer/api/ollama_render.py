@@ -37,7 +37,7 @@ from edgeinfer.api.respond import (
     turn_cuts,
     unless_disconnected,
 )
-from edgeinfer.errors import Conflict, InvalidRequest
+from edgeinfer.errors import InvalidRequest
 from edgeinfer.models.pool import ModelPool, ModelState
 from edgeinfer.service import events as ev
 from edgeinfer.service.embedding import embed, shortened
@@ -254,7 +254,7 @@ async def _load_or_unload(p: ModelPool, name: str, parsed: Parsed, meta: Meta) -
     elif name != "auto":
         model_id = p.resolve(name)
         if p.entries[model_id].served is not None and not await p.unload(model_id):
-            raise Conflict(f"the model '{model_id}' is serving requests", code="model_busy")
+            p.keep(model_id, 0)  # busy: unloaded once its requests end, as Ollama does
     return JSONResponse({**meta.line(), "done": True, "done_reason": reason,
                          "load_duration": meta.load_ns})
 

@@ -394,6 +394,28 @@ def test_disconnected_stream_aborts_its_generation(server: ServerProcess) -> Non
     assert server.engine_stats()["generated_tokens"] == ours  # nothing runs on
 
 
+def test_unloading_a_busy_model_waits_for_its_requests(oc: ollama.Client,
+                                                       server: ServerProcess) -> None:
+    """``keep_alive: 0`` with no messages while the model streams: 200 "unload" (it was a
+    409), and the model unloads once the stream ends, as Ollama's ``ollama stop`` does."""
+    def loaded() -> bool:
+        return MODEL in {m.model for m in oc.ps().models}
+
+    body = {"model": "default", "prompt": "1, 2, 3, 4, 5,", "raw": True,
+            "options": {"num_predict": 4000, "temperature": 0}}
+    oc.generate(model="default")  # loaded
+    with httpx.stream("POST", f"{server.base_url}/api/generate", json=body, timeout=60) as r:
+        lines = r.iter_lines()
+        assert json.loads(next(lines))["done"] is False
+        gone = oc.generate(model="default", keep_alive=0)
+        assert gone.done_reason == "unload" and loaded()  # (still streaming)
+    deadline = time.monotonic() + 15
+    while loaded() and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert not loaded()
+    assert oc.generate(model="default").done_reason == "load"  # back for the next tests
+
+
 def test_load_unload_and_keep_alive_zero(oc: ollama.Client, server: ServerProcess) -> None:
     def loaded() -> bool:
         return MODEL in {m.model for m in oc.ps().models}
