@@ -162,13 +162,18 @@ async def read_bytes(request: Request) -> bytes:
 
 
 async def read_json(request: Request) -> Any:
-    """The request's body as strict JSON: 415 for another content type, 413 past
+    """The request's body as strict JSON: 415 for another content type or an encoded
+    body (``Content-Encoding``), 413 past
     MAX_BODY_BYTES (declared or read), 400 for anything ``loads`` refuses. A large body
     is parsed off the event loop."""
     ctype = request.headers.get("content-type", "application/json").split(";")[0].strip().lower()
     if ctype not in ("application/json", ""):
         raise UnsupportedMediaType(f"the request body must be application/json, not {ctype}",
                                    code="unsupported_media_type")
+    coding = request.headers.get("content-encoding", "identity").strip().lower()
+    if coding not in ("identity", ""):  # (gzip was read as text: "not valid UTF-8")
+        raise UnsupportedMediaType(f"the request body must not be encoded ({coding}): send "
+                                   "it as plain JSON", code="unsupported_media_type")
     body = await read_bytes(request)
     if len(body) > THREAD_PARSE_BYTES:
         return await asyncio.to_thread(loads, body)

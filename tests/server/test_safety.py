@@ -4,6 +4,7 @@ shutdown. Every row is a real request to a real server process."""
 from __future__ import annotations
 
 import asyncio
+import gzip
 import json
 import shutil
 import signal
@@ -43,6 +44,7 @@ ROWS: list[tuple[str, str, dict[str, str], bytes, int]] = [
     ("a JSON array body", CHAT, {}, b"[1, 2]", 400),
     ("form content type", CHAT, {"content-type": "application/x-www-form-urlencoded"},
      body(), 415),
+    ("a gzip-encoded body", CHAT, {"content-encoding": "gzip"}, gzip.compress(body()), 415),
     ("unknown field", CHAT, {}, body(frobnicate=1), 400),
     ("negative max_tokens", CHAT, {}, body(max_tokens=-5), 400),
     ("huge max_tokens", CHAT, {}, body(max_tokens=10**12), 400),
