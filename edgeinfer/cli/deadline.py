@@ -55,6 +55,7 @@ class HeaderDeadline:
     _tail = b""  # the last bytes of a head coming in (its blank line may be split)
     _parser_events = False  # httptools: the parser's message callbacks pass through here
     _in_body = False  # (httptools) the parser is inside a request's body
+    _completed = False  # (httptools) a request's message ended in the read being parsed
     _refuse_pending = False  # a pipelined head passed the limit: 431 once the answer ends
 
     def connection_made(self, transport: asyncio.Transport) -> None:
@@ -89,6 +90,7 @@ class HeaderDeadline:
 
     def on_message_complete(self) -> None:
         self._in_body = False  # uvicorn's own flag stays unset for an answered request
+        self._completed = True
         super().on_message_complete()  # type: ignore[misc]
 
     def on_response_complete(self) -> None:
@@ -117,16 +119,16 @@ class HeaderDeadline:
         if heading and self._head_past_limit(data):
             self._refuse_head()
             return
+        self._completed = False
         super().data_received(data)  # type: ignore[misc]
-        if not self._heading() or not heading:
-            # a request, or the rest of an answered one's body (what follows a body's end
-            # in the same read is not counted: one read at most)
+        if not self._heading() or not heading or self._completed:
+            # a request, or the rest of a body, or a request that ended in this read: what
+            # follows its end in the same read is not counted (one read at most)
             self._head_bytes, self._tail = 0, b""
-            if not self._heading():
-                return
+            return
         if self.transport.is_closing():
             return
-        self._head_bytes += len(data) if heading else 0
+        self._head_bytes += len(data)
         if self._head_bytes > MAX_HEAD_BYTES:
             self._refuse_head()
         elif self._deadline is None or self._waited_on is not self.cycle:

@@ -469,6 +469,36 @@ def test_request_headers_past_64_kib_get_431(server: ServerProcess) -> None:
     alive(server)
 
 
+def _one_answer(sock: socket.socket) -> bytes:
+    """The next response on a keep-alive connection (its head and Content-Length body)."""
+    got = b""
+    while b"\r\n\r\n" not in got:
+        got += sock.recv(65536)
+    head, _, body = got.partition(b"\r\n\r\n")
+    size = int(re.search(rb"content-length: (\d+)", head.lower()).group(1))  # type: ignore[union-attr]
+    while len(body) < size:
+        body += sock.recv(65536)
+    return head
+
+
+def test_requests_on_one_connection_are_counted_each_on_its_own(server: ServerProcess
+                                                                 ) -> None:
+    """Heads of 8 KB and a 70 KB body, each request whole in one write, on one keep-alive
+    connection: every one is answered (their bytes once added up to a 431)."""
+    with socket.create_connection(("127.0.0.1", server.port)) as sock:
+        sock.settimeout(30)
+        for _ in range(12):
+            sock.sendall(b"GET /health HTTP/1.1\r\nHost: 127.0.0.1\r\nX-Pad: "
+                         + b"p" * 8000 + b"\r\n\r\n")
+            assert _one_answer(sock).startswith(b"HTTP/1.1 200")
+        big = json.dumps({"model": "default", "content": "x" * 70_000}).encode()
+        for _ in range(2):
+            sock.sendall(b"POST /tokenize HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: "
+                         b"application/json\r\nContent-Length: " + str(len(big)).encode()
+                         + b"\r\n\r\n" + big)
+            assert _one_answer(sock).startswith(b"HTTP/1.1 200")
+
+
 def test_a_pipelined_head_past_64_kib_gets_431_after_the_answer_before_it(
         server: ServerProcess) -> None:
     """A next request's head sent while the one before it is still answered (pipelined)

@@ -481,12 +481,17 @@ def test_quotes_backslashes_and_lengths_in_schemas_hold_in_the_answer(
          "required": ['a"b'], "additionalProperties": False},
         {"type": "string", "pattern": "^[a-z]+$", "maxLength": 3}]
     for schema in schemas:
-        r = client.chat.completions.create(
-            model="default", temperature=0, max_tokens=40,
-            messages=[{"role": "user", "content": "Reply with the word extraordinary"}],
-            response_format={"type": "json_schema",
-                             "json_schema": {"name": "x", "schema": schema}})
-        jsonschema.validate(json.loads(r.choices[0].message.content or ""), schema)
+        _answer_validates(client, schema, "Reply with the word extraordinary", 40)
+
+
+def _answer_validates(client: openai.OpenAI, schema: dict[str, Any], ask: str,
+                      max_tokens: int) -> None:
+    """The answer under ``schema`` as response_format validates against it (draft 7)."""
+    r = client.chat.completions.create(
+        model="default", temperature=0, max_tokens=max_tokens,
+        messages=[{"role": "user", "content": ask}],
+        response_format={"type": "json_schema", "json_schema": {"name": "x", "schema": schema}})
+    jsonschema.Draft7Validator(schema).validate(json.loads(r.choices[0].message.content or ""))
 
 
 def test_keywords_zod_and_pydantic_write_are_taken_and_hold_in_the_answer(
@@ -506,13 +511,7 @@ def test_keywords_zod_and_pydantic_write_are_taken_and_hold_in_the_answer(
         {"type": "integer", "minimum": 3, "maximum": 40, "multipleOf": 7,
          "contentMediaType": "text/plain", "x-order": 1}]
     for schema in schemas:
-        r = client.chat.completions.create(
-            model="default", temperature=0, max_tokens=400,
-            messages=[{"role": "user", "content": "Give me an example."}],
-            response_format={"type": "json_schema",
-                             "json_schema": {"name": "x", "schema": schema}})
-        jsonschema.Draft7Validator(schema).validate(json.loads(r.choices[0].message.content
-                                                               or ""))
+        _answer_validates(client, schema, "Give me an example.", 400)
     tool = {"type": "function", "function": {"name": "set_headers", "parameters": {
         "type": "object", "properties": schemas[0]["properties"], "required": ["headers"],
         "additionalProperties": False, "$schema": "http://json-schema.org/draft-07/schema#"}}}
