@@ -10,16 +10,17 @@ valid JSON that a client reads the same way (as a pattern with lookarounds is):
 - ``additionalItems``: the converter writes a tuple (``items`` as a list) exactly, which
   every ``additionalItems`` allows; beside a schema ``items`` it means nothing.
 - ``propertyNames``: ``{"type": "string"}`` (what zod writes for a record) always holds;
-  other constraints on names are dropped with a warning.
+  ``false`` allows only ``{}``; other constraints on names are dropped with a warning.
 - ``minProperties`` / ``maxProperties``: the first optional properties become required up
   to the minimum; beyond the maximum the last optional ones are left out and no other
   property is written. An object closed by ``additionalProperties: false`` that cannot
   reach the minimum, or more required properties than the maximum, is a 400 (an open one
   that cannot: dropped with a warning); an object with no ``properties`` (any members)
-  cannot be bounded so and the count is dropped with a warning.
+  cannot be bounded so and the count is dropped with a warning, as beside another type,
+  ``anyOf`` / ``oneOf`` / ``allOf`` / ``$ref``, an ``enum`` or a ``const``.
 - ``multipleOf``: on an integer with both bounds and at most ``MAX_MULTIPLES`` multiples
-  between them, the enum of those multiples; ``multipleOf: 1`` on an integer holds;
-  otherwise dropped with a warning.
+  between them, the enum of those multiples (of its own ``enum``'s, where it has one);
+  ``multipleOf: 1`` on an integer holds; otherwise dropped with a warning.
 - ``uniqueItems``: dropped with a warning (true with at most one item holds).
 """
 
@@ -61,8 +62,14 @@ def sound(node: dict[str, Any]) -> dict[str, Any]:
         return node
     out = {k: v for k, v in node.items() if k not in REWRITTEN}
     names = node.get("propertyNames")
-    if isinstance(names, dict) and set(names) - ANNOTATIONS - {"type"} or (
-            isinstance(names, dict) and names.get("type", "string") != "string"):
+    if names is False:  # no name allowed: only {}
+        if node.get("required"):
+            raise InvalidRequest("'propertyNames' is false but properties are required: "
+                                 "nothing satisfies the schema", param="schema")
+        out = {**out, "properties": {}, "additionalProperties": False}
+    elif not isinstance(names, dict) and names not in (None, True) or isinstance(
+            names, dict) and (set(names) - ANNOTATIONS - {"type"}
+                              or names.get("type", "string") != "string"):
         _unenforced("propertyNames", names)
     if node.get("uniqueItems") is True and not (
             isinstance(node.get("maxItems"), int) and node["maxItems"] <= 1):
@@ -70,8 +77,19 @@ def sound(node: dict[str, Any]) -> dict[str, Any]:
     if "multipleOf" in node:
         out = _multiples(out, node["multipleOf"])
     if "minProperties" in node or "maxProperties" in node:
-        out = _counted(out, node.get("minProperties"), node.get("maxProperties"))
+        least, most = (_whole(node.get(k)) for k in ("minProperties", "maxProperties"))
+        if node.get("type", "object") != "object" or {"anyOf", "oneOf", "allOf", "$ref",
+                                                       "enum", "const"} & set(node):
+            _unenforced("minProperties/maxProperties", (least, most))  # (the converter
+        else:  # writes no object of these properties there)
+            out = _counted(out, least, most)
     return out
+
+
+def _whole(count: Any) -> int | None:
+    """A count as an integer (2.0 is 2; the budget has checked it is a whole number)."""
+    return int(count) if isinstance(count, int | float) and not isinstance(count, bool) \
+        else None
 
 
 def _multiples(node: dict[str, Any], step: Any) -> dict[str, Any]:
@@ -89,8 +107,10 @@ def _multiples(node: dict[str, Any], step: Any) -> dict[str, Any]:
             lo, bool) or isinstance(hi, bool) or (hi - lo) / step > MAX_MULTIPLES:
         _unenforced("multipleOf", step)
         return node
-    first = math.ceil(lo / step) * step
-    values = list(range(first, math.floor(hi) + 1, step))
+    low, high = math.ceil(lo), math.floor(hi)  # (integers: no float rounding below)
+    values = list(range(-(-low // step) * step, high + 1, step))
+    if isinstance(node.get("enum"), list):  # an enum stays: its multiples in range
+        values = [v for v in node["enum"] if v in values]
     if not values:
         raise InvalidRequest(f"no multiple of {step} lies between {lo} and {hi}: nothing "
                              "satisfies the schema", param="schema")

@@ -111,3 +111,23 @@ def test_a_star_over_what_may_match_nothing_is_refused_as_its_count_is(pattern: 
                                      "^([a-z]+ ?)*$"])
 def test_a_star_over_what_matches_something_is_taken(pattern: str) -> None:
     assert "root ::=" in schema_to_gbnf({"type": "string", "pattern": pattern}, "schema")
+
+
+def test_multiples_keep_an_enum_and_stay_exact_past_float_precision() -> None:
+    assert sound({"type": "integer", "enum": [3, 5, 7, 8], "multipleOf": 2, "minimum": 0,
+                  "maximum": 10}) == {"enum": [8]}
+    big = sound({"type": "integer", "multipleOf": 3, "minimum": 10**17,
+                 "maximum": 10**17 + 7})["enum"]
+    assert big and all(v % 3 == 0 and 10**17 <= v <= 10**17 + 7 for v in big)
+
+
+def test_counts_as_whole_floats_and_objects_the_converter_does_not_write() -> None:
+    two = sound({"type": "object", "properties": {"a": {}, "b": {}}, "minProperties": 2.0})
+    assert two["required"] == ["a", "b"]
+    either = {"type": ["object", "null"], "properties": {"a": {}, "b": {}}, "maxProperties": 1}
+    assert sound(either) == {k: v for k, v in either.items() if k != "maxProperties"}
+    assert sound({"type": "object", "propertyNames": False}) == {
+        "type": "object", "properties": {}, "additionalProperties": False}
+    with pytest.raises(InvalidRequest):
+        sound({"type": "object", "propertyNames": False, "properties": {"a": {}},
+               "required": ["a"]})
