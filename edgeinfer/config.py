@@ -146,7 +146,7 @@ class ModelConfig:
         for name in ("context", "slots", "threads", "batch"):
             if getattr(self, name) < 1:
                 raise ConfigError(f"model {self.id!r}: {name} must be >= 1")
-        if self.max_queue < 0 or self.request_timeout <= 0 or (self.ttl or 0) < 0:
+        if self.max_queue < 0 or self.request_timeout <= 0 or not (self.ttl or 0) >= 0:
             raise ConfigError(f"model {self.id!r}: max_queue and ttl must be >= 0 and "
                               "request_timeout > 0")
         if self.batch < self.slots:

@@ -155,12 +155,14 @@ class PrefixStore:
         with self._lock:
             for _, _, path in self._files():
                 try:
-                    raw = path.read_bytes()
+                    with open(path, "rb") as f:  # the header first: most are skipped
+                        head, _ = self._header(f.read(_HEADER_MAX + len(MAGIC) + 4))
+                        if head is not None and not head.get(kind):
+                            continue  # (a models.toml pin: loaded by its tokens)
+                        f.seek(0)
+                        raw = f.read()
                 except OSError:
                     continue
-                head, _ = self._header(raw)
-                if head is not None and not head.get(kind):
-                    continue  # (a models.toml pin: loaded by its tokens)
                 body, why = self._check(raw, None)
                 if body is None and why == _FOREIGN:
                     continue  # another configuration's (sharing the folder): aged by the budget
@@ -178,8 +180,8 @@ class PrefixStore:
         wanted = {self.path_for(t) for t in keep}
         with self._lock:
             for _, _, path in self._files():
-                with contextlib.suppress(OSError):
-                    head, _ = self._header(path.read_bytes()[:_HEADER_MAX + len(MAGIC) + 4])
+                with contextlib.suppress(OSError), open(path, "rb") as f:
+                    head, _ = self._header(f.read(_HEADER_MAX + len(MAGIC) + 4))
                     if head is not None and head.get(kind) and path not in wanted:
                         path.unlink()
 

@@ -133,10 +133,13 @@ async def generate(pool: ModelPool, req: GenerateRequest, leases: list[Lease],
     (4xx / 429 / 503) for what is wrong before anything is generated. A model found
     saturated right before submitting (a burst filled its queue while this request was
     rendered) passes the request down its fallbacks, as ``model_for`` does."""
+    held = len(leases)
     f = await _fitted(pool, req, leases, request_id, skip)
     try:
         return await _started(f, req, leases, request_id)
     except Overloaded as exc:
+        while len(leases) > held:  # model_for's lease of that model: it may unload now
+            leases.pop().release()
         try:
             return await generate(pool, req, leases, request_id, (*skip, f.served.cfg.id))
         except NoneLeft:

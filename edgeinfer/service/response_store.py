@@ -50,7 +50,8 @@ CREATE TABLE IF NOT EXISTS responses (
 CREATE INDEX IF NOT EXISTS responses_created ON responses (created);
 CREATE TABLE IF NOT EXISTS response_items (
     owner TEXT NOT NULL, id TEXT NOT NULL, response_id TEXT NOT NULL,
-    PRIMARY KEY (owner, id));
+    PRIMARY KEY (owner, id, response_id));
+CREATE INDEX IF NOT EXISTS response_items_response ON response_items (response_id);
 """
 
     async def put(self, owner: str, record: StoredResponse) -> bool:
@@ -79,6 +80,7 @@ CREATE TABLE IF NOT EXISTS response_items (
             return False
         db.execute("INSERT OR REPLACE INTO responses VALUES (?, ?, ?, ?, ?, ?)",
                    (r.id, owner, time.time(), *fields))
+        db.execute("DELETE FROM response_items WHERE response_id = ?", (r.id,))
         items = [*r.input_items, *r.response.get("output", [])]
         db.executemany("INSERT OR REPLACE INTO response_items VALUES (?, ?, ?)",
                        [(owner, it["id"], r.id) for it in items
@@ -93,8 +95,10 @@ CREATE TABLE IF NOT EXISTS response_items (
 
     def _item(self, db: sqlite3.Connection, owner: str, item_id: str
               ) -> dict[str, Any] | None:
-        row = db.execute("SELECT response_id FROM response_items WHERE owner = ? AND id = ?",
-                         (owner, item_id)).fetchone()
+        row = db.execute(  # the latest stored response that holds it
+            "SELECT r.id FROM response_items i JOIN responses r ON r.id = i.response_id "
+            "AND r.owner = i.owner WHERE i.owner = ? AND i.id = ? ORDER BY r.created DESC "
+            "LIMIT 1", (owner, item_id)).fetchone()
         found = self._get(db, owner, row[0]) if row else None
         if found is None:
             return None

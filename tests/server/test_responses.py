@@ -621,6 +621,27 @@ def test_store_bounds(tmp_path: Path) -> None:
     asyncio.run(run())
 
 
+def test_store_items_by_id(tmp_path: Path) -> None:
+    """An item id is found in the latest stored response that holds it, and still in an
+    older one when the latest is deleted or pruned; never in another owner's."""
+    async def run() -> None:
+        store = ResponseStore(tmp_path / "i.sqlite3", max_rows=3)
+        item = {"id": "msg_1", "type": "message", "role": "user", "content": []}
+        out = {"output": [{"id": "msg_out", "type": "message"}]}
+        await store.put("o", StoredResponse("a", out, [item], []))
+        await store.put("o", StoredResponse("b", {"output": []}, [item], []))
+        assert await store.item("o", "msg_1") == item
+        assert await store.item("o", "msg_out") == out["output"][0]
+        assert await store.item("other", "msg_1") is None
+        assert await store.delete("o", "b")
+        assert await store.item("o", "msg_1") == item  # (a's)
+        for rid in ("c", "d", "e"):  # a is pruned (3 rows at most): its items go with it
+            await store.put("o", StoredResponse(rid, {"output": []}, [], []))
+        assert await store.item("o", "msg_1") is None
+
+    asyncio.run(run())
+
+
 # -- the OpenAI Agents SDK ---------------------------------------------------------------------
 
 
