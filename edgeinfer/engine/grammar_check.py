@@ -32,16 +32,22 @@ class _Converter(SchemaConverter):
 
     def _add_rule(self, name: str, rule: str) -> str:
         """An object's members beyond its properties (``additionalProperties``: zod's
-        records) come at most MAX_EXTRA_MEMBERS times, as arrays are bounded: a small
-        model that keeps adding members would otherwise run into max_tokens and leave
+        records) come at most MAX_EXTRA_MEMBERS times, their names at most MAX_KEY_CHARS
+        characters long, as arrays and strings are bounded: a small model that keeps
+        adding members (or writing a name) would otherwise run into max_tokens and leave
         JSON that does not parse."""
         if name.endswith("additional-kvs") and rule.endswith(" )*"):
             rule = f"{rule[:-1]}{{0,{MAX_EXTRA_MEMBERS - 1}}}"
+        if name.endswith("additional-kv") and rule.startswith("string "):  # their names too
+            key = super()._add_rule(  # type: ignore[no-untyped-call]
+                "additional-key", f'"\\"" char{{0,{MAX_KEY_CHARS}}} "\\"" space')
+            rule = f"{key}{rule[len('string'):]}"
         added: str = super()._add_rule(name, rule)  # type: ignore[no-untyped-call]
         return added
 
 
 MAX_EXTRA_MEMBERS = 10
+MAX_KEY_CHARS = 100
 
 
 _LITERAL_ESCAPE = re.compile(r'[\r\n"\\]')

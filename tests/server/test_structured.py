@@ -502,11 +502,12 @@ def test_keywords_zod_and_pydantic_write_are_taken_and_hold_in_the_answer(
     schemas: list[dict[str, Any]] = [
         {"type": "object", "properties": {"headers": {
             "type": "object", "propertyNames": {"type": "string"},
-            "additionalProperties": {"type": "string"}}}, "required": ["headers"]},
+            "additionalProperties": {"type": "string", "maxLength": 16}}},
+         "required": ["headers"]},
         {"type": "array", "items": [{"type": "string"}, {"type": "integer"}],
          "additionalItems": False, "minItems": 2, "maxItems": 2},
-        {"type": "object", "properties": {"a": {"type": "string"}, "b": {"type": "string"},
-                                          "c": {"type": "string"}},
+        {"type": "object", "properties": {c: {"type": "string", "maxLength": 16}
+                                          for c in "abc"},
          "minProperties": 2, "maxProperties": 2, "additionalProperties": True},
         {"type": "integer", "minimum": 3, "maximum": 40, "multipleOf": 7,
          "contentMediaType": "text/plain", "x-order": 1}]

@@ -87,13 +87,16 @@ def test_structural_keywords_stay_refused() -> None:
 
 
 def test_members_beyond_the_properties_are_bounded_as_items_are() -> None:
-    """A record's members (``additionalProperties``) come at most 10 times: a model that
-    keeps adding them cannot run into max_tokens with JSON that does not parse."""
+    """A record's members (``additionalProperties``) come at most 10 times, their names
+    100 characters at most: a model that keeps adding them (or writing a name) cannot run
+    into max_tokens with JSON that does not parse."""
     gbnf = schema_to_gbnf({"type": "object", "additionalProperties": {"type": "integer"},
                            "propertyNames": {"type": "string"}}, "schema")
     [kvs] = [line for line in gbnf.splitlines() if line.startswith("additional-kvs ::=")]
     assert kvs.endswith('( "," space additional-kv ){0,9}'), kvs  # (llama.cpp takes it:
-    # the server test of zod's record)
+    # the server test of zod's record), and their names are bounded as strings are
+    assert 'additional-key ::= "\\"" char{0,100} "\\"" space' in gbnf.splitlines()
+    assert "additional-kv ::= additional-key " in gbnf
 
 
 @pytest.mark.parametrize("pattern", ["^(a?b?)*$", "^(a|aa|a?)*b$", "^([a-z]?)+$",
