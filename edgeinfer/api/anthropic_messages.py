@@ -371,7 +371,7 @@ async def count_tokens(request: Request) -> Response:
     """``{"input_tokens": n}``: the prompt tokens of the conversation (with tools), as the
     model's chat template renders it; rendered and tokenized off the event loop."""
     req, _ = parse(await read_json(request), dict(request.headers), TOKEN_FIELDS)
-    served = await model_named(pool(request), None if req.model == "auto" else req.model,
+    served = await model_named(pool(request), None if req.model in ("auto", "") else req.model,
                                leases(request))
     assert isinstance(req.prompt, ChatPrompt)
     tools = req.constraint.tools if req.constraint.offers_tools else ()

@@ -20,7 +20,7 @@ async def apply_template(request: Request) -> Response:
     """A chat completions body in; ``{"prompt": text, "tool_format": name}`` out (the
     text exactly as the model sees it, request text included as plain text)."""
     req, _, _ = openai_chat.parse(await read_json(request), dict(request.headers))
-    served = await model_named(pool(request), None if req.model == "auto" else req.model,
+    served = await model_named(pool(request), None if req.model in ("auto", "") else req.model,
                                leases(request))
     assert isinstance(req.prompt, ChatPrompt)
     tools = req.constraint.tools if req.constraint.offers_tools else ()

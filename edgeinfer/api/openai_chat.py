@@ -212,8 +212,7 @@ def legacy_functions(body: Any) -> Any:
 def parse(body: Any, headers: dict[str, str]) -> tuple[GenerateRequest, bool, bool]:
     """(request, stream, include_usage) from a chat completions body."""
     b = Body(legacy_functions(body), FIELDS)
-    model = b.string("model", required=True)
-    assert model is not None
+    model = b.string("model") or ""  # left out (llama.cpp's web UI): the first configured
     msgs = messages(b)
     logprobs = None
     if b.boolean("logprobs"):
@@ -231,9 +230,7 @@ def parse(body: Any, headers: dict[str, str]) -> tuple[GenerateRequest, bool, bo
                              "'tool_choice'", param="grammar")
     max_tokens = b.integer("max_completion_tokens", 1, MAX_TOKENS_LIMIT, None)
     if max_tokens is None:
-        max_tokens = b.integer("max_tokens", 1, MAX_TOKENS_LIMIT, None)
-    if max_tokens is None:
-        max_tokens = samplers.n_predict(b, None)
+        max_tokens = samplers.max_tokens(b, None)
     stream, include_usage = fields.stream_options(b)
     reasoning_format, template_kwargs = reasoning(b)
     req = GenerateRequest(

@@ -27,14 +27,13 @@ FIELDS = {
 def parse(body: Any, headers: dict[str, str]) -> tuple[GenerateRequest, bool, bool]:
     """(request, stream, include_usage) from a completions body."""
     b = Body(body, FIELDS)
-    model = b.string("model", required=True)
-    assert model is not None
+    model = b.string("model") or ""  # left out: the first configured model
     fields.unsupported(b, ("echo", "suffix"))
     logprobs = b.integer("logprobs", 0, 20, None)
     b.integer("best_of", 1, 1, 1)  # only 1 (the default) is accepted
     prompts = fields.prompts(b.body.get("prompt"), "prompt", MAX_PROMPTS)
-    max_tokens = b.integer("max_tokens", 1, MAX_TOKENS_LIMIT, None)
-    if max_tokens is None:
+    max_tokens = b.integer("max_tokens", 1, MAX_TOKENS_LIMIT, None)  # (no -1: a prompt
+    if max_tokens is None:  # that never ends would run to the end of the context)
         max_tokens = samplers.n_predict(b, 16)
     stream, include_usage = fields.stream_options(b)
     n = int(b.integer("n", 1, MAX_CHOICES, 1) or 1)

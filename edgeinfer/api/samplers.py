@@ -7,7 +7,8 @@ other llama.cpp clients send them to /v1/chat/completions and /v1/completions.
   ``xtc_threshold``), dynamic temperature (``dynatemp_range``, ``dynatemp_exponent``) and
   Mirostat (``mirostat`` 1 or 2, ``mirostat_tau``, ``mirostat_eta``). At their defaults
   they are off, as in llama-server.
-- Aliases: ``n_predict`` (llama-server's ``max_tokens``; -1 and -2: no limit) and
+- Aliases: ``n_predict`` (llama-server's ``max_tokens``; -1 and -2: no limit, in
+  ``max_tokens`` too) and
   vLLM's ``repetition_penalty`` (``repeat_penalty``), each taken when the usual name is
   absent.
 - Hints about llama-server's own reporting and slots (``HINTS``: ``timings_per_token``,
@@ -44,6 +45,8 @@ HINTS: dict[str, tuple[type, ...]] = {
     "timings_per_token": (bool,), "return_progress": (bool,), "post_sampling_probs": (bool,),
     "return_tokens": (bool,), "include_reasoning": (bool,), "id_slot": (int,),
     "t_max_predict_ms": (int,), "n_probs": (int,), "samplers": (list, str),
+    # llama.cpp's web UI: typ_p (llama-server reads typical_p), backend_sampling
+    "typ_p": (float, int), "backend_sampling": (bool,),
 }
 ALIASES = ("n_predict", "repetition_penalty")
 NAMES = {*RANGES, "dry_sequence_breakers", *HINTS, *ALIASES}
@@ -70,8 +73,8 @@ def params(b: Body) -> dict[str, Any]:
     for name, kinds in HINTS.items():
         v = b.body.get(name)
         if v is not None and (not isinstance(v, kinds) or isinstance(v, bool) != (bool in kinds)):
-            what = " or ".join({bool: "a boolean", int: "an integer", list: "a list",
-                                str: "a string"}[k] for k in kinds)
+            what = " or ".join({bool: "a boolean", int: "an integer", float: "a number",
+                                list: "a list", str: "a string"}[k] for k in kinds)
             raise InvalidRequest(f"'{name}' must be {what}", param=name)
     return out
 
@@ -80,6 +83,18 @@ def sampling_params(b: Body, max_tokens: int | None,
                     logprobs: int | None = None) -> SamplingParams:
     """``fields.sampling_params`` with these samplers (for the bodies that allow them)."""
     return replace(fields.sampling_params(b, max_tokens, logprobs), **params(b))
+
+
+def max_tokens(b: Body, default: int | None) -> int | None:
+    """``n_predict`` where given (as llama-server reads it first), else ``max_tokens`` (-1
+    or -2: no limit, as llama-server takes it and llama.cpp's web UI sends it), else
+    ``default``."""
+    if b.present("n_predict"):
+        b.integer("max_tokens", -2, MAX_TOKENS_LIMIT, None)  # (still of the right kind)
+        return n_predict(b, default)
+    if b.body.get("max_tokens") in (-1, -2) and not isinstance(b.body["max_tokens"], bool):
+        return None
+    return b.integer("max_tokens", 1, MAX_TOKENS_LIMIT, default)
 
 
 def n_predict(b: Body, default: int | None) -> int | None:
@@ -102,7 +117,7 @@ def schema() -> dict[str, Any]:
                                     "maxItems": MAX_BREAKERS}
     out["n_predict"] = {"type": "integer", "minimum": -2}
     out["repetition_penalty"] = {"type": "number", "minimum": 0.01, "maximum": 10}
-    types = {bool: "boolean", int: "integer", list: "array", str: "string"}
+    types = {bool: "boolean", int: "integer", float: "number", list: "array", str: "string"}
     out |= {name: {"type": [types[k] for k in kinds] if len(kinds) > 1 else types[kinds[0]],
                    "description": "llama-server's; accepted and ignored"}
             for name, kinds in HINTS.items()}

@@ -58,7 +58,7 @@ async def model_for(pool: ModelPool, name: str, leases: list[Lease], *, choices:
     if name == "auto":
         name = route(pool.config.routing, list(pool.config.models),
                      routing or Features(False, "", 0))
-    first = pool.resolve(name)
+    first = pool.resolve(name or pool.config.models[0].id)  # "": left out by the client
     chain = [m for m in [first, *_served(pool, pool.entries[first].cfg.fallback)]
              if m not in skip]
     if not chain:

@@ -599,6 +599,28 @@ def test_what_openai_and_llama_server_clients_send_by_default_is_taken(
     assert suffix.status_code == 200, suffix.text
 
 
+def test_the_llama_cpp_web_uis_default_request_is_taken(server: ServerProcess) -> None:
+    """What llama.cpp's web UI sends by default (tools/server/webui: no ``model``,
+    ``max_tokens: -1`` for no limit, ``typ_p``, ``backend_sampling``, its hints): answered
+    by the first configured model (each was a 400); /v1/completions takes no model too."""
+    body = {"messages": [{"role": "user", "content": "Say hi."}], "stream": True,
+            "max_tokens": -1, "typ_p": 1, "backend_sampling": False, "cache_prompt": True,
+            "samplers": "edkypmxt", "timings_per_token": True, "return_progress": True,
+            "temperature": 0.8, "dry_multiplier": 0, "n_predict": 8}
+    with httpx.stream("POST", f"{server.base_url}/v1/chat/completions", json=body,
+                      timeout=60) as r:
+        assert r.status_code == 200, r.read()
+        lines = [json.loads(x[6:]) for x in r.iter_lines() if x.startswith("data: {")]
+    assert lines[0]["model"] == "smollm2-135m-instruct"
+    assert lines[-1]["choices"] == [] or lines[-1]["choices"][0]["finish_reason"]
+    done = httpx.post(f"{server.base_url}/v1/completions", timeout=60, json={
+        "prompt": "1, 2, 3,", "n_predict": 4, "typ_p": 1.0})
+    assert done.status_code == 200 and done.json()["usage"]["completion_tokens"] <= 4
+    bad = httpx.post(f"{server.base_url}/v1/chat/completions", timeout=60, json={
+        "messages": [{"role": "user", "content": "x"}], "max_tokens": -3})
+    assert bad.status_code == 400 and bad.json()["error"]["param"] == "max_tokens"
+
+
 def test_predicted_outputs_draft_the_answer_and_leave_it_unchanged(
         client: openai.OpenAI) -> None:
     """OpenAI's ``prediction``: the expected answer (a file being edited) is drafted from
