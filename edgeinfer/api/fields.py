@@ -97,9 +97,14 @@ def logit_bias(b: Body) -> tuple[tuple[int, float], ...]:
     v = b.body.get("logit_bias")
     if v is None:
         return ()
+    if isinstance(v, list) and all(isinstance(p, list) and len(p) == 2 for p in v):
+        # llama-server's pairs: [[token id, bias or false (never)], ...]
+        v = {str(t) if isinstance(t, int) and not isinstance(t, bool) else t:
+             -100 if bias is False else bias for t, bias in v}
     if not isinstance(v, dict) or len(v) > MAX_LOGIT_BIAS:
         raise InvalidRequest(f"'logit_bias' must be an object of at most {MAX_LOGIT_BIAS} "
-                             "token ids to numbers", param="logit_bias")
+                             "token ids to numbers (or llama-server's [[id, bias], ...])",
+                             param="logit_bias")
     out = []
     for key, bias in v.items():
         if not isinstance(key, str) or not key.isascii() or not key.isdigit():

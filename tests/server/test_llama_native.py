@@ -135,3 +135,18 @@ def test_props_describe_the_model(server: ServerProcess) -> None:
     assert other["model_alias"] == "gemma-3-270m" and other["default_generation_settings"]
     assert other["loaded"] == ("gemma-3-270m" in running)
     assert {m["model"] for m in httpx.get(f"{server.base_url}/api/ps").json()["models"]} == running
+
+
+def test_logit_bias_as_llama_servers_pairs(server: ServerProcess) -> None:
+    """``[[id, bias]]`` and ``[[id, false]]`` (never that token), as llama-server takes them,
+    act as the object form does."""
+    url = f"{server.base_url}/completion"
+    ask = {"prompt": "1, 2, 3, 4,", "n_predict": 1, "temperature": 0, "n_probs": 1}
+    first = httpx.post(url, json=ask, timeout=60).json()
+    top = first["completion_probabilities"][0]["id"]
+    for bias in ([[top, False]], [[top, -100]], {str(top): -100}):
+        other = httpx.post(url, json={**ask, "logit_bias": bias}, timeout=60)
+        assert other.status_code == 200, other.text
+        assert other.json()["completion_probabilities"][0]["id"] != top, bias
+    bad = httpx.post(url, json={**ask, "logit_bias": [[" the ", -100]]}, timeout=60)
+    assert bad.status_code == 400 and "token id" in bad.json()["error"]["message"]
