@@ -152,10 +152,13 @@ class ModelPool:
         if entry.state is ModelState.FAILED and (
                 time.monotonic() - entry.failed_at > RETRY_FAILED_SECONDS):
             entry.state = ModelState.UNLOADED  # its file may be back (a drive, a download)
-        if entry.state is not ModelState.LOADED and wait:
-            await self._ensure(entry)
-        elif entry.state is ModelState.UNLOADED:
-            self._start_loading(entry)
+        for _ in range(3):  # (an unload may come between the load and this request's turn)
+            if entry.state is not ModelState.LOADED and wait:
+                await self._ensure(entry)
+            elif entry.state is ModelState.UNLOADED:
+                self._start_loading(entry)
+            if not wait or entry.state is not ModelState.UNLOADED:
+                break
         return self.get(name)
 
     async def retry(self, name: str) -> ServedModel:
@@ -217,7 +220,8 @@ class ModelPool:
         """Free a loaded model (False if it is busy or not loaded): never under a user."""
         entry = self.entries[self.resolve(model_id)]
         served = entry.served
-        if entry.state is not ModelState.LOADED or served is None or served.busy:
+        if entry.state is not ModelState.LOADED or served is None or served.busy or (
+                entry.task is not None and not entry.task.done()):  # (restoring its cache)
             return False
         entry.state, entry.served, entry.keep_alive = ModelState.UNLOADED, None, None
         await served.save_hot()

@@ -55,14 +55,19 @@ def test_raw_stream_ends_with_done(server: ServerProcess) -> None:
 
 def test_the_bare_address_serves_the_openai_paths_too(server: ServerProcess) -> None:
     """A client given the address without /v1 chats (llama-server serves both; its
-    /completions there is its own shape, see test_llama_native)."""
+    /completions there is its own shape, see test_llama_native), with or without a model
+    (the first configured answers, as llama-server's one)."""
     bare = openai.OpenAI(base_url=server.base_url, api_key="unused", max_retries=0)
     assert "default" in {m.id for m in bare.models.list()} | {
         a for m in bare.models.list() for a in (m.model_extra or {}).get("aliases", [])}
     r = bare.chat.completions.create(model="default", messages=HELLO, max_tokens=3)
     assert r.object == "chat.completion" and r.choices[0].message.content is not None
-    bad = httpx.post(f"{server.base_url}/chat/completions", json={"messages": HELLO})
+    bad = httpx.post(f"{server.base_url}/chat/completions", json={"messages": HELLO,
+                                                                  "model": 5})
     assert bad.status_code == 400 and bad.json()["error"]["param"] == "model"
+    anyone = httpx.post(f"{server.base_url}/chat/completions", timeout=60, json={
+        "messages": HELLO, "max_tokens": 2})  # no model (llama-server's clients): the first
+    assert anyone.status_code == 200 and anyone.json()["model"] == "smollm2-135m-instruct"
 
 
 def test_text_completion(client: openai.OpenAI) -> None:
