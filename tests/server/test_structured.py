@@ -124,8 +124,12 @@ ASKS = ["What's the weather in Paris?", "Email bob@example.com about lunch.",
 
 
 def test_required_and_named_tool_calls_always_validate(aclient: openai.AsyncOpenAI) -> None:
+    # 20 at once with no max_tokens on 2 cores: a long sampled call (up to 4 of them, each
+    # within the bounds) once took past the usual 120 s
+    patient = aclient.with_options(timeout=300)
+
     async def one(ask: str, choice: object) -> list[tuple[str, dict[str, object]]]:
-        r = await aclient.chat.completions.create(
+        r = await patient.chat.completions.create(
             model="default", messages=[{"role": "user", "content": ask}], tools=TOOLS,
             tool_choice=choice)  # type: ignore[arg-type]
         c = r.choices[0]
