@@ -45,7 +45,7 @@ from edgeinfer.api.respond import (
     unless_disconnected,
 )
 from edgeinfer.api.responses_input import bad as _bad
-from edgeinfer.api.responses_input import input_items, stored_item
+from edgeinfer.api.responses_input import input_item, input_items
 from edgeinfer.api.responses_render import (
     ResponseMeta,
     chat_messages,
@@ -274,7 +274,8 @@ async def _resolve(request: Request, d: Draft) -> None:
             if found is None:
                 raise InvalidRequest(f"Item with id '{it['id']}' not found.",
                                      param=f"input[{i}].id", code="not_found")
-            it = stored_item(found, f"input[{i}]")
+            it = input_item(found, f"input[{i}]")  # (an output item has the same shape;
+            # the store holds no references: they are resolved before a response is kept)
         items.append(it)
     d.items, d.messages = items, chat_messages(items)
 

@@ -2,7 +2,7 @@
 reasoning items, checked (400 naming the field) and normalised into the shape
 ``input_items`` lists, each with an id; ``item_reference`` items (an item of a stored
 response, by id, as the Vercel AI SDK sends earlier turns) are kept as they are, for
-``openai_responses`` to resolve from the store (``resolved``)."""
+``openai_responses._resolve`` to replace with the stored items (``input_item`` each)."""
 
 from __future__ import annotations
 
@@ -49,7 +49,7 @@ def _strings(raw: dict[str, Any], where: str, *names: str) -> list[str]:
     return [raw[name] for name in names]
 
 
-def _item(raw: Any, where: str) -> dict[str, Any]:
+def input_item(raw: Any, where: str) -> dict[str, Any]:
     """One input item, checked and normalised (the shape input_items lists), with an id."""
     kind = raw.get("type", "message") if isinstance(raw, dict) else None
     if not isinstance(kind, str) or kind not in ITEM_KEYS:
@@ -94,12 +94,4 @@ def input_items(raw: Any) -> list[dict[str, Any]]:
         raw = [{"role": "user", "content": raw}]
     if not isinstance(raw, list) or not raw or len(raw) > MAX_MESSAGES:
         raise bad("input", f"must be a string or a list of 1 to {MAX_MESSAGES} items")
-    return [_item(r, f"input[{i}]") for i, r in enumerate(raw)]
-
-
-def stored_item(raw: dict[str, Any], where: str) -> dict[str, Any]:
-    """An item found in the store for an ``item_reference`` at ``where``, normalised as an
-    input item (an output item of a stored response has the same shape)."""
-    if raw.get("type") == "item_reference":
-        raise bad(where, "names an item_reference, not an item")
-    return _item(raw, where)
+    return [input_item(r, f"input[{i}]") for i, r in enumerate(raw)]

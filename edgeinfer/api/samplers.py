@@ -7,10 +7,10 @@ other llama.cpp clients send them to /v1/chat/completions and /v1/completions.
   ``xtc_threshold``), dynamic temperature (``dynatemp_range``, ``dynatemp_exponent``) and
   Mirostat (``mirostat`` 1 or 2, ``mirostat_tau``, ``mirostat_eta``). At their defaults
   they are off, as in llama-server.
-- Aliases: ``n_predict`` (llama-server's ``max_tokens``; -1 and -2: no limit, in
-  ``max_tokens`` too) and
-  vLLM's ``repetition_penalty`` (``repeat_penalty``), each taken when the usual name is
-  absent.
+- Aliases: ``n_predict`` (llama-server's ``max_tokens``; -1 and -2: no limit; on chat
+  read first, as llama-server reads it, and ``max_tokens`` -1 or -2 is no limit there too:
+  ``max_tokens``) and vLLM's ``repetition_penalty`` (``repeat_penalty``, taken when that is
+  absent).
 - Hints about llama-server's own reporting and slots (``HINTS``: ``timings_per_token``,
   ``id_slot``, ``samplers`` ...), accepted when their type is right and ignored: the
   answer is the same without them.

@@ -147,6 +147,20 @@ class PrefixStore:
         head["_start"] = start + n
         return head, ""
 
+    def _head_of(self, path: Path) -> dict[str, Any] | None:
+        """The header of the file at ``path`` (its first bytes only), None when there is
+        none this identity wrote; OSError when it cannot be read."""
+        with open(path, "rb") as f:
+            return self._header(f.read(_HEADER_MAX + len(MAGIC) + 4))[0]
+
+    def flagged(self, tokens: list[int], kind: str) -> bool:
+        """Whether the file of ``tokens`` is saved as ``kind`` ("hot", "runtime")."""
+        try:
+            head = self._head_of(self.path_for(tokens))
+        except OSError:
+            return False
+        return head is not None and bool(head.get(kind))
+
     def load_hot(self, kind: str = "hot") -> list[tuple[list[int], bytes]]:
         """Every saved hot prefix (``save(..., hot=True)``), or with ``kind`` "runtime"
         every prefix pinned at run time, as (tokens, state); unusable files are removed,
@@ -155,12 +169,10 @@ class PrefixStore:
         with self._lock:
             for _, _, path in self._files():
                 try:
-                    with open(path, "rb") as f:  # the header first: most are skipped
-                        head, _ = self._header(f.read(_HEADER_MAX + len(MAGIC) + 4))
-                        if head is not None and not head.get(kind):
-                            continue  # (a models.toml pin: loaded by its tokens)
-                        f.seek(0)
-                        raw = f.read()
+                    head = self._head_of(path)  # the header first: most are skipped
+                    if head is not None and not head.get(kind):
+                        continue  # (a models.toml pin: loaded by its tokens)
+                    raw = path.read_bytes()
                 except OSError:
                     continue
                 body, why = self._check(raw, None)
@@ -180,8 +192,8 @@ class PrefixStore:
         wanted = {self.path_for(t) for t in keep}
         with self._lock:
             for _, _, path in self._files():
-                with contextlib.suppress(OSError), open(path, "rb") as f:
-                    head, _ = self._header(f.read(_HEADER_MAX + len(MAGIC) + 4))
+                with contextlib.suppress(OSError):
+                    head = self._head_of(path)
                     if head is not None and head.get(kind) and path not in wanted:
                         path.unlink()
 

@@ -238,8 +238,9 @@ class ServedModel:
         self.check_fits(len(tokens), 1)
         lease = self.lease()
         try:
-            if await self._restore(tokens):
-                if runtime:  # (its file may be a models.toml pin's: now one to restore)
+            if await self._restore(tokens):  # (a models.toml pin's file: now one to restore)
+                if runtime and (store := self.prefix_store) and not await asyncio.to_thread(
+                        store.flagged, tokens, "runtime"):
                     await self._save(tokens, runtime)
                 return len(tokens)
             await self._compute_pinned(tokens)
@@ -279,11 +280,9 @@ class ServedModel:
         return True
 
     async def _save(self, tokens: list[int], runtime: bool = False) -> None:
-        store = self.prefix_store
-        if store is None:
+        if (store := self.prefix_store) is None:
             return
-        cache = self.engine.cache
-        data = await self.engine.call(lambda: cache.state_of(tokens))
+        data = await self.engine.call(functools.partial(self.engine.cache.state_of, tokens))
         if isinstance(data, State) and await asyncio.to_thread(store.save, tokens, data,
                                                                False, runtime):
             log.info("model %s: a pinned %d-token prefix saved to disk (%.1f MiB)",

@@ -118,7 +118,7 @@ def _multiples(node: dict[str, Any], step: Any) -> dict[str, Any]:
     return {**rest, "enum": values}
 
 
-def _counted(node: dict[str, Any], least: Any, most: Any) -> dict[str, Any]:
+def _counted(node: dict[str, Any], least: int | None, most: int | None) -> dict[str, Any]:
     props = node.get("properties")
     extra = node.get("additionalProperties")
     if not isinstance(props, dict):  # any members: nothing to choose or close
@@ -127,7 +127,7 @@ def _counted(node: dict[str, Any], least: Any, most: Any) -> dict[str, Any]:
     required = [n for n in node.get("required") or [] if n in props]
     optional = [n for n in props if n not in required]
     open_ = extra is not None and extra is not False
-    if isinstance(least, int) and len(required) < least:
+    if least is not None and len(required) < least:
         if len(required) + len(optional) < least:
             if extra is False:  # (unset, JSON Schema's objects are open: other members)
                 raise InvalidRequest(f"'minProperties' is {least} but the object has only "
@@ -138,7 +138,7 @@ def _counted(node: dict[str, Any], least: Any, most: Any) -> dict[str, Any]:
             take = least - len(required)
             required, optional = required + optional[:take], optional[take:]
             node = {**node, "required": required}
-    if isinstance(most, int):
+    if most is not None:
         if len(required) > most:
             raise InvalidRequest(f"'maxProperties' is {most} but {len(required)} properties "
                                  "are required: nothing satisfies the schema", param="schema")
