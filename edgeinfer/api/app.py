@@ -64,6 +64,9 @@ ROUTES = [
     # llama-server's paths without /v1: OpenAI's chat and models, and its own completion
     Route("/models", models_routes.list_models, methods=["GET"]),
     Route("/chat/completions", chat_completions, methods=["POST"]),
+    Route("/responses", openai_responses.create_response, methods=["POST"]),
+    Route("/responses/input_tokens", openai_responses.count_input_tokens, methods=["POST"]),
+    Route("/v1/health", ops.health, methods=["GET"]),
     Route("/completion", llama_native.completion, methods=["POST"]),
     Route("/completions", llama_native.completion, methods=["POST"]),
     Route("/props", llama_native.props, methods=["GET"]),

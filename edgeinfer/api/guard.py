@@ -36,7 +36,7 @@ _LOCAL_ORIGIN = re.compile(r"^https?://(localhost|127\.0\.0\.1|\[::1\])(:\d+)?$"
 _APP_ORIGIN = re.compile(r"^((tauri|app|vscode-webview|vscode-file)://[\w.:-]*"
                          r"|https?://tauri\.localhost(:\d+)?)$")
 # the probes; the chat page holds no data (it asks for a key)
-OPEN_PATHS = frozenset({"/health", "/ready", "/"})
+OPEN_PATHS = frozenset({"/health", "/v1/health", "/ready", "/"})
 
 
 # RFC 9110 Host: a name or IPv4 address, or an IPv6 address in brackets, then an optional

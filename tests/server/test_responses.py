@@ -106,6 +106,18 @@ def test_create_string_input(server: ServerProcess, client: openai.OpenAI) -> No
     assert sdk.id != r.id and sdk.output_text
 
 
+def test_paths_without_v1(server: ServerProcess) -> None:
+    """llama-server's paths: /responses and /responses/input_tokens, /v1/health."""
+    r = post(server, {"model": "default", "input": "Say hello.", "max_output_tokens": 4},
+             "/responses")
+    assert r.status_code == 200, r.text
+    assert Response.model_validate(r.json()).output_text
+    n = post(server, {"input": "Hello there"}, "/responses/input_tokens")
+    assert n.status_code == 200 and n.json()["input_tokens"] > 3
+    health = httpx.get(f"{server.base_url}/v1/health", timeout=30)
+    assert health.status_code == 200 and health.json()["status"] == "ok"
+
+
 def test_create_items_with_instructions(server: ServerProcess, client: openai.OpenAI) -> None:
     items: list[Any] = [
         {"role": "developer", "content": "Answer in one short sentence."},
