@@ -188,8 +188,7 @@ def _chat_parser(sub: Sub) -> None:
                    help="the server's address (with or without /v1)")
     p.add_argument("--model", "-m", default="default", help="model id or alias")
     p.add_argument("--system", default=None, help="a system prompt")
-    p.add_argument("--max-tokens", type=int, default=None,
-                   help="most tokens of one answer (default: the server's)")
+    p.add_argument("--max-tokens", type=int, default=None, help="most tokens of one answer")
     p.add_argument("--api-key", default=os.environ.get("EDGEINFER_API_KEY"),
                    help="API key, if the server needs one (also: EDGEINFER_API_KEY)")
     p.add_argument("--log-level", default="warning",
@@ -359,7 +358,6 @@ def bench(args: argparse.Namespace) -> int:
 
 def chat(args: argparse.Namespace) -> int:
     from edgeinfer.cli.terminal import chat_loop
-
     return chat_loop(_root(args.url), args.model, args.system, args.api_key, args.max_tokens)
 
 
