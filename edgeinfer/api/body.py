@@ -26,6 +26,7 @@ from edgeinfer.errors import (
     RequestTimeout,
     UnsupportedMediaType,
 )
+from edgeinfer.prompt import nesting
 
 _SURROGATE = re.compile("[\ud800-\udfff]")
 _SURROGATE_ESCAPE = re.compile(rb"\\u[dD][89a-fA-F]")
@@ -106,7 +107,8 @@ def check_strings(value: Any) -> None:
 
 
 def loads(data: bytes | bytearray | str) -> Any:
-    """Parse a request body; InvalidRequest (400) for anything that is not strict JSON."""
+    """Parse a request body; InvalidRequest (400) for anything that is not strict JSON or
+    that nests more than ``nesting.MAX_DEPTH`` levels."""
     try:
         value = json.loads(data, parse_constant=_constant, parse_float=_float)
     except _BadNumber:
@@ -123,6 +125,8 @@ def loads(data: bytes | bytearray | str) -> Any:
                              f"{sys.get_int_max_str_digits()} digits") from None
     except RecursionError:
         raise InvalidRequest("the request body nests too deeply") from None
+    if not nesting.shallow(value):
+        raise InvalidRequest(f"the request body nests more than {nesting.MAX_DEPTH} levels deep")
     raw = data.encode("utf-8", "surrogatepass") if isinstance(data, str) else bytes(data)
     if _SURROGATE_ESCAPE.search(raw):  # surrogates can only come from \uD800-\uDFFF escapes
         check_strings(value)

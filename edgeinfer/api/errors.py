@@ -17,7 +17,7 @@ from starlette.exceptions import HTTPException
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
-from edgeinfer.errors import APIError, MethodNotAllowed, NotFound, ServerError
+from edgeinfer.errors import APIError, InvalidRequest, MethodNotAllowed, NotFound, ServerError
 
 log = logging.getLogger("edgeinfer.api")
 
@@ -92,6 +92,10 @@ async def on_http_error(request: Request, exc: Exception) -> Response:
 
 
 async def on_internal_error(request: Request, exc: Exception) -> Response:
+    if isinstance(exc, RecursionError):  # a value nested past what some step recurses
+        log.warning("request on %s nests too deeply: %s", request.url.path, exc)
+        return error_response(InvalidRequest("the request nests too deeply to process"),
+                              request.url.path)
     log.exception("internal error on %s", request.url.path, exc_info=exc)
     return error_response(ServerError("internal server error", code="internal_error"),
                           request.url.path)

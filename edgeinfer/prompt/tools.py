@@ -21,6 +21,7 @@ import json
 from dataclasses import dataclass
 from typing import Any, Protocol
 
+from edgeinfer.prompt import nesting
 from edgeinfer.prompt.callparser import CallArgs, CallOpen, CallParser, Content, Event
 from edgeinfer.prompt.harmony import HarmonyParser
 from edgeinfer.prompt.namedcalls import NamedCallParser
@@ -64,8 +65,8 @@ def tools_system_text(tools: tuple[ToolSpec, ...]) -> str:
 def _call_text(call: dict[str, Any]) -> str:
     fn = call.get("function", {})
     try:
-        args = json.loads(fn.get("arguments") or "{}")
-    except (ValueError, RecursionError):
+        args = nesting.loads(fn.get("arguments") or "{}")
+    except ValueError:  # (not JSON, or nested too deep to render: the text as it came)
         args = fn.get("arguments")
     body = json.dumps({"name": fn.get("name"), "arguments": args}, ensure_ascii=False)
     return f"{TOOL_CALL_OPEN}\n{body}\n{TOOL_CALL_CLOSE}"
@@ -86,8 +87,8 @@ def _native_call(call: dict[str, Any], fmt: ToolFormat) -> dict[str, Any]:
     """A past call as templates render it: arguments as an object, the id fitted."""
     fn = call.get("function", {})
     try:
-        args: Any = json.loads(fn.get("arguments") or "{}")
-    except (ValueError, RecursionError):
+        args: Any = nesting.loads(fn.get("arguments") or "{}")
+    except ValueError:
         args = fn.get("arguments")
     if fmt.args == "seed" and isinstance(args, dict):  # its template writes repr(), not JSON
         args = {k: v if isinstance(v, str) else json.dumps(v, ensure_ascii=False)

@@ -605,6 +605,45 @@ def test_malformed_nested_fields_are_400_not_500(server: ServerProcess) -> None:
     alive(server)
 
 
+def _nested(depth: int) -> Any:
+    value: Any = 1
+    for _ in range(depth):
+        value = [value]
+    return value
+
+
+def test_values_nested_deep_are_a_400_or_served_never_a_500(server: ServerProcess) -> None:
+    """Python's json reads ~1,000 levels, but what the server does with a value afterwards
+    (a template's tojson, json.dumps, the schema converter) recursed past its limit (500s
+    at ~970 levels); a body nests at most 128 levels, and a past call's arguments text that
+    nests deeper is rendered as the text it is."""
+    base, deep = server.base_url, _nested(140)
+    call = {"id": "call_1", "type": "function",
+            "function": {"name": "f", "arguments": json.dumps({"a": _nested(900)})}}
+    for path, body in [
+            (CHAT, {"model": "default", "messages": HI, "max_tokens": 2,
+                    "chat_template_kwargs": {"x": deep}}),
+            (CHAT, tool_body({"type": "object", "properties": {}, "x-deep": deep})),
+            ("/v1/messages", {"model": "default", "max_tokens": 2, "messages": [
+                *HI, {"role": "assistant", "content": [
+                    {"type": "tool_use", "id": "t1", "name": "f", "input": {"a": deep}}]}]}),
+            ("/api/chat", {"model": "default", "stream": False, "messages": [
+                *HI, {"role": "assistant", "content": "", "tool_calls": [
+                    {"function": {"name": "f", "arguments": {"a": deep}}}]}]})]:
+        r = httpx.post(f"{base}{path}", json=body, timeout=60)
+        assert r.status_code == 400 and "nests" in r.text, (path, r.text[:300])
+    r = httpx.post(f"{base}{CHAT}", timeout=120, json={
+        "model": "default", "max_tokens": 2, "messages": [
+            *HI, {"role": "assistant", "content": None, "tool_calls": [call]},
+            {"role": "tool", "tool_call_id": "call_1", "content": "ok"}]})
+    assert r.status_code == 200, r.text[:300]
+    r = httpx.post(f"{base}{CHAT}", timeout=120, json={
+        "model": "default", "messages": HI, "max_tokens": 2,
+        "chat_template_kwargs": {"x": _nested(120)}})
+    assert r.status_code == 200, r.text[:300]
+    alive(server)
+
+
 def test_a_client_gone_before_its_body_is_counted_not_logged_as_an_error(
         server: ServerProcess) -> None:
     before = server.log.read_text().count("Traceback")
