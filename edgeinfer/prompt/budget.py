@@ -40,6 +40,11 @@ _QUANT = re.compile(r"\{\s*(\d+)\s*(?:(,)\s*(\d*)\s*)?\}")
 _LITERALS = re.compile(r'"(?:[^"\\]|\\.)*"|\[(?:[^\]\\]|\\.)*\]|#[^\n]*')
 
 
+def _finite(v: int | float) -> bool:
+    """(an int past a float's range is finite, and ``math.isfinite`` overflows on it)"""
+    return isinstance(v, int) or math.isfinite(v)
+
+
 def check_schema_node(node: dict[str, Any], param: str) -> None:
     """Counts are non-negative integers up to MAX_REPEAT, bounds are finite numbers,
     patterns are short and expand to little (one sub-schema; the caller walks them)."""
@@ -47,18 +52,19 @@ def check_schema_node(node: dict[str, Any], param: str) -> None:
         if key not in node:
             continue
         v = node[key]
-        if isinstance(v, bool) or not isinstance(v, int | float) or not math.isfinite(v) or (
+        if isinstance(v, bool) or not isinstance(v, int | float) or not _finite(v) or (
                 v < 0 or v != int(v)):
             raise InvalidRequest(f"'{key}' must be a non-negative integer", param=param)
         if v > MAX_REPEAT:
-            raise InvalidRequest(f"'{key}' is {int(v)}; this server allows at most {MAX_REPEAT} "
+            shown = int(v) if v < 10 ** 12 else "larger"
+            raise InvalidRequest(f"'{key}' is {shown}; this server allows at most {MAX_REPEAT} "
                                  "(grammar budget: repetition count)", param=param,
                                  code="grammar_too_large")
     for key in NUMBER_KEYWORDS:
         v = node.get(key)
         if v is None or isinstance(v, bool) and key.startswith("exclusive"):
             continue  # draft-4 style exclusiveMinimum: true
-        if isinstance(v, bool) or not isinstance(v, int | float) or not math.isfinite(v):
+        if isinstance(v, bool) or not isinstance(v, int | float) or not _finite(v):
             raise InvalidRequest(f"'{key}' must be a finite number", param=param)
         if abs(v) > 1e300:
             raise InvalidRequest(f"'{key}' is out of range", param=param)

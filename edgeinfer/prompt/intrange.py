@@ -45,6 +45,8 @@ def non_negative_patterns(lo: int, hi: int) -> list[Pattern]:
 def int_range_alternatives(lo: int | None, hi: int | None) -> list[tuple[bool, Pattern]]:
     """(negative sign, digit pattern) alternatives of the integers in [lo, hi]."""
     limit = 10 ** MAX_DIGITS - 1
+    if (lo is not None and lo > limit) or (hi is not None and hi < -limit):
+        raise ValueError(f"integers of more than {MAX_DIGITS} digits are not supported")
     lo = -limit if lo is None else max(lo, -limit)
     hi = limit if hi is None else min(hi, limit)
     if lo > hi:

@@ -32,6 +32,12 @@ def test_unbounded_arrays_and_strings_get_bounds() -> None:
     5, {"type": "object", "properties": {"a": 5}}, {"not": {"type": "string"}},
     {"$ref": "#/$defs/x"}, {"$ref": "#/$defs/a", "$defs": {"a": {"$ref": "#/$defs/a"}}},
     {"type": "integer", "minimum": 5, "maximum": 1},
+    # integers past a float's range (math.isfinite overflowed on them: a 500)
+    *({"type": t, k: 10 ** 400} for t, k in [
+        ("number", "maximum"), ("integer", "minimum"), ("number", "exclusiveMaximum"),
+        ("integer", "multipleOf"), ("string", "maxLength"), ("array", "maxItems"),
+        ("object", "minProperties")]),
+    {"type": "integer", "minimum": 10 ** 20, "maximum": 10 ** 21},  # past 16 digits
 ])
 def test_bad_schemas_are_400(schema: object) -> None:
     with pytest.raises(InvalidRequest) as info:
