@@ -49,6 +49,7 @@ minimax_m3 functionary_v32 command_r_plus kimi_k3 muse_glimmer generic""".split(
 REASONING_FORMATS = ("auto", "deepseek", "none")  # see edgeinfer.prompt.reasoning
 TAGS = {"chat", "completion", "code", "tools", "reasoning"}
 KV_CACHE_TYPES = ("f16", "bf16", "f32", "q8_0", "q4_0")  # engine.kv sizes them
+QUANT_TYPES = ("f16", "q4_0", "q4_1", "q8_0", "q4_k_m", "q5_k_m", "q6_k")  # source.quantize
 
 
 @dataclass(frozen=True, slots=True)
@@ -223,7 +224,10 @@ class ServerConfig:
 
 def _source(src: Any, model_id: str) -> PackageSource | DerivedSource:
     if isinstance(src, dict) and "base" in src:
-        return DerivedSource(str(src["base"]), str(src.get("quantize", "q8_0")))
+        if (kind := str(src.get("quantize", "q8_0")).lower()) not in QUANT_TYPES:
+            raise ConfigError(f"model {model_id!r}: source.quantize must be one of "
+                              f"{', '.join(QUANT_TYPES)}, not {kind!r}")
+        return DerivedSource(str(src["base"]), kind)
     if not isinstance(src, dict) or "package" not in src or not (
             "file" in src or src.get("assemble")):
         raise ConfigError(f"model {model_id!r}: source needs 'package' and 'file' (or "
@@ -278,7 +282,7 @@ def _model_from_table(table: dict[str, Any], base: Path) -> ModelConfig:
     where = f"model {table['id']!r}"  # (kinds for the fields whose default is None)
     _check_types(table, {f.name: f.default for f in dataclasses.fields(ModelConfig)} | {
         "id": "", "path": "", "chat_template": "", "chat_template_file": "", "draft_model": "",
-        "max_tokens": 0, "max_slots_per_request": 0, "ttl": 0.0}, where)
+        "max_tokens": 0, "max_slots_per_request": 0, "ttl": 0.0, "threads": 0}, where)
     for key in ("aliases", "tags", "fallback", "pinned_prompts"):  # ("abc": 3 aliases)
         if not isinstance(v := table.get(key, []), list) or not all(isinstance(x, str) and x
                                                                     for x in v):
@@ -315,7 +319,7 @@ def load_config(path: Path | None = None) -> ServerConfig:
     server = data.get("server", {})
     if not isinstance(server, dict) or not isinstance(data.get("models", []), list):
         raise ConfigError(f"{path}: [server] must be a table and [[models]] an array of tables")
-    _check_types(server, {"host": "", "port": 0, "memory_budget_mb": 0.0, "send_timeout": 0.0,
+    _check_types(server, {"host": "", "port": 0, "memory_budget_mb": 0, "send_timeout": 0.0,
                           "serve_while_loading": False, "open_metrics": False,
                           "api_key_file": ""}, f"{path}: [server]")
     for key in ("api_keys", "allowed_hosts", "cors_origins"):
@@ -325,6 +329,8 @@ def load_config(path: Path | None = None) -> ServerConfig:
             raise ConfigError(f"{path}: [server] {key} must be a list of non-empty texts")
     if not 0 <= server.get("port", 8080) <= 65535:
         raise ConfigError(f"{path}: [server] port must be between 0 and 65535")
+    if server.get("memory_budget_mb", 1) < 1 or not server.get("send_timeout", 1) > 0:
+        raise ConfigError(f"{path}: [server] memory_budget_mb and send_timeout must be > 0")
     models = tuple(_model_from_table(t, path.parent) for t in data.get("models", []))
     if not models:
         raise ConfigError(f"{path}: no [[models]] configured")
@@ -348,7 +354,7 @@ def load_config(path: Path | None = None) -> ServerConfig:
         raise ConfigError(f"unknown key(s) in [server]: {', '.join(sorted(unknown))}")
     keys = list(server.get("api_keys", []))
     if "api_key_file" in server:
-        keys += read_api_key_file(Path(os.path.expanduser(str(server["api_key_file"]))))
+        keys += read_api_key_file(path.parent / os.path.expanduser(str(server["api_key_file"])))
     return ServerConfig(
         host=str(server.get("host", "127.0.0.1")), port=int(server.get("port", 8080)),
         models=models, api_keys=tuple(keys), library=models,
@@ -356,21 +362,15 @@ def load_config(path: Path | None = None) -> ServerConfig:
         cors_origins=tuple(server.get("cors_origins", ())),
         memory_budget_mb=server.get("memory_budget_mb"),
         send_timeout=float(server.get("send_timeout", 30.0)),
-        serve_while_loading=_flag(server, "serve_while_loading"),
-        open_metrics=_flag(server, "open_metrics"),
-        routing=_routing(data.get("routing", {}), seen),
+        serve_while_loading=server.get("serve_while_loading", False),  # (bools: checked)
+        open_metrics=server.get("open_metrics", False),
+        routing=_routing(data.get("routing", {}), {n: m.id for m in models for n in m.names}),
     )
 
 
-def _flag(table: dict[str, Any], key: str) -> bool:
-    value = table.get(key, False)
-    if not isinstance(value, bool):
-        raise ConfigError(f"[server] {key} must be true or false, not {value!r}")
-    return value
-
-
-def _routing(table: Any, names: set[str]) -> tuple[tuple[str, str], ...]:
-    """[routing] when = "model": which model answers requests for model "auto"."""
+def _routing(table: Any, names: dict[str, str]) -> tuple[tuple[str, str], ...]:
+    """[routing] when = "model" (an id or alias; kept as the id): which model answers
+    requests for model "auto"."""
     if not isinstance(table, dict):
         raise ConfigError("[routing] must be a table of when = model")
     rules = []
@@ -379,7 +379,7 @@ def _routing(table: Any, names: set[str]) -> tuple[tuple[str, str], ...]:
             raise ConfigError(f"[routing] {when!r}: use one of {', '.join(ROUTING_WHEN)}")
         if model not in names:
             raise ConfigError(f"[routing] {when} names an unknown model {model!r}")
-        rules.append((when, str(model)))
+        rules.append((when, names[model]))
     return tuple(rules)
 
 

@@ -41,13 +41,12 @@ async def pin_prefix(request: Request) -> Response:
 
 
 async def unpin_prefixes(request: Request) -> Response:
-    """DELETE /v1/cache/pins?model=ID: unpin every prefix of that loaded model."""
+    """DELETE /v1/cache/pins?model=ID: unpin every prefix of that model (of one not loaded,
+    the run-time pins' files are removed)."""
     name = request.query_params.get("model")
     if not name:
         raise InvalidRequest("name the model: DELETE /v1/cache/pins?model=ID", param="model")
-    served = pool(request).get(name)
-    await served.unpin_all()
-    return JSONResponse({"object": "cache.unpin", "model": served.cfg.id})
+    return JSONResponse({"object": "cache.unpin", "model": await pool(request).unpin_all(name)})
 
 
 async def cache_stats(request: Request) -> Response:

@@ -83,7 +83,8 @@ async def on_http_error(request: Request, exc: Exception) -> Response:
     assert isinstance(exc, HTTPException)
     path = _dialect_path(request)
     if exc.status_code == 405:
-        return error_response(MethodNotAllowed(str(exc.detail), code="method_not_allowed"), path)
+        return error_response(MethodNotAllowed(  # (with Starlette's Allow header)
+            str(exc.detail), code="method_not_allowed", headers=dict(exc.headers or {})), path)
     if exc.status_code == 404:
         return error_response(NotFound(f"no route for {request.method} {request.url.path}",
                                        code="not_found"), path)

@@ -119,7 +119,33 @@ def _chat_fields() -> dict[str, Any]:
                            "decoding); the answer is the same without it"}}
 
 
+def _model_action(summary: str) -> dict[str, Any]:
+    return {"post": {"summary": summary, "parameters": [
+        {"name": "model_id", "in": "path", "required": True, "schema": _STR}],
+        "responses": _responses(summary)}}
+
+
+# llama-server's paths: the same operations without /v1 (and /completions: /completion's)
+ALIASES = {"/models": "/v1/models", "/chat/completions": "/v1/chat/completions",
+           "/responses": "/v1/responses", "/responses/input_tokens": "/v1/responses/input_tokens",
+           "/completions": "/completion", "/v1/health": "/health"}
+
+
 def openapi_spec() -> dict[str, Any]:
+    """The OpenAPI description of every route (``test_openapi_covers_every_route``)."""
+    spec = _spec()
+    spec["paths"].update({
+        "/v1/models/{model_id}/load": _model_action("Load a model now (else on first use)"),
+        "/v1/models/{model_id}/unload": _model_action("Unload a model (409 while busy)"),
+        "/metrics": _get("Prometheus metrics"), "/slots": _get("What each model's slots do")})
+    spec["paths"].update({alias: {m: op for m, op in spec["paths"][path].items()
+                                  if m in ("get", "post")}
+                          for alias, path in ALIASES.items()})
+    spec["paths"]["/chat/completions"].pop("get")  # (stored chats: /v1 only)
+    return spec
+
+
+def _spec() -> dict[str, Any]:
     chat = _chat_fields()
     completion = {**_SAMPLING, "prompt": {"oneOf": [
         _STR, _TOKENS, {"type": "array", "items": {"oneOf": [_STR, _TOKENS]}, "minItems": 1}]},

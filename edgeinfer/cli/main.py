@@ -19,7 +19,7 @@ from edgeinfer.config import (
     override_model,
     read_api_key_file,
 )
-from edgeinfer.errors import ConfigError, ModelLoadError
+from edgeinfer.errors import ConfigError, EdgeInferError, ModelLoadError
 
 log = logging.getLogger("edgeinfer")
 
@@ -259,11 +259,11 @@ def serve(args: argparse.Namespace) -> int:
 
     from edgeinfer.api.app import create_app
     from edgeinfer.cli.deadline import protocol_class
+    from edgeinfer.cli.flags import check_serve_flags
     from edgeinfer.cli.server import EdgeServer, OneLineStartupFailure, bind
 
+    check_serve_flags(args)
     config = _select(load_config(args.config), args)
-    if min(args.header_timeout, args.body_timeout, args.max_connections or 1) <= 0:
-        raise ConfigError("--header-timeout, --body-timeout and --max-connections must be > 0")
     if args.ray is not None:
         return _serve_on_ray(config, args)
     socks, app = bind(config.host, config.port), create_app(config)  # a port in use: at once
@@ -389,7 +389,7 @@ def main(argv: list[str] | None = None) -> int:
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     try:
         return int(args.func(args))
-    except (ConfigError, ModelLoadError) as exc:
+    except EdgeInferError as exc:  # (a bad config, a model that does not load, ...)
         log.error("%s", exc)
         return 2
     except KeyboardInterrupt:

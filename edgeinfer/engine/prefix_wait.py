@@ -25,6 +25,12 @@ def attach(cache: PrefixCache, running: list[Sequence], seq: Sequence,
     seq.num_computed = seq.num_cached = cache.attach(seq.slot, seq.prompt, limit)
     seq.checkpoints = cache.checkpoints_for(seq.num_prompt, seq.num_computed)
     cache.count_lookup(seq.num_cached)
+    seq.waiting_on = _best_wait(cache, running, seq, limit)
+
+
+def _best_wait(cache: PrefixCache, running: list[Sequence], seq: Sequence,
+               limit: int) -> PrefixWait | None:
+    """The older request computing the longest prefix ``seq`` shares (None: none)."""
     best: PrefixWait | None = None
     for other in running:
         # only older requests: waits then always point back in time, never in a cycle
@@ -38,17 +44,19 @@ def attach(cache: PrefixCache, running: list[Sequence], seq: Sequence,
         if shared > max(seq.num_computed, other.num_computed) and (
                 best is None or shared > best.length):
             best = PrefixWait(other, shared)
-    seq.waiting_on = best
+    return best
 
 
 def resume_waiters(cache: PrefixCache, running: list[Sequence]) -> None:
     """Attach the waiting sequences whose prefix has been computed (or whose computing
-    request ended)."""
-    for seq in running:
+    request ended). The waiters of a request that ended before its prefix (a client gone)
+    wait again, oldest first: the oldest computes the prefix, the others wait for it."""
+    for seq in sorted(running, key=lambda s: s.arrival):
         wait = seq.waiting_on
         if wait is None:
             continue
-        if wait.source.status is SequenceStatus.RUNNING and wait.source.num_computed < wait.length:
+        source = wait.source
+        if source.status is SequenceStatus.RUNNING and source.num_computed < wait.length:
             continue
         seq.waiting_on = None
         assert seq.slot is not None
@@ -57,3 +65,5 @@ def resume_waiters(cache: PrefixCache, running: list[Sequence]) -> None:
             cache.stats.hit_tokens += got - seq.num_computed
             seq.num_computed = seq.num_cached = got
             seq.checkpoints = cache.checkpoints_for(seq.num_prompt, got)
+        if source.num_computed < wait.length:  # (ended early)
+            seq.waiting_on = _best_wait(cache, running, seq, seq.num_prompt - 1)

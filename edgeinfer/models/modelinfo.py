@@ -16,7 +16,7 @@ import llama_cpp
 import psutil
 from gguf import LlamaFileType
 
-from edgeinfer.config import DerivedSource, ModelConfig, PackageSource
+from edgeinfer.config import QUANT_TYPES, DerivedSource, ModelConfig, PackageSource
 from edgeinfer.engine import native
 from edgeinfer.engine.kv import kv_bytes_per_token, kv_scale, serving_bytes
 from edgeinfer.errors import ConfigError, EdgeInferError, ModelLoadError
@@ -28,12 +28,7 @@ from edgeinfer.prompt.toolformat import choose
 
 log = logging.getLogger("edgeinfer.models")
 
-FTYPES = {
-    "f16": llama_cpp.LLAMA_FTYPE_MOSTLY_F16, "q4_0": llama_cpp.LLAMA_FTYPE_MOSTLY_Q4_0,
-    "q4_1": llama_cpp.LLAMA_FTYPE_MOSTLY_Q4_1, "q8_0": llama_cpp.LLAMA_FTYPE_MOSTLY_Q8_0,
-    "q4_k_m": llama_cpp.LLAMA_FTYPE_MOSTLY_Q4_K_M, "q5_k_m": llama_cpp.LLAMA_FTYPE_MOSTLY_Q5_K_M,
-    "q6_k": llama_cpp.LLAMA_FTYPE_MOSTLY_Q6_K,
-}
+FTYPES = {name: getattr(llama_cpp, f"LLAMA_FTYPE_MOSTLY_{name.upper()}") for name in QUANT_TYPES}
 
 
 # GGUF value types (gguf.GGUFValueType): fixed-size scalars, string, array
@@ -263,6 +258,8 @@ def quantize_file(src: Path, dst: Path, kind: str, threads: int = 0) -> None:
     if ftype is None:
         raise ConfigError(f"unknown type {kind!r}; choose one of {', '.join(FTYPES)}")
     check_gguf(src, src.name)
+    if not dst.parent.is_dir():
+        raise ConfigError(f"cannot write {dst}: its folder does not exist")
     native.init_backend()
     params = llama_cpp.llama_model_quantize_default_params()
     params.ftype = ftype

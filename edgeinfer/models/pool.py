@@ -13,10 +13,11 @@ from pathlib import Path
 import psutil
 
 from edgeinfer.config import ModelConfig, ServerConfig
-from edgeinfer.errors import APIError, ModelLoadError, NotFound, Unavailable
+from edgeinfer.errors import APIError, ConfigError, ModelLoadError, NotFound, Unavailable
 from edgeinfer.models.fit import MEMORY_RESERVE, MODEL_OVERHEAD
 from edgeinfer.models.modelinfo import fit_file, gguf_facts, kv_per_token
 from edgeinfer.models.offload import gpu_free_bytes
+from edgeinfer.models.prefix_store import drop_runtime_pins
 from edgeinfer.models.served import ServedModel, load_model
 from edgeinfer.models.source import resolve_model_path
 
@@ -122,6 +123,18 @@ class ModelPool:
             return entry.served
         raise self._unavailable(entry)
 
+    async def unpin_all(self, name: str) -> str:
+        """Unpin every prefix of a model (its id); one not loaded has the files of its
+        run-time pins removed (a loading one: 503)."""
+        entry = self.entries[self.resolve(name)]
+        if entry.state is ModelState.LOADING:
+            raise self._unavailable(entry)
+        if entry.served is not None and entry.state is ModelState.LOADED:
+            await entry.served.unpin_all()
+        else:
+            await asyncio.to_thread(drop_runtime_pins, entry.cfg.id)
+        return entry.cfg.id
+
     def _unavailable(self, entry: PoolEntry) -> APIError:
         if entry.state is ModelState.FAILED:
             return Unavailable(f"the model '{entry.cfg.id}' failed to load: {entry.error}",
@@ -194,7 +207,10 @@ class ModelPool:
         except Unavailable:
             entry.state = ModelState.UNLOADED  # no room now; a later request tries again
             raise
-        except ModelLoadError as exc:
+        except Exception as exc:  # ModelLoadError, or a source that cannot be made
+            if not isinstance(exc, ModelLoadError | ConfigError):
+                log.exception("model %s failed to load", cfg.id)
+                exc = ModelLoadError(f"model {cfg.id!r} failed to load: {exc}")
             log.error("%s", exc)
             entry.state, entry.error = ModelState.FAILED, str(exc)
             entry.failed_at = time.monotonic()

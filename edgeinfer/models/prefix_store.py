@@ -34,6 +34,7 @@ from typing import Any
 import psutil
 
 from edgeinfer.engine.host_memory import State
+from edgeinfer.models.source import cache_dir
 
 log = logging.getLogger("edgeinfer.cache.disk")
 
@@ -142,7 +143,7 @@ class PrefixStore:
             head = json.loads(raw[start:start + n])
         except ValueError:
             return None, "corrupt header"
-        if not isinstance(head, dict) or head.get("model") != self.identity:
+        if not isinstance(head, dict) or (self.identity and head.get("model") != self.identity):
             return None, _FOREIGN
         head["_start"] = start + n
         return head, ""
@@ -276,3 +277,16 @@ class PrefixStore:
         return {"files": len(files), "bytes": sum(f[1] for f in files),
                 "budget_bytes": self.budget, "saves": s.saves, "restores": s.restores,
                 "rejected": s.rejected, "write_errors": s.write_errors}
+
+
+def folder_of(model_id: str) -> Path:
+    """Where a model's prefix files are kept."""
+    return cache_dir() / "prefixes" / model_id.replace("/", "_")
+
+
+def drop_runtime_pins(model_id: str) -> None:
+    """Remove the files of the prefixes pinned at run time of a model that is not loaded
+    (``POST /v1/cache/pin``'s: its next load would pin them again)."""
+    folder = folder_of(model_id)
+    if folder.is_dir():
+        PrefixStore(folder, "", 0).drop_hot([], "runtime")  # ("": files of any identity)

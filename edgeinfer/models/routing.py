@@ -43,7 +43,7 @@ class Features:
 def route(rules: tuple[tuple[str, str], ...], models: list[ModelConfig], f: Features) -> str:
     """The id of the model that should answer."""
     by_id = {m.id: m for m in models}
-    rule = dict(rules)
+    rule = {when: mid for when, mid in rules if mid in by_id}  # (of the models served)
     chat = [m for m in models if "chat" in m.tags] or models
     choice = rule.get("default", chat[0].id)
     if f.has_tools and "tools" in rule:

@@ -30,8 +30,8 @@ from edgeinfer.errors import Conflict, EngineError, InvalidRequest, ModelLoadErr
 from edgeinfer.models.lease import Lease, Places, Users
 from edgeinfer.models.modelinfo import gguf_facts
 from edgeinfer.models.offload import gpu_free_bytes, plan_gpu_layers, warn_cpu_only_once
-from edgeinfer.models.prefix_store import PrefixStore, model_identity
-from edgeinfer.models.source import cache_dir, check_gguf, resolve_model_path
+from edgeinfer.models.prefix_store import PrefixStore, folder_of, model_identity
+from edgeinfer.models.source import check_gguf, resolve_model_path
 from edgeinfer.prompt.markup import Markup, segments
 from edgeinfer.prompt.reasoning import reasoning_markers
 from edgeinfer.prompt.template import ChatTemplate
@@ -395,5 +395,4 @@ def _prefix_store(cfg: ModelConfig, path: Path) -> PrefixStore | None:
     params = {"llama_cpp": version("llama-cpp-python"), "context": cfg.context,
               "slots": cfg.slots, "cache_entries": cfg.cache_entries, "batch": cfg.batch,
               "gpu_layers": cfg.gpu_layers}
-    folder = cache_dir() / "prefixes" / cfg.id.replace("/", "_")
-    return PrefixStore(folder, model_identity(path, params), cfg.cache_disk_mb << 20)
+    return PrefixStore(folder_of(cfg.id), model_identity(path, params), cfg.cache_disk_mb << 20)

@@ -81,6 +81,10 @@ def test_router_rules_as_a_unit() -> None:
     assert route(rules, models, Features(False, "hi", 10)) == "small"
     assert route(rules, models, Features(False, "```x = 1```", 10)) == "coder"
     assert route(rules, models, Features(False, "w" * 6000, 100)) == "big"  # only big fits
+    # rules naming a model not served (``serve --model`` serves one): the others decide
+    gone = (("default", "elsewhere"), ("code", "elsewhere"), ("long", "elsewhere"))
+    assert route(gone, models, Features(False, "```x = 1```", 10)) == "small"
+    assert route(gone, models, Features(False, "w" * 6000, 100)) == "big"
 
 
 @pytest.fixture(scope="module")

@@ -84,6 +84,13 @@ gpu_layers = 99
     "[[models]]\nid='a'\npath='x'\npinned_prompts='hello'\n",
     "[[models]]\nid='a'\npath='x'\nmax_tokens=1.5\n",
     "[[models]]\nid='a'\npath=3\n",
+    # a quantize type llama.cpp lacks (the model stayed "loading" and every request was a 500)
+    "[[models]]\nid='a'\npath='x'\n[[models]]\nid='b'\nsource={base='a', quantize='q9_9'}\n",
+    "[[models]]\nid='a'\npath='x'\nthreads=1.5\n",  # (tracebacks at start before)
+    "[[models]]\nid='a'\npath='x'\nthreads='two'\n",
+    "[server]\nmemory_budget_mb=300.5\n[[models]]\nid='a'\npath='x'\n",
+    "[server]\nmemory_budget_mb=-1\n[[models]]\nid='a'\npath='x'\n",
+    "[server]\nsend_timeout=0\n[[models]]\nid='a'\npath='x'\n",  # (cut every stream)
 ])
 def test_invalid_configs_are_clear(tmp_path: Path, body: str) -> None:
     with pytest.raises(ConfigError):
@@ -108,3 +115,12 @@ def test_values_of_the_right_kind_pass(tmp_path: Path) -> None:
             "aliases=['b']\npinned_prompts=['You help.']\nmax_tokens=64\n")
     cfg = load_config(write(tmp_path, body))
     assert cfg.api_keys == ("k1",) and cfg.models[0].gpu_layers == "auto"
+
+
+def test_routing_names_an_alias_as_its_id_and_key_files_sit_beside_the_config(
+        tmp_path: Path) -> None:
+    (tmp_path / "keys.txt").write_text("k1\n# no\nk2\n")
+    cfg = load_config(write(tmp_path, "[server]\napi_key_file='keys.txt'\n"
+                            "[[models]]\nid='a'\naliases=['al']\npath='x'\n"
+                            "[routing]\ndefault='al'\n"))
+    assert cfg.routing == (("default", "a"),) and cfg.api_keys == ("k1", "k2")

@@ -352,6 +352,29 @@ def test_a_waiter_whose_source_ends_early_attaches_what_there_is() -> None:
     assert new.waiting_on is None and new.num_computed == 10
 
 
+def test_the_waiters_of_a_source_that_ends_early_wait_for_the_oldest_of_them() -> None:
+    """A client gone while its request computed a shared prefix: the oldest waiter
+    computes it, the others wait for it (they all computed it on their own before)."""
+    cache, mem = make_cache(slots=4)
+    sched = Scheduler(4, 64)
+    shared = list(range(100, 140))
+    src, *waiters = (seq(name, shared + [i]) for i, name in enumerate("abcd"))
+    admitted(sched, src, *waiters)
+    for s in (src, *waiters):
+        attach(cache, sched.running, s)
+    assert all(w.waiting_on is not None and w.waiting_on.source is src for w in waiters)
+    sched.commit([Chunk(src, 0, src.prompt[:10], False)])
+    fill(cache, mem, 0, src.prompt[:10])
+    sched.finish(src, SequenceStatus.FINISHED_ABORTED)
+    cache.release(0, keep=True)
+    resume_waiters(cache, sched.running)
+    first, *rest = waiters
+    assert first.waiting_on is None and first.num_computed == 10
+    assert all(w.waiting_on is not None and w.waiting_on.source is first
+               and w.waiting_on.length == len(shared) for w in rest)
+    assert [c.seq for c in sched.schedule()] == [first]  # only the new source computes
+
+
 def test_no_cache_no_wait() -> None:
     cache, _ = make_cache(slots=2)
     sched = Scheduler(2, 64)

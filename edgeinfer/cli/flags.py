@@ -1,0 +1,26 @@
+"""Checks of ``edgeinfer serve``'s flags: a bad value is a one-line error at start, not a
+traceback later (or a server that cuts every stream)."""
+
+from __future__ import annotations
+
+import argparse
+import math
+
+from edgeinfer.errors import ConfigError
+
+
+def check_serve_flags(args: argparse.Namespace) -> None:
+    """ConfigError for a flag out of its range (NaN included)."""
+    positive = {"--header-timeout": args.header_timeout, "--body-timeout": args.body_timeout,
+                "--max-connections": args.max_connections, "--send-timeout": args.send_timeout,
+                "--request-timeout": args.request_timeout}
+    for flag, value in positive.items():
+        if value is not None and not (math.isfinite(value) and value > 0):
+            raise ConfigError(f"{flag} must be a number > 0, not {value}")
+    for flag, value in {"--shutdown-grace": args.shutdown_grace,
+                        "--drain-delay": args.drain_delay}.items():
+        if not (math.isfinite(value) and value >= 0):
+            raise ConfigError(f"{flag} must be a number >= 0, not {value}")
+    ready = args.ready_file
+    if ready is not None and not ready.expanduser().resolve().parent.is_dir():
+        raise ConfigError(f"--ready-file {ready}: its folder does not exist")
