@@ -43,7 +43,8 @@ class Body:
         v = self.body.get(name)
         if v is None:
             return default
-        if isinstance(v, bool) or not isinstance(v, int | float) or not math.isfinite(v):
+        if isinstance(v, bool) or not isinstance(v, int | float) or (
+                isinstance(v, float) and not math.isfinite(v)):  # (isfinite overflows on ints)
             raise InvalidRequest(f"'{name}' must be a number", param=name)
         if not lo <= v <= hi:
             raise InvalidRequest(f"'{name}' must be between {lo} and {hi}, got {v}", param=name)
@@ -99,8 +100,9 @@ def logit_bias(b: Body) -> tuple[tuple[int, float], ...]:
         return ()
     if isinstance(v, list) and all(isinstance(p, list) and len(p) == 2 for p in v):
         # llama-server's pairs: [[token id, bias or false (never)], ...]
-        v = {str(t) if isinstance(t, int) and not isinstance(t, bool) else t:
-             -100 if bias is False else bias for t, bias in v}
+        v = {str(t) if isinstance(t, int) and not isinstance(t, bool) else
+             t if isinstance(t, str) else repr(t): -100 if bias is False else bias
+             for t, bias in v}  # (a list or object as the id: refused below, by its repr)
     if not isinstance(v, dict) or len(v) > MAX_LOGIT_BIAS:
         raise InvalidRequest(f"'logit_bias' must be an object of at most {MAX_LOGIT_BIAS} "
                              "token ids to numbers (or llama-server's [[id, bias], ...])",

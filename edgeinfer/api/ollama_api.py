@@ -130,6 +130,8 @@ def sampling(b: Body) -> SamplingParams:
     body, max_tokens = _options(b)
     hot = body.get("temperature")
     hot = hot if isinstance(hot, int | float) and not isinstance(hot, bool) and hot > 2 else None
+    if hot is not None and not hot <= 1e300:  # (an int past a float's range)
+        raise InvalidRequest("'options.temperature' is out of range", param="options.temperature")
     if hot is not None:  # checked as OpenAI's highest, then taken as sent
         body = {**body, "temperature": 2.0}
     try:

@@ -58,7 +58,7 @@ def keep_alive(value: Any) -> float | None:
     if value is None:
         return None
     if isinstance(value, int | float) and not isinstance(value, bool):
-        seconds = float(value)
+        seconds = float(value) if abs(value) <= MAX_KEEP_ALIVE else -1.0  # (an int past floats)
     elif isinstance(value, str):
         text = value.strip().lstrip("+-")
         sign = -1.0 if value.strip().startswith("-") else 1.0

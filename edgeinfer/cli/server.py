@@ -32,6 +32,7 @@ from edgeinfer.models.pool import ModelState
 log = logging.getLogger("edgeinfer")
 
 READY_PREFIX = "EDGEINFER_READY "
+FORCED_EXIT_SECONDS = 5.0  # after a second signal, the process ends within this, stuck or not
 
 
 def _not_cancelled(record: logging.LogRecord) -> bool:
@@ -183,6 +184,10 @@ class EdgeServer(uvicorn.Server):
             logging.getLogger("uvicorn.error").addFilter(_not_cancelled)
             self._end_requests()
             self.should_exit = self.force_exit = True
+            # a worker thread stuck in a long call would hold the interpreter's exit
+            hard = threading.Timer(FORCED_EXIT_SECONDS, os._exit, (1,))
+            hard.daemon = True
+            hard.start()
             return
         self._signalled = True
         lifecycle = getattr(self.app.state, "lifecycle", None)

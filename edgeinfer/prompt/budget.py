@@ -294,6 +294,57 @@ def check_rewritten_pattern(pattern: str, rewritten: str, param: str) -> None:
             code="grammar_too_large") from None
 
 
+MAX_LEFT_VISITS = 1_000_000  # rule visits of llama.cpp's left-recursion check (~10 ms)
+
+
+def _lead(alt: list[_Item], rules: dict[str, list[list[_Item]]]) -> list[_Item]:
+    """The items of ``alt`` llama.cpp's left-recursion check enters: the first, and the
+    next ones while those before may be empty (an empty alternative of their own)."""
+    out: list[_Item] = []
+    for atom, quant in alt:
+        if atom == "~":  # an empty literal is no element
+            continue
+        if atom == '""':  # a terminal ends the leading part
+            return out
+        out.append((atom, quant))
+        group = atom if isinstance(atom, list) else rules.get(str(atom), [[("x", "")]])
+        if not (_may_skip(quant) or any(all(a == "~" for a, _ in g) for g in group)):
+            return out
+    return out
+
+
+def check_left_visits(rules: dict[str, list[list[_Item]]], param: str) -> None:
+    """llama.cpp checks a grammar for left recursion by walking each rule's leading rule
+    references without remembering the rules it walked, so a chain of rules each with
+    several alternatives leading to the next takes time exponential in its length (15
+    levels of 4 ``$ref``s to the next definition: hours, on the model's engine thread).
+    The walk is counted here (memoized) and refused past MAX_LEFT_VISITS."""
+    visits: dict[int, int] = {}  # by id of a rule's or group's alternatives
+    busy: set[int] = set()  # being walked (a cycle back to one adds nothing)
+    for top in rules.values():
+        todo: list[tuple[list[list[_Item]], bool]] = [(top, False)]
+        while todo:
+            node, ready = todo.pop()
+            if id(node) in visits or (not ready and id(node) in busy):
+                continue
+            kids = [atom if isinstance(atom, list) else rules.get(str(atom), [])
+                    for alt in node for atom, _ in _lead(alt, rules)]
+            if not ready:
+                busy.add(id(node))
+                todo.append((node, True))
+                todo.extend((k, False) for k in kids if id(k) not in visits and id(k) not in busy)
+                continue
+            busy.discard(id(node))
+            visits[id(node)] = min(1 + sum(visits.get(id(k), 0) + 1 for k in kids),
+                                   MAX_LEFT_VISITS + 1)
+            if visits[id(node)] > MAX_LEFT_VISITS:
+                raise InvalidRequest(
+                    "the grammar's rules branch into each other too many times before any "
+                    "text (llama.cpp's check of it would take hours): fewer alternatives "
+                    "that each lead to the next, or fewer levels of them (grammar budget)",
+                    param=param, code="grammar_too_large")
+
+
 def check_nullable_repeats(gbnf: str, param: str) -> None:
     """llama.cpp's grammar engine takes time cubic in the count to accept each token of a
     counted repetition of something that may match nothing: ``("a"?){0,1000}`` took
@@ -311,3 +362,4 @@ def check_nullable_repeats(gbnf: str, param: str) -> None:
             break
         names |= more
     _too_many([alt for alts in rules.values() for alt in alts], names, param)
+    check_left_visits(rules, param)

@@ -58,38 +58,47 @@ def _check_schema(schema: Any, param: str) -> None:
         if isinstance(schema.get(key), dict):
             defs.update({f"#/{key}/{k}": v for k, v in schema[key].items()})
 
-    def walk(node: Any, depth: int, refs: tuple[str, ...]) -> None:
+    heights: dict[str, int] = {}  # a $ref's sub-schema walked once (else: fan-out ** depth)
+
+    def walk(node: Any, depth: int, refs: tuple[str, ...]) -> int:
+        """The levels below ``node`` (errors for what the schema may not have)."""
         if depth > MAX_SCHEMA_DEPTH:
             raise InvalidRequest(f"the JSON schema nests deeper than {MAX_SCHEMA_DEPTH} levels",
                                  param=param)
         if isinstance(node, bool):
-            return
+            return 0
         if not isinstance(node, dict):
             raise InvalidRequest("every sub-schema must be an object", param=param)
         check_schema_node(node, param)
+        subs: list[Any] = []
         for key, value in node.items():
             if key not in _SUPPORTED and not accepted(key):
                 raise InvalidRequest(f"unsupported JSON schema keyword: {key!r}", param=param)
             if key in _SCHEMA_MAPS:
                 if not isinstance(value, dict):
                     raise InvalidRequest(f"'{key}' must be an object", param=param)
-                for sub in value.values():  # unreferenced $defs are converted too
-                    walk(sub, depth + 1, refs)
+                subs += value.values()  # unreferenced $defs are converted too
             elif key in _SCHEMA_LISTS:
                 if not isinstance(value, list):
                     raise InvalidRequest(f"'{key}' must be a list", param=param)
-                for sub in value:
-                    walk(sub, depth + 1, refs)
+                subs += value
             elif key in ("items", "additionalProperties") and isinstance(value, dict):
-                walk(value, depth + 1, refs)
+                subs.append(value)
+        height = max((1 + walk(sub, depth + 1, refs) for sub in subs), default=0)
         ref = node.get("$ref")
-        if ref is not None:
-            if ref in refs:
-                raise InvalidRequest(f"recursive $ref is not supported: {ref}", param=param)
-            if ref not in defs:
-                raise InvalidRequest(f"unresolvable $ref: {ref!r} (only local #/$defs/...)",
-                                     param=param)
-            walk(defs[ref], depth + 1, (*refs, ref))
+        if ref is None:
+            return height
+        if ref in refs:
+            raise InvalidRequest(f"recursive $ref is not supported: {ref}", param=param)
+        if ref not in defs:
+            raise InvalidRequest(f"unresolvable $ref: {ref!r} (only local #/$defs/...)",
+                                 param=param)
+        if ref not in heights:  # (a walked one reaches no cycle: it would have been found)
+            heights[ref] = walk(defs[ref], depth + 1, (*refs, ref))
+        if depth + 1 + heights[ref] > MAX_SCHEMA_DEPTH:
+            raise InvalidRequest(f"the JSON schema nests deeper than {MAX_SCHEMA_DEPTH} levels",
+                                 param=param)
+        return max(height, 1 + heights[ref])
 
     walk(schema, 0, ())
 

@@ -644,6 +644,61 @@ def test_values_nested_deep_are_a_400_or_served_never_a_500(server: ServerProces
     alive(server)
 
 
+BIG = "1" + "0" * 400  # an integer literal past a float's range (math.isfinite overflows)
+
+
+@pytest.mark.parametrize(("path", "raw"), [
+    (CHAT, '{"model":"default","max_tokens":2,"messages":[{"role":"user","content":"hi"}],'
+           '"temperature":@}'),
+    (CHAT, '{"model":"default","max_tokens":2,"messages":[{"role":"user","content":"hi"}],'
+           '"logit_bias":[[[1],5]]}'),
+    ("/v1/messages", '{"model":"default","max_tokens":2,"messages":[{"role":"user",'
+                     '"content":"hi"}],"temperature":@}'),
+    ("/api/chat", '{"model":"default","stream":false,"messages":[{"role":"user",'
+                  '"content":"hi"}],"options":{"temperature":@,"num_predict":2}}'),
+    ("/v1/responses", '{"model":"default","input":"hi","max_output_tokens":16,'
+                      '"temperature":@}'),
+    (CHAT, '{"model":"default","max_tokens":2,"messages":[{"role":"user","content":"hi"}],'
+           '"response_format":{"type":"json_schema","json_schema":{"name":"x","schema":'
+           '{"type":"object","properties":{"a":{"type":"integer","minimum":@}}}}}}'),
+])
+def test_integers_past_a_float_and_odd_ids_are_a_400(server: ServerProcess, path: str,
+                                                      raw: str) -> None:
+    r = httpx.post(f"{server.base_url}{path}", content=raw.replace("@", BIG), timeout=60,
+                   headers={"content-type": "application/json"})
+    assert r.status_code == 400, r.text[:300]
+
+
+def test_a_keep_alive_past_a_float_is_for_good(server: ServerProcess) -> None:
+    raw = '{"model":"default","prompt":"","keep_alive":@}'
+    r = httpx.post(f"{server.base_url}/api/generate", content=raw.replace("@", BIG),
+                   timeout=60)
+    assert r.status_code == 200, r.text[:300]
+    httpx.post(f"{server.base_url}/api/generate", json={"model": "default", "prompt": "",
+                                                        "keep_alive": "5m"}, timeout=60)
+
+
+def _chain(levels: int) -> dict[str, Any]:
+    defs: dict[str, Any] = {f"d{i}": {"anyOf": [{"$ref": f"#/$defs/d{i + 1}"}] * 4}
+                            for i in range(levels)}
+    defs[f"d{levels}"] = {"type": "string", "maxLength": 3}
+    return {"type": "object", "properties": {"x": {"$ref": "#/$defs/d0"}}, "$defs": defs}
+
+
+def test_a_schema_of_shared_refs_is_answered_at_once(server: ServerProcess) -> None:
+    """Four refs to the next definition, 15 deep: the schema check walked each ref's
+    definition anew (4 ** 15 times), and llama.cpp's left-recursion check of the grammar
+    walks its rules so too; either held every model's prompt work for hours. Now the
+    walk is counted first: a quick 400, and a chain of 8 such levels is served."""
+    t0 = time.monotonic()
+    r = httpx.post(f"{server.base_url}{CHAT}", json=schema_body(_chain(15)), timeout=60)
+    assert r.status_code == 400 and r.json()["error"]["code"] == "grammar_too_large", r.text
+    assert time.monotonic() - t0 < 10
+    r = httpx.post(f"{server.base_url}{CHAT}", json=schema_body(_chain(8)), timeout=60)
+    assert r.status_code == 200, r.text[:300]
+    alive(server)
+
+
 def test_a_client_gone_before_its_body_is_counted_not_logged_as_an_error(
         server: ServerProcess) -> None:
     before = server.log.read_text().count("Traceback")

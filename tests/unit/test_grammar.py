@@ -10,6 +10,7 @@ from typing import Any
 import pytest
 
 from edgeinfer.errors import InvalidRequest
+from edgeinfer.prompt.budget import check_nullable_repeats
 from edgeinfer.prompt.grammar import schema_to_gbnf
 from edgeinfer.prompt.pattern import with_lengths
 
@@ -335,3 +336,20 @@ def test_lengths_that_cannot_be_folded_raise(pattern: str, low: int, high: int |
                                              ) -> None:
     with pytest.raises(ValueError):
         with_lengths(pattern, low, high)
+
+
+def test_rules_that_branch_into_each_other_before_any_text_are_counted() -> None:
+    """llama.cpp's left-recursion check walks leading rule references unmemoized:
+    a chain of rules of 4 alternatives each leading to the next is 4 ** levels walks."""
+    def chain(levels: int) -> str:
+        rules = [f'r{i} ::= r{i + 1} | r{i + 1} "a" | r{i + 1} "b" | r{i + 1} "c"'
+                 for i in range(levels)]
+        return "root ::= r0\n" + "\n".join(rules) + f'\nr{levels} ::= "x"\n'
+    check_nullable_repeats(chain(8), "grammar")
+    with pytest.raises(InvalidRequest) as info:
+        check_nullable_repeats(chain(12), "grammar")
+    assert info.value.code == "grammar_too_large"
+    # a rule that may be empty passes the walk on to what follows it
+    deep = 'root ::= e r0\ne ::= "" | "q"\n' + chain(12).split("\n", 1)[1]
+    with pytest.raises(InvalidRequest):
+        check_nullable_repeats(deep, "grammar")
