@@ -18,9 +18,10 @@ server-tool blocks, server tools (any ``type`` but "custom", such as web_search_
 ``container``, ``thread`` (message threads: ``thread_unsupported_request`` in
 ``error.details``, so the SDKs' tool runners go on without one), ``temperature`` outside
 0..1. ``thinking``: ``enabled`` sets the template's
-``enable_thinking`` and its ``budget_tokens`` is the reasoning budget; a model that reasons
-shows it as ``thinking`` blocks unless ``{"type": "disabled"}`` (which also tells the
-template).
+``enable_thinking`` and its ``budget_tokens`` is the reasoning budget, and a model's
+reasoning comes as ``thinking`` blocks; without ``thinking`` (as with ``{"type":
+"disabled"}``) the template is told ``enable_thinking: false`` and what a model reasons
+anyway is not shown, as Anthropic's API answers without thinking blocks then.
 Accepted and ignored: ``metadata``, ``service_tier``, ``cache_control`` (everywhere),
 ``inference_geo``, ``speed``, ``diagnostics``, ``output_config.effort``,
 ``user_profile_id``, ``workspace_id``; the ``anthropic-version`` and ``anthropic-beta``
@@ -341,10 +342,10 @@ def parse(body: Any, headers: dict[str, str], allowed: set[str] = FIELDS
 def _thinking(raw: Any) -> dict[str, Any]:
     """``thinking`` for the template (``enable_thinking``) and, when enabled with
     ``budget_tokens``, as the reasoning budget."""
-    if not isinstance(raw, dict) or raw.get("type") not in ("enabled", "disabled"):
+    if raw is None or isinstance(raw, dict) and raw.get("type") == "disabled":
+        return {"template_kwargs": {"enable_thinking": False}}  # (Anthropic's default: off)
+    if not isinstance(raw, dict) or raw.get("type") != "enabled":
         return {}
-    if raw["type"] == "disabled":
-        return {"template_kwargs": {"enable_thinking": False}}
     budget = raw.get("budget_tokens")
     if not isinstance(budget, int) or isinstance(budget, bool) or budget < 0:
         return {"template_kwargs": {"enable_thinking": True}}
@@ -355,7 +356,7 @@ def _thinking(raw: Any) -> dict[str, Any]:
 async def create_message(request: Request) -> Response:
     raw = await read_json(request)
     req, stream = parse(raw, dict(request.headers))
-    thinking = raw.get("thinking") or {}
+    thinking = raw.get("thinking") or {"type": "disabled"}  # (Anthropic's default: off)
     meta = MessageMeta(show_thinking=thinking.get("type") != "disabled")
     gen = await start(request, req, meta.id)
     meta.model = gen.model

@@ -35,7 +35,7 @@ def model_object(entry: PoolEntry) -> dict[str, Any]:
 def models_page(entries: list[PoolEntry], query: Any) -> dict[str, Any]:
     """One page of models, as Anthropic's ``GET /v1/models`` lists them."""
     limit = query.get("limit", "20")
-    if not limit.isdigit() or not 1 <= int(limit) <= 1000:
+    if not (limit.isascii() and limit.isdigit()) or not 1 <= int(limit) <= 1000:
         raise InvalidRequest("'limit' must be an integer between 1 and 1000", param="limit")
     ids = [e.cfg.id for e in entries]
     start, end = 0, len(entries)

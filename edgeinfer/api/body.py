@@ -143,7 +143,8 @@ async def read_bytes(request: Request) -> bytes:
     more than the app's ``state.body_timeout`` seconds (default BODY_TIMEOUT) to arrive: a
     client trickling it would hold a connection."""
     declared = request.headers.get("content-length")
-    if declared is not None and declared.isdigit() and int(declared) > MAX_BODY_BYTES:
+    if declared is not None and declared.isascii() and declared.isdigit() and int(
+            declared) > MAX_BODY_BYTES:
         raise PayloadTooLarge(f"request body exceeds {MAX_BODY_BYTES} bytes",
                               code="request_too_large")
     body = bytearray()

@@ -52,7 +52,10 @@ def _anthropic(path: str) -> bool:
 def error_response(exc: APIError, path: str = "") -> JSONResponse:
     """``exc`` in the shape of ``path``'s dialect; Anthropic's overloaded_error is 529."""
     status = 529 if exc.status == 503 and _anthropic(path) else exc.status
-    return JSONResponse(shape(exc, path), status_code=status, headers=exc.headers)
+    headers = exc.headers
+    if status == 504:  # a time limit: the same request would run into it again
+        headers = {**headers, "x-should-retry": "false"}  # (the SDKs retry 5xx otherwise)
+    return JSONResponse(shape(exc, path), status_code=status, headers=headers)
 
 
 def error_body(exc: APIError, path: str = "") -> bytes:
@@ -96,7 +99,7 @@ async def on_internal_error(request: Request, exc: Exception) -> Response:
     if isinstance(exc, RecursionError):  # a value nested past what some step recurses
         log.warning("request on %s nests too deeply: %s", request.url.path, exc)
         return error_response(InvalidRequest("the request nests too deeply to process"),
-                              request.url.path)
+                              _dialect_path(request))
     log.exception("internal error on %s", request.url.path, exc_info=exc)
     return error_response(ServerError("internal server error", code="internal_error"),
-                          request.url.path)
+                          _dialect_path(request))

@@ -112,8 +112,8 @@ class Meta:
         body["content" if self.chat else "response"] = text
         if thinking:
             body["thinking"] = thinking
-        if calls and self.chat:
-            body["tool_calls"] = tool_calls(calls)
+        if self.chat and calls and (whole := tool_calls(calls)):  # (none whole: no field)
+            body["tool_calls"] = whole
         return {**out, "done": False}
 
     async def final(self, line: dict[str, Any], finish: str, usage: ev.UsageReport | None,

@@ -334,6 +334,9 @@ async def stored_response(request: Request) -> Response:
                        code="not_found")
     if request.url.path.endswith("/input_items"):
         return JSONResponse(input_items_page(found.input_items, request.query_params))
+    if request.url.path.endswith("/cancel"):  # (what is stored has ended)
+        raise InvalidRequest("Only background responses can be cancelled; this server does "
+                             "not run them ('background' is refused).", param="response_id")
     return JSONResponse(found.response)
 
 
@@ -354,6 +357,7 @@ ROUTES: list[Route] = [
     Route("/v1/responses", create_response, methods=["POST"]),
     Route("/v1/responses/input_tokens", count_input_tokens, methods=["POST"]),
     Route("/v1/responses/{response_id}/input_items", stored_response, methods=["GET"]),
+    Route("/v1/responses/{response_id}/cancel", stored_response, methods=["POST"]),
     Route("/v1/responses/{response_id}", stored_response, methods=["GET", "DELETE"]),
 ]
 

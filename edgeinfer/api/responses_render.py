@@ -208,6 +208,13 @@ class OutputBuilder:
                         "delta": e.arguments})
         return out
 
+    def cut(self) -> list[dict[str, Any]]:
+        """The items so far, the open one ended "incomplete" with what it holds (the
+        output of a response that failed mid-way, as its stream has shown it)."""
+        self.finish = "length"
+        self._close()
+        return self.items
+
     def _close(self) -> list[dict[str, Any]]:
         item, self.open = self.open, None
         if item is None:
@@ -298,7 +305,7 @@ async def sse_events(meta: ResponseMeta, events: AsyncIterator[Event], save: Sav
                 err = shape(e.error, path)["error"]
                 yield sse({"type": "error", "code": err.get("code") or err.get("type"),
                            "message": err.get("message"), "param": err.get("param")})
-                failed = response_body(meta, "failed", b.items, error=e.error)
+                failed = response_body(meta, "failed", b.cut(), error=e.error)
                 await save(failed)
                 yield sse({"type": "response.failed", "response": failed})
                 return
@@ -389,4 +396,5 @@ def openapi_paths(create_fields: set[str], token_fields: set[str]) -> dict[str, 
                                         "delete": _op("Delete a stored response")},
         "/v1/responses/{response_id}/input_items": {"get": _op(
             "A stored response's input items")},
+        "/v1/responses/{response_id}/cancel": {"post": _op("Cancel: 400, no background runs")},
     }

@@ -152,7 +152,7 @@ def _bound(node: Any, ints: dict[str, str]) -> Any:
     """
     if not isinstance(node, dict):
         return node
-    node = _lengths_in_pattern(sound(_required_present(node)))
+    node = _lengths_in_pattern(sound(_required_present(_one_type(node))))
     if node.get("type") == "integer" and any(k in node for k in _BOUNDS):
         try:
             expr = int_range_gbnf(*_int_bounds(node))
@@ -187,6 +187,23 @@ def _bound(node: Any, ints: dict[str, str]) -> Any:
                                             "format"} & set(out):
         out["maxLength"] = max(DEFAULT_MAX_LENGTH, int(out.get("minLength", 0) or 0))
     return out
+
+
+def _one_type(node: dict[str, Any]) -> dict[str, Any]:
+    """A list of types (``["string", "null"]``, OpenAI's optional field; Ollama's client
+    writes ``"string, integer"``) as ``anyOf`` of one type each, every other keyword in
+    each: llama-cpp-python's converter drops the other keywords beside a list (an enum, a
+    maxLength, integer bounds). Beside ``enum`` or ``const`` the values say the type."""
+    kind = node.get("type")
+    if isinstance(kind, str) and "," in kind:
+        kind = [k.strip() for k in kind.split(",") if k.strip()]
+    if not isinstance(kind, list):
+        return node
+    rest = {k: v for k, v in node.items() if k != "type"}
+    if len(kind) == 1 or "enum" in rest or "const" in rest or not kind:
+        return {**rest, "type": kind[0]} if len(kind) == 1 else rest
+    top: dict[str, Any] = {k: rest.pop(k) for k in ("$defs", "definitions") if k in rest}
+    return {**top, "anyOf": [{**rest, "type": k} for k in kind]}
 
 
 def _lengths_in_pattern(node: dict[str, Any]) -> dict[str, Any]:

@@ -333,6 +333,10 @@ def test_models_list_and_retrieve_in_anthropic_shape(ac: anthropic.Anthropic,
     assert err.value.body["error"]["type"] == "not_found_error"  # type: ignore[index]
     with pytest.raises(anthropic.BadRequestError):
         ac.models.list(limit=0)
+    for odd in ("\u00b2", "\u0663"):  # digits that are not ASCII (int() refused one: a 500)
+        r = httpx.get(f"{server.base_url}/v1/models", params={"limit": odd},
+                      headers={"anthropic-version": "2023-06-01"})
+        assert r.status_code == 400 and r.json()["type"] == "error", r.text
     # the OpenAI shape for everyone else
     listed = httpx.get(f"{server.base_url}/v1/models").json()
     assert listed["object"] == "list" and listed["data"][0]["object"] == "model"

@@ -142,6 +142,11 @@ def test_anthropic_thinking_with_a_budget_gives_thinking_then_text(r1: ServerPro
     kinds = [b.type for b in m.content]
     assert kinds[0] == "thinking" and m.content[0].thinking  # type: ignore[union-attr]
     assert "text" in kinds  # the budget closed the block and the answer followed
+    # without ``thinking`` (Anthropic's default: off) no thinking block comes back, as
+    # from Anthropic's API (code written for Claude reads content[0].text)
+    m = c.messages.create(model="default", max_tokens=20, messages=ASK,  # type: ignore[arg-type]
+                          extra_body={"temperature": 0})
+    assert m.content and all(b.type == "text" for b in m.content), m.content
 
 
 def test_a_forced_call_still_comes_when_the_model_ends_inside_its_reasoning(

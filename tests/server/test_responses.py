@@ -106,6 +106,14 @@ def test_create_string_input(server: ServerProcess, client: openai.OpenAI) -> No
     assert sdk.id != r.id and sdk.output_text
 
 
+def test_cancel_is_a_400_naming_background(client: openai.OpenAI) -> None:
+    r = client.responses.create(model="default", input="Say hi.", max_output_tokens=2)
+    with pytest.raises(openai.BadRequestError, match="background"):
+        client.responses.cancel(r.id)
+    with pytest.raises(openai.NotFoundError):
+        client.responses.cancel("resp_nope")
+
+
 def test_paths_without_v1(server: ServerProcess) -> None:
     """llama-server's paths: /responses and /responses/input_tokens, /v1/health."""
     r = post(server, {"model": "default", "input": "Say hello.", "max_output_tokens": 4},
@@ -222,6 +230,10 @@ def test_generation_error_mid_stream() -> None:
     assert failed.status == "failed" and failed.error is not None
     assert failed.error.code == "server_error" and saved == [out[-1]["response"]]
     assert [e["sequence_number"] for e in out] == list(range(len(out)))
+    # the text the stream showed stays in the failed response (it was an empty item)
+    [msg] = failed.output
+    assert msg.type == "message" and msg.status == "incomplete"
+    assert msg.content[0].type == "output_text" and msg.content[0].text == "Hel"
 
 
 # -- structured output and function calls ---------------------------------------------------

@@ -198,6 +198,7 @@ def test_time_limit_frees_the_slot(tmp_path: Path) -> None:
             "model": "default", "messages": HI, "max_tokens": 3000, "ignore_eos": True},
             timeout=60)
         assert r.status_code == 504 and r.json()["error"]["code"] == "timeout"
+        assert r.headers["x-should-retry"] == "false"  # (the OpenAI SDK retried it twice)
         assert srv.engine_stats()["slots_busy"] == 0
         ok_afterwards(srv)
     finally:

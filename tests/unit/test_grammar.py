@@ -353,3 +353,24 @@ def test_rules_that_branch_into_each_other_before_any_text_are_counted() -> None
     deep = 'root ::= e r0\ne ::= "" | "q"\n' + chain(12).split("\n", 1)[1]
     with pytest.raises(InvalidRequest):
         check_nullable_repeats(deep, "grammar")
+
+
+def _rule(gbnf: str, name: str) -> str:
+    return next(line for line in gbnf.splitlines() if line.startswith(f"{name} ::="))
+
+
+def test_a_list_of_types_keeps_the_other_keywords() -> None:
+    """OpenAI's optional field is ``"type": [T, "null"]``; the converter dropped every
+    other keyword beside a list (an enum, a maxLength, integer bounds: a 1000 for 0-9)."""
+    def prop(schema: dict[str, object]) -> str:
+        return schema_to_gbnf({"type": "object", "properties": {"a": schema},
+                               "required": ["a"]}, "response_format")
+    g = prop({"type": ["string", "null"], "enum": ["red", "green", None]})
+    assert _rule(g, "a") == 'a ::= "\\"red\\"" | "\\"green\\"" | "null"'
+    g = prop({"type": ["integer", "null"], "minimum": 0, "maximum": 9})
+    assert _rule(g, "a") == "a ::= a-0 | null" and _rule(g, "a-0") == "a-0 ::= ([0-9])"
+    g = prop({"type": ["string", "null"], "maxLength": 3})
+    assert _rule(g, "a-0").count("char") == 3
+    # the Ollama client writes a union of a Python function's parameter so
+    g = prop({"type": "string, integer", "description": "how"})
+    assert _rule(g, "a") == "a ::= a-0 | integer"
