@@ -20,14 +20,13 @@ from edgeinfer.engine.grammar_check import grammar_parses, json_schema_to_gbnf
 from edgeinfer.errors import InvalidRequest
 from edgeinfer.prompt.budget import (
     MAX_SCHEMA_BYTES,
-    MAX_SCHEMA_DEPTH,
     check_gbnf_budget,
     check_rewritten_pattern,
-    check_schema_node,
 )
 from edgeinfer.prompt.intrange import int_range_gbnf
-from edgeinfer.prompt.keywords import accepted, sound
+from edgeinfer.prompt.keywords import sound
 from edgeinfer.prompt.pattern import json_pattern, with_lengths
+from edgeinfer.prompt.schemacheck import SCHEMA_LISTS, SCHEMA_MAPS, check_schema
 from edgeinfer.prompt.toolformat import GENERIC, ToolFormat
 
 log = logging.getLogger("edgeinfer.prompt")
@@ -37,70 +36,6 @@ log = logging.getLogger("edgeinfer.prompt")
 DEFAULT_MAX_ITEMS = 10
 # Strings without maxLength (nor enum, pattern, format) get this bound, for the same reason.
 DEFAULT_MAX_LENGTH = 200
-
-
-_SUPPORTED = {
-    "type", "properties", "required", "additionalProperties", "items", "prefixItems",
-    "minItems", "maxItems", "enum", "const", "anyOf", "oneOf", "allOf", "$ref", "$defs",
-    "definitions", "pattern", "format", "minLength", "maxLength", "minimum", "maximum",
-    "exclusiveMinimum", "exclusiveMaximum",
-}  # and what keywords.accepted says: annotations, and keywords keywords.sound rewrites
-_SCHEMA_MAPS = {"properties", "$defs", "definitions"}
-_SCHEMA_LISTS = {"anyOf", "oneOf", "allOf", "prefixItems"}
-
-
-def _check_schema(schema: Any, param: str) -> None:
-    """Walk a schema: supported keywords only, bounded depth, no recursive $ref."""
-    if not isinstance(schema, dict):
-        raise InvalidRequest("the JSON schema must be an object", param=param)
-    defs: dict[str, Any] = {}
-    for key in ("$defs", "definitions"):
-        if isinstance(schema.get(key), dict):
-            defs.update({f"#/{key}/{k}": v for k, v in schema[key].items()})
-
-    heights: dict[str, int] = {}  # a $ref's sub-schema walked once (else: fan-out ** depth)
-
-    def walk(node: Any, depth: int, refs: tuple[str, ...]) -> int:
-        """The levels below ``node`` (errors for what the schema may not have)."""
-        if depth > MAX_SCHEMA_DEPTH:
-            raise InvalidRequest(f"the JSON schema nests deeper than {MAX_SCHEMA_DEPTH} levels",
-                                 param=param)
-        if isinstance(node, bool):
-            return 0
-        if not isinstance(node, dict):
-            raise InvalidRequest("every sub-schema must be an object", param=param)
-        check_schema_node(node, param)
-        subs: list[Any] = []
-        for key, value in node.items():
-            if key not in _SUPPORTED and not accepted(key):
-                raise InvalidRequest(f"unsupported JSON schema keyword: {key!r}", param=param)
-            if key in _SCHEMA_MAPS:
-                if not isinstance(value, dict):
-                    raise InvalidRequest(f"'{key}' must be an object", param=param)
-                subs += value.values()  # unreferenced $defs are converted too
-            elif key in _SCHEMA_LISTS:
-                if not isinstance(value, list):
-                    raise InvalidRequest(f"'{key}' must be a list", param=param)
-                subs += value
-            elif key in ("items", "additionalProperties") and isinstance(value, dict):
-                subs.append(value)
-        height = max((1 + walk(sub, depth + 1, refs) for sub in subs), default=0)
-        ref = node.get("$ref")
-        if ref is None:
-            return height
-        if ref in refs:
-            raise InvalidRequest(f"recursive $ref is not supported: {ref}", param=param)
-        if ref not in defs:
-            raise InvalidRequest(f"unresolvable $ref: {ref!r} (only local #/$defs/...)",
-                                 param=param)
-        if ref not in heights:  # (a walked one reaches no cycle: it would have been found)
-            heights[ref] = walk(defs[ref], depth + 1, (*refs, ref))
-        if depth + 1 + heights[ref] > MAX_SCHEMA_DEPTH:
-            raise InvalidRequest(f"the JSON schema nests deeper than {MAX_SCHEMA_DEPTH} levels",
-                                 param=param)
-        return max(height, 1 + heights[ref])
-
-    walk(schema, 0, ())
 
 
 # The converter's string character class admits raw control characters (a newline
@@ -165,9 +100,9 @@ def _bound(node: Any, ints: dict[str, str]) -> Any:
     for k, v in node.items():  # recurse into sub-schemas only, never into data (enum, const)
         if v is None and k not in ("const", "default", "examples"):
             continue  # a null keyword says nothing (serializers that keep None send them)
-        if k in _SCHEMA_MAPS and isinstance(v, dict):
+        if k in SCHEMA_MAPS and isinstance(v, dict):
             out[k] = {name: _bound(sub, ints) for name, sub in v.items()}
-        elif k in _SCHEMA_LISTS and isinstance(v, list):
+        elif k in SCHEMA_LISTS and isinstance(v, list):
             out[k] = [_bound(sub, ints) for sub in v]
         elif k in ("items", "additionalProperties"):
             out[k] = _bound(v, ints)
@@ -262,7 +197,7 @@ def _check_regex(pattern: str) -> None:
 
 def schema_to_gbnf(schema: Any, param: str, prop_order: tuple[str, ...] = ()) -> str:
     """GBNF for a JSON schema (root rule ``root``); 400 for what cannot be converted."""
-    _check_schema(schema, param)  # first: it bounds the depth that json.dumps recurses
+    check_schema(schema, param)  # first: it bounds the depth that json.dumps recurses
     text = json.dumps(schema, sort_keys=False)
     if len(text) > MAX_SCHEMA_BYTES:
         raise InvalidRequest(f"the JSON schema is larger than {MAX_SCHEMA_BYTES} bytes",

@@ -1,0 +1,73 @@
+"""What a JSON schema may hold before it is turned into a grammar: supported keywords,
+bounded depth, local ``$ref``s without cycles (``check_schema``)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from edgeinfer.errors import InvalidRequest
+from edgeinfer.prompt.budget import MAX_SCHEMA_DEPTH, check_schema_node
+from edgeinfer.prompt.keywords import accepted
+
+_SUPPORTED = {
+    "type", "properties", "required", "additionalProperties", "items", "prefixItems",
+    "minItems", "maxItems", "enum", "const", "anyOf", "oneOf", "allOf", "$ref", "$defs",
+    "definitions", "pattern", "format", "minLength", "maxLength", "minimum", "maximum",
+    "exclusiveMinimum", "exclusiveMaximum",
+}  # and what keywords.accepted says: annotations, and keywords keywords.sound rewrites
+SCHEMA_MAPS = {"properties", "$defs", "definitions"}
+SCHEMA_LISTS = {"anyOf", "oneOf", "allOf", "prefixItems"}
+
+
+def check_schema(schema: Any, param: str) -> None:
+    """Walk a schema: supported keywords only, bounded depth, no recursive $ref."""
+    if not isinstance(schema, dict):
+        raise InvalidRequest("the JSON schema must be an object", param=param)
+    defs: dict[str, Any] = {}
+    for key in ("$defs", "definitions"):
+        if isinstance(schema.get(key), dict):
+            defs.update({f"#/{key}/{k}": v for k, v in schema[key].items()})
+
+    heights: dict[str, int] = {}  # a $ref's sub-schema walked once (else: fan-out ** depth)
+
+    def walk(node: Any, depth: int, refs: tuple[str, ...]) -> int:
+        """The levels below ``node`` (errors for what the schema may not have)."""
+        if depth > MAX_SCHEMA_DEPTH:
+            raise InvalidRequest(f"the JSON schema nests deeper than {MAX_SCHEMA_DEPTH} levels",
+                                 param=param)
+        if isinstance(node, bool):
+            return 0
+        if not isinstance(node, dict):
+            raise InvalidRequest("every sub-schema must be an object", param=param)
+        check_schema_node(node, param)
+        subs: list[Any] = []
+        for key, value in node.items():
+            if key not in _SUPPORTED and not accepted(key):
+                raise InvalidRequest(f"unsupported JSON schema keyword: {key!r}", param=param)
+            if key in SCHEMA_MAPS:
+                if not isinstance(value, dict):
+                    raise InvalidRequest(f"'{key}' must be an object", param=param)
+                subs += value.values()  # unreferenced $defs are converted too
+            elif key in SCHEMA_LISTS:
+                if not isinstance(value, list):
+                    raise InvalidRequest(f"'{key}' must be a list", param=param)
+                subs += value
+            elif key in ("items", "additionalProperties") and isinstance(value, dict):
+                subs.append(value)
+        height = max((1 + walk(sub, depth + 1, refs) for sub in subs), default=0)
+        ref = node.get("$ref")
+        if ref is None:
+            return height
+        if ref in refs:
+            raise InvalidRequest(f"recursive $ref is not supported: {ref}", param=param)
+        if ref not in defs:
+            raise InvalidRequest(f"unresolvable $ref: {ref!r} (only local #/$defs/...)",
+                                 param=param)
+        if ref not in heights:  # (a walked one reaches no cycle: it would have been found)
+            heights[ref] = walk(defs[ref], depth + 1, (*refs, ref))
+        if depth + 1 + heights[ref] > MAX_SCHEMA_DEPTH:
+            raise InvalidRequest(f"the JSON schema nests deeper than {MAX_SCHEMA_DEPTH} levels",
+                                 param=param)
+        return max(height, 1 + heights[ref])
+
+    walk(schema, 0, ())
