@@ -13,6 +13,7 @@ exactly as HTTP requests are.
 
 from __future__ import annotations
 
+import dataclasses
 import uuid
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -41,7 +42,7 @@ class EdgeInfer:
         (slots=, context=, threads=, ...)."""
         cfg = load_config(Path(path) if path else None)
         models = tuple(override_model(m, **overrides) for m in cfg.models)
-        return cls(ServerConfig(host=cfg.host, port=cfg.port, models=models))
+        return cls(dataclasses.replace(cfg, models=models, library=models))  # (routing, ...)
 
     async def start(self) -> Self:
         if not self._started:

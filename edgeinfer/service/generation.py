@@ -27,13 +27,9 @@ from edgeinfer.prompt.callparser import partial_suffix
 from edgeinfer.prompt.reasoning import harmony_reasoning, markers_for, starts_in_thought
 from edgeinfer.prompt.template import CHATML_ENDS
 from edgeinfer.prompt.tools import parameter_schemas, parameter_types
+from edgeinfer.service import request as rq
 from edgeinfer.service.constraint import grammar_for
-from edgeinfer.service.events import (
-    ErrorEvent,
-    Event,
-    Finish,
-    UsageReport,
-)
+from edgeinfer.service.events import ErrorEvent, Event, Finish, UsageReport
 from edgeinfer.service.reader import ChoiceReader, Reading
 from edgeinfer.service.request import ChatPrompt, GenerateRequest, MixedPrompt, TextPrompts
 from edgeinfer.service.selection import NoneLeft, features, model_for
@@ -97,6 +93,7 @@ async def _fitted(pool: ModelPool, req: GenerateRequest, leases: list[Lease],
     served = await model_for(pool, req.model, leases, choices=req.num_choices,
                              routing=features(req), wait=req.wait_for_model, skip=skip)
     _check_vocab(req, served.runtime.info.n_vocab)
+    rq.check_text_size(req, served.n_ctx)
     params = req.params
     if params.max_tokens is None and served.cfg.max_tokens is not None:
         params = replace(params, max_tokens=served.cfg.max_tokens)  # the model's default

@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from edgeinfer.engine.sequence import SamplingParams
+from edgeinfer.errors import InvalidRequest
 from edgeinfer.prompt.tools import ToolSpec
 
 
@@ -100,3 +101,28 @@ class GenerateRequest:
 class EmbedRequest:
     model: str
     inputs: tuple[str | list[int], ...]
+
+
+MAX_TOKEN_BYTES = 256  # no vocabulary has longer tokens (SmolLM2: 81 bytes, Gemma 3: 48)
+
+
+def check_text_size(req: GenerateRequest, n_ctx: int) -> None:
+    """400 context_length_exceeded for a prompt whose text is too long for the context
+    whatever it tokenizes to (a token is at most MAX_TOKEN_BYTES), before it is rendered
+    and tokenized (seconds of the model's native worker for megabytes); a request that
+    cuts its prompt to fit (``keep_head``) is left to that."""
+    if req.keep_head is not None:
+        return
+    if isinstance(req.prompt, ChatPrompt):
+        texts = [m.get("content") for m in req.prompt.messages]
+        chars = sum(len(t) if isinstance(t, str) else sum(
+            len(p.get("text") or "") for p in t if isinstance(p, dict))
+            if isinstance(t, list) else 0 for t in texts)
+    else:
+        chars = max((len(p) for p in req.prompt.prompts if isinstance(p, str)), default=0)
+    if chars > n_ctx * MAX_TOKEN_BYTES:
+        where = "messages" if isinstance(req.prompt, ChatPrompt) else "prompt"
+        raise InvalidRequest(
+            f"This model's maximum context length is {n_ctx} tokens. However, your "
+            f"{where} has {chars} characters, more than any {n_ctx} tokens hold. Please "
+            "reduce the prompt.", param=where, code="context_length_exceeded")

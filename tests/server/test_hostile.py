@@ -678,6 +678,22 @@ def test_a_keep_alive_past_a_float_is_for_good(server: ServerProcess) -> None:
                                                         "keep_alive": "5m"}, timeout=60)
 
 
+def test_a_prompt_too_long_for_any_tokens_is_refused_before_it_is_tokenized(
+        server: ServerProcess) -> None:
+    """3 MB of text cannot fit 8,192 tokens of at most 256 bytes: a 400 before the
+    template and the tokenizer (seconds of the model's native worker for megabytes)."""
+    huge = "word " * 600_000
+    for path, body in [(CHAT, {"model": "default", "max_tokens": 2,
+                               "messages": [{"role": "user", "content": huge}]}),
+                       ("/v1/completions", {"model": "default", "max_tokens": 2,
+                                            "prompt": huge})]:
+        r = httpx.post(f"{server.base_url}{path}", json=body, timeout=60)
+        assert r.status_code == 400, r.text[:300]
+        err = r.json()["error"]
+        assert err["code"] == "context_length_exceeded" and "characters" in err["message"]
+    alive(server)
+
+
 def _chain(levels: int) -> dict[str, Any]:
     defs: dict[str, Any] = {f"d{i}": {"anyOf": [{"$ref": f"#/$defs/d{i + 1}"}] * 4}
                             for i in range(levels)}

@@ -124,3 +124,14 @@ def test_routing_names_an_alias_as_its_id_and_key_files_sit_beside_the_config(
                             "[[models]]\nid='a'\naliases=['al']\npath='x'\n"
                             "[routing]\ndefault='al'\n"))
     assert cfg.routing == (("default", "a"),) and cfg.api_keys == ("k1", "k2")
+
+
+def test_the_in_process_server_keeps_the_configs_server_settings() -> None:
+    """``EdgeInfer.from_config`` kept only host, port and models: model "auto" ignored the
+    [routing] the README's in-process example relies on."""
+    from edgeinfer.inprocess import EdgeInfer
+
+    base = load_config(DEFAULT_CONFIG)
+    ei = EdgeInfer.from_config(slots=4)
+    assert ei.config.routing == base.routing and ei.config.routing
+    assert all(m.slots == 4 for m in ei.config.models)
