@@ -39,6 +39,7 @@ from edgeinfer.api.respond import (
 )
 from edgeinfer.errors import InvalidRequest
 from edgeinfer.models.pool import ModelPool, ModelState
+from edgeinfer.prompt.reasoning import splits
 from edgeinfer.service import events as ev
 from edgeinfer.service.embedding import embed, shortened
 from edgeinfer.service.generation import Generation
@@ -266,6 +267,10 @@ async def answer(request: Request, parsed: Parsed, name: str, chat: bool) -> Res
     if parsed.req is None:
         return await _load_or_unload(p, name, parsed, meta)
     meta.load_ns = await _load(p, name)
+    served = p.get(name)
+    if parsed.req.template_kwargs.get("enable_thinking") and not splits(
+            served.cfg.reasoning_format, served.template.source):  # (as Ollama: a 400)
+        raise InvalidRequest(f'"{parsed.model}" does not support thinking', param="think")
     gen = await _fitting(request, replace(parsed.req, model=name), parsed.truncate)
     if parsed.returns_context:
         meta.context = gen.conversation

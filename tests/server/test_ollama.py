@@ -374,6 +374,10 @@ def test_think_and_ignored_options_are_accepted(oc: ollama.Client) -> None:
                 options={"num_predict": 4, "num_ctx": 4096, "num_thread": 2, "mirostat": 0,
                          "seed": -1, "repeat_last_n": -1, "stop": ["\n\n"]})
     assert r.done is True and r.message.thinking is None
+    # think on a model that does not think: Ollama's 400 (apps read it as the capability)
+    with pytest.raises(ollama.ResponseError, match="does not support thinking") as err:
+        oc.chat(model="default", messages=HELLO, think=True, options={"num_predict": 2})
+    assert err.value.status_code == 400
 
 
 def test_disconnected_stream_aborts_its_generation(server: ServerProcess) -> None:

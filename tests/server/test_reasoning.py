@@ -55,6 +55,16 @@ def test_an_open_think_block_becomes_reasoning_content(r1: ServerProcess) -> Non
     assert "".join(parts) == reasoning
 
 
+def test_ollama_think_on_a_model_that_thinks(r1: ServerProcess) -> None:
+    """Ollama's ``think: true`` is taken by a model whose template reasons (a model that
+    does not gets Ollama's 400: tests/server/test_ollama.py)."""
+    r = httpx.post(f"{r1.base_url}/api/chat", timeout=120, json={
+        "model": "default", "messages": ASK, "think": True, "stream": False,
+        "options": {"num_predict": 24, "temperature": 0}})
+    assert r.status_code == 200, r.text
+    assert r.json()["message"].get("thinking")
+
+
 def test_reasoning_format_none_keeps_everything_in_the_content(r1: ServerProcess) -> None:
     c = client(r1)
     r = c.chat.completions.create(model="default", messages=ASK, max_tokens=24, temperature=0,
