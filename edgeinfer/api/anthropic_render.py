@@ -93,7 +93,7 @@ def _input(arguments: str) -> dict[str, Any]:
     """A call's ``input``: {} for one cut off by max_tokens (as the stream ends it)."""
     try:
         value = json.loads(arguments)
-    except ValueError:
+    except (ValueError, RecursionError):  # (cut inside a thousand open brackets)
         return {}
     return value if isinstance(value, dict) else {}
 

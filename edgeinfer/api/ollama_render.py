@@ -267,9 +267,8 @@ async def answer(request: Request, parsed: Parsed, name: str, chat: bool) -> Res
     if parsed.req is None:
         return await _load_or_unload(p, name, parsed, meta)
     meta.load_ns = await _load(p, name)
-    served = p.get(name)
-    if parsed.req.template_kwargs.get("enable_thinking") and not splits(
-            served.cfg.reasoning_format, served.template.source):  # (as Ollama: a 400)
+    if parsed.req.template_kwargs.get("enable_thinking") and name != "auto" and not splits(
+            (served := p.get(name)).cfg.reasoning_format, served.template.source):
         raise InvalidRequest(f'"{parsed.model}" does not support thinking', param="think")
     gen = await _fitting(request, replace(parsed.req, model=name), parsed.truncate)
     if parsed.returns_context:

@@ -252,7 +252,7 @@ class OutputBuilder:
 def _parses(arguments: str) -> bool:
     try:
         json.loads(arguments)
-    except ValueError:
+    except (ValueError, RecursionError):
         return False
     return True
 

@@ -191,7 +191,7 @@ def check_gbnf_budget(gbnf: str, param: str, *, generated: bool) -> None:
 
 
 MAX_NULLABLE_REPEAT = 50  # a counted repetition of what may match nothing (see below)
-_TOKEN = re.compile(r'""|~|[a-zA-Z0-9_-]+|\{[^}]*\}|[()|?*+]')
+_TOKEN = re.compile(r'""|~|[a-zA-Z0-9_-]+|\{[^}]*\}|[()|?*+]|\.')
 _REGEX_TOKEN = re.compile(r"\\.|\[(?:[^\]\\]|\\.)*\]|\(\?[:=!]?|\{[^}]*\}|[()|?*+]|[^\\]")
 _RULE = re.compile(r"^\s*([a-zA-Z0-9_-]+)\s*::=", re.MULTILINE)
 
@@ -297,19 +297,35 @@ def check_rewritten_pattern(pattern: str, rewritten: str, param: str) -> None:
 MAX_LEFT_VISITS = 1_000_000  # rule visits of llama.cpp's left-recursion check (~10 ms)
 
 
-def _lead(alt: list[_Item], rules: dict[str, list[list[_Item]]]) -> list[_Item]:
-    """The items of ``alt`` llama.cpp's left-recursion check enters: the first, and the
-    next ones while those before may be empty (an empty alternative of their own)."""
-    out: list[_Item] = []
+def _lead(alt: list[_Item], rules: dict[str, list[list[_Item]]]) -> list[tuple[Any, int]]:
+    """(rule or group, copies) that llama.cpp's left-recursion check enters from ``alt``:
+    the first, and the next ones while those before may be empty (an empty alternative of
+    their own, or a quantifier that may skip them; ``S{4}`` of an S that may be empty is
+    four copies, each walked)."""
+    out: list[tuple[Any, int]] = []
     for atom, quant in alt:
         if atom == "~":  # an empty literal is no element
             continue
-        if atom == '""':  # a terminal ends the leading part
+        if atom == '""':  # a terminal ends the leading part, unless it may be skipped
+            if _may_skip(quant):
+                continue
             return out
-        out.append((atom, quant))
-        group = atom if isinstance(atom, list) else rules.get(str(atom), [[("x", "")]])
-        if not (_may_skip(quant) or any(all(a == "~" for a, _ in g) for g in group)):
+        group = atom if isinstance(atom, list) else rules.get(str(atom), [[('""', "")]])
+        empty = any(all(a == "~" for a, _ in g) for g in group)
+        counts = [int(n) for n in re.findall(r"\d+", quant)] if quant[:1] == "{" else [1]
+        out.append((group, max(1, max(counts)) if empty else 1))
+        if not (_may_skip(quant) or empty):
             return out
+    return out
+
+
+def _groups(rules: dict[str, list[list[_Item]]]) -> list[list[list[_Item]]]:
+    """Every rule and group (llama.cpp makes a rule of each group): what its check walks."""
+    out, todo = [], list(rules.values())
+    while todo:
+        node = todo.pop()
+        out.append(node)
+        todo.extend(a for alt in node for a, _ in alt if isinstance(a, list))
     return out
 
 
@@ -318,31 +334,34 @@ def check_left_visits(rules: dict[str, list[list[_Item]]], param: str) -> None:
     references without remembering the rules it walked, so a chain of rules each with
     several alternatives leading to the next takes time exponential in its length (15
     levels of 4 ``$ref``s to the next definition: hours, on the model's engine thread).
-    The walk is counted here (memoized) and refused past MAX_LEFT_VISITS."""
+    The walks from every rule are counted here (memoized) and refused past
+    MAX_LEFT_VISITS in all."""
     visits: dict[int, int] = {}  # by id of a rule's or group's alternatives
     busy: set[int] = set()  # being walked (a cycle back to one adds nothing)
-    for top in rules.values():
+    total = 0
+    for top in _groups(rules):
         todo: list[tuple[list[list[_Item]], bool]] = [(top, False)]
         while todo:
             node, ready = todo.pop()
             if id(node) in visits or (not ready and id(node) in busy):
                 continue
-            kids = [atom if isinstance(atom, list) else rules.get(str(atom), [])
-                    for alt in node for atom, _ in _lead(alt, rules)]
+            kids = [k for alt in node for k in _lead(alt, rules)]
             if not ready:
                 busy.add(id(node))
                 todo.append((node, True))
-                todo.extend((k, False) for k in kids if id(k) not in visits and id(k) not in busy)
+                todo.extend((k, False) for k, _ in kids
+                            if id(k) not in visits and id(k) not in busy)
                 continue
             busy.discard(id(node))
-            visits[id(node)] = min(1 + sum(visits.get(id(k), 0) + 1 for k in kids),
+            visits[id(node)] = min(1 + sum(n * (visits.get(id(k), 0) + 1) for k, n in kids),
                                    MAX_LEFT_VISITS + 1)
-            if visits[id(node)] > MAX_LEFT_VISITS:
-                raise InvalidRequest(
-                    "the grammar's rules branch into each other too many times before any "
-                    "text (llama.cpp's check of it would take hours): fewer alternatives "
-                    "that each lead to the next, or fewer levels of them (grammar budget)",
-                    param=param, code="grammar_too_large")
+        total += visits[id(top)]
+        if total > MAX_LEFT_VISITS:
+            raise InvalidRequest(
+                "the grammar's rules branch into each other too many times before any text "
+                "(llama.cpp's check of it would take hours): fewer alternatives that each "
+                "lead to the next, or fewer levels of them (grammar budget)", param=param,
+                code="grammar_too_large")
 
 
 def check_nullable_repeats(gbnf: str, param: str) -> None:
@@ -350,9 +369,11 @@ def check_nullable_repeats(gbnf: str, param: str) -> None:
     counted repetition of something that may match nothing: ``("a"?){0,1000}`` took
     minutes per token (0.2 s at 100, 19 s at 400), stalling every request of the model.
     Such counts are kept to MAX_NULLABLE_REPEAT."""
-    plain = _LITERALS.sub(lambda m: "~" if m.group(0) == '""' else '""', gbnf)
+    plain = _LITERALS.sub(lambda m: "~" if m.group(0) == '""' else
+                          " " if m.group(0).startswith("#") else '""', gbnf)
     starts = list(_RULE.finditer(plain))
-    rules = {m.group(1): _parse(_TOKEN.findall(plain[m.end():nxt]), 0)[0]
+    rules = {m.group(1): _parse(['""' if t == "." else t  # (any character: a terminal)
+                                 for t in _TOKEN.findall(plain[m.end():nxt])], 0)[0]
              for m, nxt in zip(starts, [s.start() for s in starts[1:]] + [len(plain)],
                                strict=False)}
     names: set[str] = set()

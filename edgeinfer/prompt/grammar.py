@@ -124,21 +124,35 @@ def _bound(node: Any, ints: dict[str, str]) -> Any:
     return out
 
 
+_OWN_KEYWORDS = {  # the keywords that apply to values of one type only
+    "object": {"properties", "required", "additionalProperties", "minProperties",
+               "maxProperties", "propertyNames"},
+    "array": {"items", "prefixItems", "minItems", "maxItems", "uniqueItems", "additionalItems"},
+    "string": {"minLength", "maxLength", "pattern", "format"},
+    "integer": {"minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum", "multipleOf"},
+}
+_OWN_KEYWORDS["number"] = _OWN_KEYWORDS["integer"]
+
+
 def _one_type(node: dict[str, Any]) -> dict[str, Any]:
     """A list of types (``["string", "null"]``, OpenAI's optional field; Ollama's client
-    writes ``"string, integer"``) as ``anyOf`` of one type each, every other keyword in
-    each: llama-cpp-python's converter drops the other keywords beside a list (an enum, a
-    maxLength, integer bounds). Beside ``enum`` or ``const`` the values say the type."""
+    writes ``"string, integer"``) as ``anyOf`` of one type each, with the keywords of that
+    type (each once: the schema does not grow): llama-cpp-python's converter drops every
+    other keyword beside a list (an enum, a maxLength, integer bounds). Beside ``enum`` or
+    ``const`` the values say the type; beside ``anyOf`` and the like it stays as it was."""
     kind = node.get("type")
     if isinstance(kind, str) and "," in kind:
         kind = [k.strip() for k in kind.split(",") if k.strip()]
-    if not isinstance(kind, list):
+    if not isinstance(kind, list) or {"anyOf", "oneOf", "allOf", "$ref"} & set(node):
         return node
     rest = {k: v for k, v in node.items() if k != "type"}
     if len(kind) == 1 or "enum" in rest or "const" in rest or not kind:
         return {**rest, "type": kind[0]} if len(kind) == 1 else rest
-    top: dict[str, Any] = {k: rest.pop(k) for k in ("$defs", "definitions") if k in rest}
-    return {**top, "anyOf": [{**rest, "type": k} for k in kind]}
+    own = set().union(*_OWN_KEYWORDS.values())
+    top: dict[str, Any] = {k: v for k, v in rest.items() if k not in own}
+    return {**top, "anyOf": [{"type": k, **{key: v for key, v in rest.items()
+                                            if key in _OWN_KEYWORDS.get(k, ())}}
+                             for k in dict.fromkeys(kind)]}
 
 
 def _lengths_in_pattern(node: dict[str, Any]) -> dict[str, Any]:

@@ -58,6 +58,8 @@ def check_schema(schema: Any, param: str) -> None:
         ref = node.get("$ref")
         if ref is None:
             return height
+        if not isinstance(ref, str):
+            raise InvalidRequest("'$ref' must be a string", param=param)
         if ref in refs:
             raise InvalidRequest(f"recursive $ref is not supported: {ref}", param=param)
         if ref not in defs:

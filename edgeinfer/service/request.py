@@ -119,7 +119,9 @@ def check_text_size(req: GenerateRequest, n_ctx: int) -> None:
             len(p.get("text") or "") for p in t if isinstance(p, dict))
             if isinstance(t, list) else 0 for t in texts)
     else:
-        chars = max((len(p) for p in req.prompt.prompts if isinstance(p, str)), default=0)
+        chars = max((len(p) if isinstance(p, str) else sum(  # (a mixed prompt's texts)
+            len(x) for x in p.parts if isinstance(x, str)) if isinstance(p, MixedPrompt) else 0
+            for p in req.prompt.prompts), default=0)
     if chars > n_ctx * MAX_TOKEN_BYTES:
         where = "messages" if isinstance(req.prompt, ChatPrompt) else "prompt"
         raise InvalidRequest(

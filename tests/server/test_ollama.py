@@ -378,6 +378,8 @@ def test_think_and_ignored_options_are_accepted(oc: ollama.Client) -> None:
     with pytest.raises(ollama.ResponseError, match="does not support thinking") as err:
         oc.chat(model="default", messages=HELLO, think=True, options={"num_predict": 2})
     assert err.value.status_code == 400
+    # model "auto" routes as on /v1 (the capability check once looked "auto" up: a 404)
+    assert oc.chat(model="auto", messages=HELLO, options={"num_predict": 2}).done
 
 
 def test_disconnected_stream_aborts_its_generation(server: ServerProcess) -> None:

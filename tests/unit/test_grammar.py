@@ -39,6 +39,7 @@ def test_unbounded_arrays_and_strings_get_bounds() -> None:
         ("integer", "multipleOf"), ("string", "maxLength"), ("array", "maxItems"),
         ("object", "minProperties")]),
     {"type": "integer", "minimum": 10 ** 20, "maximum": 10 ** 21},  # past 16 digits
+    {"$ref": ["x"]}, {"$ref": {}},  # (unhashable: a 500)
 ])
 def test_bad_schemas_are_400(schema: object) -> None:
     with pytest.raises(InvalidRequest) as info:
@@ -374,3 +375,30 @@ def test_a_list_of_types_keeps_the_other_keywords() -> None:
     # the Ollama client writes a union of a Python function's parameter so
     g = prop({"type": "string, integer", "description": "how"})
     assert _rule(g, "a") == "a ::= a-0 | integer"
+
+
+
+@pytest.mark.parametrize("unit", [
+    "#c\n r{n}",  # a comment is no text
+    '"a"? r{n}',  # an optional literal may be skipped
+    "[a]* r{n}",
+])
+def test_what_leads_to_the_next_rule_without_text_is_counted(unit: str) -> None:
+    alt = " | ".join([unit] * 4)
+    rules = [f"r{i} ::= " + alt.replace("{n}", str(i + 1)) for i in range(16)]
+    gbnf = "root ::= r0\n" + "\n".join(rules) + '\nr16 ::= "x"\n'
+    with pytest.raises(InvalidRequest):
+        check_nullable_repeats(gbnf, "grammar")
+
+
+def test_counted_copies_and_many_entry_rules_are_counted() -> None:
+    # S{4} of an S that may be empty: four copies, each walked
+    rules = [f'd{i} ::= d{i + 1}{{4}} "x" | ""' for i in range(15)]
+    with pytest.raises(InvalidRequest):
+        check_nullable_repeats("root ::= d0\n" + "\n".join(rules) + '\nd15 ::= "x"\n', "g")
+    # a chain that passes alone, entered from 4,000 rules: llama.cpp walks it from each
+    chain = [f"c{i} ::= c{i + 1} | c{i + 1} \"a\"" for i in range(12)] + ['c12 ::= "x"']
+    check_nullable_repeats("root ::= c0\n" + "\n".join(chain) + "\n", "g")
+    entries = "\n".join(f"e{j} ::= c0" for j in range(4000))
+    with pytest.raises(InvalidRequest):
+        check_nullable_repeats("root ::= c0\n" + "\n".join(chain) + "\n" + entries, "g")
