@@ -320,12 +320,14 @@ def _lead(alt: list[_Item], rules: dict[str, list[list[_Item]]]) -> list[tuple[A
 
 
 def _groups(rules: dict[str, list[list[_Item]]]) -> list[list[list[_Item]]]:
-    """Every rule and group (llama.cpp makes a rule of each group): what its check walks."""
-    out, todo = [], list(rules.values())
+    """Every rule, in order, then every group (llama.cpp makes a rule of each): what its
+    check walks from."""
+    out, todo = list(rules.values()), list(rules.values())
     while todo:
         node = todo.pop()
-        out.append(node)
-        todo.extend(a for alt in node for a, _ in alt if isinstance(a, list))
+        groups = [a for alt in node for a, _ in alt if isinstance(a, list)]
+        out += groups
+        todo += groups
     return out
 
 
@@ -338,8 +340,11 @@ def check_left_visits(rules: dict[str, list[list[_Item]]], param: str) -> None:
     MAX_LEFT_VISITS in all."""
     visits: dict[int, int] = {}  # by id of a rule's or group's alternatives
     busy: set[int] = set()  # being walked (a cycle back to one adds nothing)
+    walked: set[int] = set()  # reached by an earlier rule's walk: llama.cpp skips those
     total = 0
     for top in _groups(rules):
+        if id(top) in walked:
+            continue
         todo: list[tuple[list[list[_Item]], bool]] = [(top, False)]
         while todo:
             node, ready = todo.pop()
@@ -353,8 +358,14 @@ def check_left_visits(rules: dict[str, list[list[_Item]]], param: str) -> None:
                             if id(k) not in visits and id(k) not in busy)
                 continue
             busy.discard(id(node))
-            visits[id(node)] = min(1 + sum(n * (visits.get(id(k), 0) + 1) for k, n in kids),
+            visits[id(node)] = min(1 + sum(n * visits.get(id(k), 0) for k, n in kids),
                                    MAX_LEFT_VISITS + 1)
+        reached = [top]
+        while reached:
+            node = reached.pop()
+            if id(node) not in walked:
+                walked.add(id(node))
+                reached.extend(k for alt in node for k, _ in _lead(alt, rules))
         total += visits[id(top)]
         if total > MAX_LEFT_VISITS:
             raise InvalidRequest(
