@@ -340,10 +340,9 @@ def check_left_visits(rules: dict[str, list[list[_Item]]], param: str) -> None:
     MAX_LEFT_VISITS in all."""
     visits: dict[int, int] = {}  # by id of a rule's or group's alternatives
     busy: set[int] = set()  # being walked (a cycle back to one adds nothing)
-    walked: set[int] = set()  # reached by an earlier rule's walk: llama.cpp skips those
     total = 0
     for top in _groups(rules):
-        if id(top) in walked:
+        if id(top) in visits:  # reached by an earlier rule's walk: llama.cpp skips those
             continue
         todo: list[tuple[list[list[_Item]], bool]] = [(top, False)]
         while todo:
@@ -360,12 +359,6 @@ def check_left_visits(rules: dict[str, list[list[_Item]]], param: str) -> None:
             busy.discard(id(node))
             visits[id(node)] = min(1 + sum(n * visits.get(id(k), 0) for k, n in kids),
                                    MAX_LEFT_VISITS + 1)
-        reached = [top]
-        while reached:
-            node = reached.pop()
-            if id(node) not in walked:
-                walked.add(id(node))
-                reached.extend(k for alt in node for k, _ in _lead(alt, rules))
         total += visits[id(top)]
         if total > MAX_LEFT_VISITS:
             raise InvalidRequest(
