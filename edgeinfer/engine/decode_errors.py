@@ -1,11 +1,14 @@
 """What a failed llama_decode does to the requests of its batch.
 
 Whatever part of the batch reached the KV cache is undone. Out of KV cells, the
-engine first evicts cached prefixes and retries, then retries without draft tokens;
-failing that, it stops only the newest request of the batch (the others go on): as if
-it reached its length when it has generated tokens (alone, it reached the end of the
-cache), else with a "KV cache full" error (503 and Retry-After to the client). Any other
-failure ends every request of the batch with an error.
+engine first evicts cached prefixes and retries, then retries without draft tokens.
+Failing that, the newest request of the batch that has generated nothing waits again
+(its cells freed, ``Scheduler.preempt``) while others run, whose ends free cells; its
+client sees only a later first token. With none such, the newest request of the batch
+stops (the others go on): as if it reached its length when it has generated tokens
+(alone, it reached the end of the cache), else, alone, with a "KV cache full" error
+(503 and Retry-After to the client). Any other failure ends every request of the batch
+with an error.
 """
 
 from __future__ import annotations
@@ -16,7 +19,7 @@ from typing import NamedTuple
 from edgeinfer.engine.delta import Failure, FailureCode
 from edgeinfer.engine.lane import Lane
 from edgeinfer.engine.prefix_cache import PrefixCache
-from edgeinfer.engine.scheduler import Chunk
+from edgeinfer.engine.scheduler import Chunk, Scheduler
 from edgeinfer.engine.sequence import Sequence, SequenceStatus
 
 log = logging.getLogger("edgeinfer.engine.loop")  # the step loop's own log
@@ -47,8 +50,10 @@ class Ending(NamedTuple):
 
 
 def after_decode_error(rc: int, chunks: list[Chunk], cache: PrefixCache,
-                       lane: Lane | None = None) -> list[Ending]:
-    """Undo the batch in the cache; the requests to end (none: retry the step). A call
+                       lane: Lane | None = None,
+                       scheduler: Scheduler | None = None) -> list[Ending]:
+    """Undo the batch in the cache; the requests to end (none: retry the step). A prompt
+    sent back to wait is taken out of the ``scheduler``'s running sequences here. A call
     in the ``lane`` (one deterministic sequence) is undone there, and ends its request."""
     if lane is not None:
         lane.rollback(chunks[0].start)
@@ -60,16 +65,18 @@ def after_decode_error(rc: int, chunks: list[Chunk], cache: PrefixCache,
         if chunk.seq.slot is not None:
             cache.rollback(chunk.seq.slot, chunk.start)
     if rc == DECODE_NO_KV_SLOT:
-        return _out_of_cells(chunks, cache)
+        return _out_of_cells(chunks, cache, scheduler)
     msg = describe_decode_error(rc)
     log.error("llama_decode failed (rc=%d): %s", rc, msg)
     return [Ending(seq, SequenceStatus.FINISHED_ERROR, Failure(FailureCode.DECODE, msg))
             for seq in {id(c.seq): c.seq for c in chunks}.values()]
 
 
-def _out_of_cells(chunks: list[Chunk], cache: PrefixCache) -> list[Ending]:
+def _out_of_cells(chunks: list[Chunk], cache: PrefixCache,
+                  scheduler: Scheduler | None) -> list[Ending]:
     """No KV cells for the batch: evict a cached prefix, else drop the drafts, and retry;
-    failing both, stop the newest request of the batch."""
+    failing both, send the newest prompt back to wait while others run, else stop the
+    newest request of the batch."""
     if cache.evict_one():
         log.info("KV cache full: evicted cached prefixes, retrying")
         return []
@@ -78,6 +85,13 @@ def _out_of_cells(chunks: list[Chunk], cache: PrefixCache) -> list[Ending]:
         for seq in drafted:  # near the end of the cache: their tokens one at a time
             seq.drafter = None
         log.info("KV cache full: retrying without draft tokens")
+        return []
+    fresh = [c.seq for c in chunks if not c.seq.num_generated]
+    if fresh and scheduler is not None and len(scheduler.running) > 1:
+        victim = max(fresh, key=lambda s: s.arrival)
+        log.info("KV cache full: request %s waits for a running request to end",
+                 victim.request_id)
+        cache.release(scheduler.preempt(victim), keep=False)
         return []
     victim = max((c.seq for c in chunks), key=lambda s: s.arrival)
     log.warning("KV cache full: stopping request %s", victim.request_id)

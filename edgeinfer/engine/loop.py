@@ -374,7 +374,7 @@ class Engine:
 
     def _on_decode_error(self, rc: int, chunks: list[Chunk], lane: Lane | None) -> None:
         self.stats.decode_errors += 1
-        for end in after_decode_error(rc, chunks, self.cache, lane):
+        for end in after_decode_error(rc, chunks, self.cache, lane, self.scheduler):
             self._finish(end.seq, end.status, end.failure)
 
     def _fail_all(self, msg: str) -> None:

@@ -125,6 +125,8 @@ class Scheduler:
         of higher-priority ones, but waiting longer never outranks fairness among
         requests of the top level.
         """
+        if any(s.held for s in self.waiting):  # cells are short: none joins before them
+            return None
         top = max(s.priority for s in self.waiting)
         best: Sequence | None = None
         best_key: tuple[float, int, int] | None = None
@@ -283,16 +285,35 @@ class Scheduler:
         assert seq.status is SequenceStatus.RUNNING and not seq.is_prefilling
         seq.tokens.append(token)
 
+    def preempt(self, seq: Sequence) -> int:
+        """Send a running sequence that has generated nothing back to the front of the
+        queue (the KV cache had no room for its prompt); returns the slot it freed, whose
+        cells the caller drops. It is held there, and no waiting sequence is admitted,
+        until a running sequence ends; then its prompt is computed again."""
+        assert seq.status is SequenceStatus.RUNNING and not seq.num_generated
+        slot = self._free(seq)
+        seq.slot, seq.status, seq.held = None, SequenceStatus.WAITING, True
+        seq.num_computed = seq.num_cached = 0
+        seq.waiting_on, seq.checkpoints = None, ()
+        self.waiting.appendleft(seq)
+        return slot
+
+    def _free(self, seq: Sequence) -> int:
+        self.running.remove(seq)
+        assert seq.slot is not None
+        self._free_slots.append(seq.slot)
+        self._free_slots.sort()
+        return seq.slot
+
     def finish(self, seq: Sequence, status: SequenceStatus) -> int | None:
-        """End a sequence (running or waiting); returns the slot it freed, if any."""
+        """End a sequence (running or waiting); returns the slot it freed, if any. A
+        running one's end lets the sequences ``preempt`` held be admitted again."""
         assert status.is_finished
         freed = None
         if seq.status is SequenceStatus.RUNNING:
-            self.running.remove(seq)
-            assert seq.slot is not None
-            freed = seq.slot
-            self._free_slots.append(freed)
-            self._free_slots.sort()
+            freed = self._free(seq)
+            for other in self.waiting:
+                other.held = False
         elif seq.status is SequenceStatus.WAITING:
             self.waiting.remove(seq)
         seq.status = status

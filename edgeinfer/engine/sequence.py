@@ -137,6 +137,9 @@ class Sequence:
     checkpoints: tuple[int, ...] = ()
     drafter: Drafter | None = None  # speculative decoding (None: off for this one)
     deterministic: bool = False  # computed in calls of its own (``invariance``)
+    # sent back to wait when the KV cache had no room for its prompt: not admitted again
+    # until a running sequence ends (``Scheduler.preempt``)
+    held: bool = False
 
     def __post_init__(self) -> None:
         if not self.tokens:

@@ -74,6 +74,35 @@ def test_full_kv_cache_stops_only_the_newest_request(small: ServedModel) -> None
     assert generated[-1] == room
 
 
+def test_prompts_the_kv_cache_cannot_hold_together_wait_their_turn() -> None:
+    """Four ~100-token prompts in 256 cells: the prompts that do not fit beside the
+    others wait (their cells freed) until a running request ends, then run; every request
+    gets its whole answer, none an error (this was a "KV cache full" error mid-stream)."""
+    with _model(context=256, slots=4, batch=64, threads=2) as served:
+        prompts = [served.tokenize_chat(served.template.render([{
+            "role": "user", "content": f"Story {k}: " + " ".join(
+                f"the {w} walked to the market on day {k}." for w in
+                ("fox", "owl", "cat", "dog", "hen", "elk", "ram", "bee"))}]))
+            for k in range(4)]
+        assert all(90 <= len(p) < 128 for p in prompts), [len(p) for p in prompts]
+        params = SamplingParams(temperature=0, ignore_eos=True, max_tokens=12)
+
+        async def main() -> list[tuple[str, Delta]]:
+            served.engine.start(asyncio.get_running_loop())
+            try:
+                return await asyncio.gather(*(_run(served, f"p{k}", p, params)
+                                              for k, p in enumerate(prompts)))
+            finally:
+                served.engine.stop()
+
+        results = asyncio.run(main())
+        assert served.engine.stats.decode_errors >= 1  # the cache really ran out
+        for _, last in results:
+            assert last.finish_reason == "length" and last.completion_tokens == 12, last
+        stats = served.engine.stats_snapshot()
+        assert stats["queued"] == 0 and stats["slots_busy"] == 0
+
+
 def test_a_request_ended_early_finishes_as_a_stop_with_its_last_delta() -> None:
     """abort(stop=True) (a repeated tool call ends the answer) finishes the request as
     a stop: its finishing delta comes, with the counts, and frees the slot; a late one

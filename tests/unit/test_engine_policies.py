@@ -422,6 +422,41 @@ def test_out_of_kv_cells_with_nothing_to_evict_stops_only_the_newest() -> None:
     assert end.status is SequenceStatus.FINISHED_LENGTH and end.failure is None
 
 
+def test_out_of_kv_cells_a_prompt_waits_again_while_others_run() -> None:
+    """With others running, the newest request that has generated nothing goes back to
+    the front of the queue, its cells freed, and is held there (nobody is admitted) until
+    a running request ends; then it is admitted first and computes its prompt again."""
+    cache, mem = make_cache(slots=2)
+    sched, chunks = running_pair(cache, mem)
+    a, b = chunks[0].seq, chunks[1].seq
+    assert after_decode_error(DECODE_NO_KV_SLOT, chunks, cache, scheduler=sched) == []
+    assert sched.running == [a] and list(sched.waiting) == [b]
+    assert b.status is SequenceStatus.WAITING and b.held and b.slot is None
+    assert b.num_computed == 0 and mem.holds(1) == 0 and mem.holds(0) == 1
+    later = seq("c", [7, 8, 9])
+    sched.add(later)
+    assert sched.admit() == []  # a free slot, but the held prompt goes first
+    sched.finish(a, SequenceStatus.FINISHED_STOPPED)
+    assert sched.admit() == [b, later] and not b.held
+
+
+def test_out_of_kv_cells_a_generating_request_goes_on_beside_a_prompt() -> None:
+    """The prompt waits again, not the request that already generates (even if newer);
+    alone, the prompt fails as before."""
+    cache, mem = make_cache(slots=2)
+    sched, chunks = running_pair(cache, mem)
+    a, b = chunks[0].seq, chunks[1].seq
+    b.tokens.append(11)
+    assert after_decode_error(DECODE_NO_KV_SLOT, chunks, cache, scheduler=sched) == []
+    assert sched.running == [b] and a.held
+    sched.finish(b, SequenceStatus.FINISHED_STOPPED)
+    assert sched.admit() == [a]
+    (end,) = after_decode_error(DECODE_NO_KV_SLOT, [Chunk(a, 0, a.prompt, True)], cache,
+                                scheduler=sched)
+    assert end.seq is a and end.failure is not None
+    assert end.failure.code is FailureCode.KV_FULL
+
+
 def test_out_of_kv_cells_alone_and_any_other_failure_end_the_whole_batch() -> None:
     cache, mem = make_cache(slots=2)
     sched, chunks = running_pair(cache, mem)
