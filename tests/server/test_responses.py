@@ -112,6 +112,11 @@ def test_cancel_is_a_400_naming_background(client: openai.OpenAI) -> None:
         client.responses.cancel(r.id)
     with pytest.raises(openai.NotFoundError):
         client.responses.cancel("resp_nope")
+    # streaming a stored response again is for background responses too (it was the
+    # JSON body, which the SDK's stream could not read)
+    with pytest.raises(openai.BadRequestError, match="background"):
+        client.responses.retrieve(r.id, stream=True)
+    assert client.responses.retrieve(r.id).id == r.id
 
 
 def test_paths_without_v1(server: ServerProcess) -> None:
