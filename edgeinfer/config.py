@@ -13,7 +13,6 @@ models.toml::
     # or: path = "/models/any.gguf"   (relative paths are relative to the file)
     context = 8192       # KV cells of the context, shared by its slots
     slots = 8            # sequences decoded together
-    threads = 2
     batch = 256          # token budget of one engine step (chunked prefill)
 """
 
@@ -319,6 +318,9 @@ def load_config(path: Path | None = None) -> ServerConfig:
     server = data.get("server", {})
     if not isinstance(server, dict) or not isinstance(data.get("models", []), list):
         raise ConfigError(f"{path}: [server] must be a table and [[models]] an array of tables")
+    if extra := set(data) - {"server", "models", "routing"}:
+        raise ConfigError(f"{path}: unknown top-level {', '.join(sorted(extra))} (the file "
+                          "has [server], [[models]] and [routing])")
     _check_types(server, {"host": "", "port": 0, "memory_budget_mb": 0, "send_timeout": 0.0,
                           "serve_while_loading": False, "open_metrics": False,
                           "api_key_file": ""}, f"{path}: [server]")
@@ -341,16 +343,14 @@ def load_config(path: Path | None = None) -> ServerConfig:
                 raise ConfigError(f"{path}: model name {name!r} is used twice")
             seen.add(name)
     for m in models:
-        unknown_fallback = [f for f in m.fallback if f not in seen or f in m.names]
-        if unknown_fallback:
+        if unknown_fallback := [f for f in m.fallback if f not in seen or f in m.names]:
             raise ConfigError(f"{path}: model {m.id!r}: fallback {unknown_fallback[0]!r} is not "
                               "another configured model")
         if m.draft_model is not None and (m.draft_model not in seen
                                           or m.draft_model in m.names):
             raise ConfigError(f"{path}: model {m.id!r}: draft_model {m.draft_model!r} is not "
                               "another configured model")
-    unknown = set(server) - _SERVER_KEYS
-    if unknown:
+    if unknown := set(server) - _SERVER_KEYS:
         raise ConfigError(f"unknown key(s) in [server]: {', '.join(sorted(unknown))}")
     keys = list(server.get("api_keys", []))
     if "api_key_file" in server:

@@ -135,3 +135,12 @@ def test_the_in_process_server_keeps_the_configs_server_settings() -> None:
     ei = EdgeInfer.from_config(slots=4)
     assert ei.config.routing == base.routing and ei.config.routing
     assert all(m.slots == 4 for m in ei.config.models)
+
+
+@pytest.mark.parametrize("text, named", [
+    ("[routnig]\ndefault='a'\n", "routnig"),  # a misspelled table was ignored
+    ("port = 9000\n", "port"),  # a [server] key above every table
+])
+def test_an_unknown_top_level_name_is_an_error(tmp_path: Path, text: str, named: str) -> None:
+    with pytest.raises(ConfigError, match=f"unknown top-level {named}.*routing"):
+        load_config(write(tmp_path, text + "[[models]]\nid='a'\npath='x'\n"))
