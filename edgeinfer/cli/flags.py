@@ -9,6 +9,17 @@ import math
 from edgeinfer.errors import ConfigError
 
 
+def gpu_layers(text: str) -> int | str:
+    """``--gpu-layers``: a count, or "auto" (what fits the GPU's free memory), as in
+    models.toml."""
+    if text.strip().lower() == "auto":
+        return "auto"
+    try:
+        return int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"a number of layers or \"auto\", not {text!r}") from None
+
+
 def check_serve_flags(args: argparse.Namespace) -> None:
     """ConfigError for a flag out of its range (NaN included)."""
     positive = {"--header-timeout": args.header_timeout, "--body-timeout": args.body_timeout,

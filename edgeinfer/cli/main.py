@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from edgeinfer import __version__
+from edgeinfer.cli import flags
 from edgeinfer.config import (
     ModelConfig,
     PackageSource,
@@ -73,7 +74,7 @@ def _serve_parser(sub: Sub) -> None:
     p.add_argument("--threads", "-t", type=int, default=None, help="CPU threads per model")
     p.add_argument("--batch", type=int, default=None,
                    help="token budget of one engine step (chunked prefill)")
-    p.add_argument("--gpu-layers", type=int, default=None, help="layers to offload to the GPU")
+    p.add_argument("--gpu-layers", type=flags.gpu_layers, help="GPU layers, or auto (what fits)")
     p.add_argument("--max-queue", type=int, default=None,
                    help="requests waiting for a slot per model before new ones get 429")
     p.add_argument("--request-timeout", type=float, default=None,
@@ -259,10 +260,9 @@ def serve(args: argparse.Namespace) -> int:
 
     from edgeinfer.api.app import create_app
     from edgeinfer.cli.deadline import protocol_class
-    from edgeinfer.cli.flags import check_serve_flags
     from edgeinfer.cli.server import EdgeServer, OneLineStartupFailure, bind
 
-    check_serve_flags(args)
+    flags.check_serve_flags(args)
     config = _select(load_config(args.config), args)
     if args.ray is not None:
         return _serve_on_ray(config, args)

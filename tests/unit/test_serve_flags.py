@@ -1,0 +1,29 @@
+"""``edgeinfer serve``'s flags as argparse reads them: values models.toml takes are
+taken here too, and a bad one is a one-line error at start."""
+
+from __future__ import annotations
+
+import pytest
+
+from edgeinfer.cli import flags
+from edgeinfer.cli.main import build_parser
+from edgeinfer.errors import ConfigError
+
+
+def test_gpu_layers_takes_a_count_or_auto_as_models_toml_does() -> None:
+    parse = build_parser().parse_args
+    assert parse(["serve", "--gpu-layers", "auto"]).gpu_layers == "auto"  # was refused
+    assert parse(["serve", "--gpu-layers", "12"]).gpu_layers == 12
+    assert parse(["serve"]).gpu_layers is None  # models.toml's value stays
+    with pytest.raises(SystemExit):
+        parse(["serve", "--gpu-layers", "lots"])
+
+
+@pytest.mark.parametrize("argv, named", [
+    (["--send-timeout", "nan"], "--send-timeout"),
+    (["--request-timeout", "0"], "--request-timeout"),
+    (["--drain-delay", "-1"], "--drain-delay"),
+])
+def test_a_flag_out_of_range_is_named(argv: list[str], named: str) -> None:
+    with pytest.raises(ConfigError, match=named):
+        flags.check_serve_flags(build_parser().parse_args(["serve", *argv]))
