@@ -23,6 +23,7 @@ from edgeinfer.prompt.budget import (
     check_gbnf_budget,
     check_rewritten_pattern,
 )
+from edgeinfer.prompt.conjunction import merged
 from edgeinfer.prompt.intrange import int_range_gbnf
 from edgeinfer.prompt.keywords import sound
 from edgeinfer.prompt.pattern import json_pattern, with_lengths
@@ -47,7 +48,7 @@ _STRICT_CHAR = r'[^"\\\x7F\x00-\x1F]'
 @lru_cache(maxsize=256)
 def _schema_gbnf(schema_text: str, prop_order: tuple[str, ...]) -> str:
     ints: dict[str, str] = {}
-    tight = _bound(json.loads(schema_text), ints)
+    tight = _bound(merged(json.loads(schema_text)), ints)
     gbnf = json_schema_to_gbnf(json.dumps(tight), list(prop_order))
     gbnf = _LOOSE_CHAR.sub(lambda m: m.group(1) + _STRICT_CHAR, gbnf)
     for key, expr in ints.items():

@@ -527,6 +527,33 @@ def test_keywords_zod_and_pydantic_write_are_taken_and_hold_in_the_answer(
     assert isinstance(json.loads(call.function.arguments)["headers"], dict)
 
 
+def test_allof_holds_in_the_answer(client: openai.OpenAI) -> None:
+    """``allOf`` as pydantic v1 writes a described enum field (the answer had ``{}`` for
+    it), as zod writes an intersection with a union (the union's properties came out
+    optional), and beside the node's own properties (they were dropped): the answer
+    validates against the whole schema."""
+    schemas: list[dict[str, Any]] = [
+        {"type": "object", "required": ["color", "size"],
+         "definitions": {"Color": {"enum": ["red", "green", "blue"], "type": "string"}},
+         "properties": {"color": {"allOf": [{"$ref": "#/definitions/Color"}],
+                                  "description": "a color"},
+                        "size": {"allOf": [{"type": "integer", "minimum": 1},
+                                           {"maximum": 9}]}}},
+        {"allOf": [
+            {"type": "object", "properties": {"id": {"type": "string", "maxLength": 8}},
+             "required": ["id"]},
+            {"anyOf": [{"type": "object", "required": ["kind", "n"], "properties": {
+                "kind": {"const": "a"}, "n": {"type": "integer", "minimum": 0, "maximum": 99}}},
+                       {"type": "object", "required": ["kind", "ok"], "properties": {
+                "kind": {"const": "b"}, "ok": {"type": "boolean"}}}]}]},
+        {"type": "object", "properties": {"extra": {"type": "boolean"}}, "required": ["extra"],
+         "allOf": [{"$ref": "#/$defs/Base"}], "$defs": {"Base": {
+             "type": "object", "required": ["name"],
+             "properties": {"name": {"type": "string", "maxLength": 10}}}}}]
+    for schema in schemas:
+        _answer_validates(client, schema, "Give me an example.", 120)
+
+
 def test_deeply_nested_schema_is_refused(server: ServerProcess) -> None:
     for depth in (200, 5000):  # deeper than our limit; deeper than Python's JSON recursion
         schema = '{"type": "array", "items": ' * depth + '{"type": "string"}' + "}" * depth

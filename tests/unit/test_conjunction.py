@@ -1,0 +1,88 @@
+"""``allOf`` merged into one sub-schema before the converter sees it (``conjunction``):
+the converter took only the ``properties`` of its parts."""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+import pytest
+
+from edgeinfer.errors import InvalidRequest
+from edgeinfer.prompt.conjunction import MAX_PARTS, merged
+from edgeinfer.prompt.grammar import schema_to_gbnf
+
+COLOR = {"$defs": {"Color": {"enum": ["red", "green"], "type": "string"}}}
+
+
+def test_an_allof_of_one_ref_is_what_it_names() -> None:
+    """pydantic v1's field with a description: the enum came out as ``{}``."""
+    schema = {"type": "object", "required": ["c"], **COLOR, "properties": {
+        "c": {"allOf": [{"$ref": "#/$defs/Color"}], "description": "the color"}}}
+    c = merged(schema)["properties"]["c"]
+    assert c == {"enum": ["red", "green"], "type": "string", "description": "the color"}
+    gbnf = schema_to_gbnf(schema, "schema")
+    assert '"\\"red\\""' in gbnf and '"{" space  "}"' not in gbnf
+
+
+def test_parts_merge_their_keywords_tighter_bound_first() -> None:
+    got = merged({"allOf": [
+        {"type": "number", "minimum": 1, "maximum": 9, "enum": [1, 2, 3, 12]},
+        {"type": "integer", "minimum": 2, "maximum": 20, "enum": [3, 2, 7]},
+        True, {}]})
+    assert got == {"type": "integer", "minimum": 2, "maximum": 9, "enum": [2, 3]}
+
+
+def test_objects_join_properties_and_the_nodes_own_keywords_are_a_part() -> None:
+    """The node's own properties beside ``allOf`` were dropped; a property in two parts
+    holds both of its schemas."""
+    got = merged({"type": "object", "properties": {"extra": {"type": "boolean"},
+                                                    "n": {"maximum": 5}},
+                  "required": ["extra"], "allOf": [{"$ref": "#/$defs/Base"}],
+                  "$defs": {"Base": {"type": "object", "required": ["name", "n"],
+                                     "properties": {"name": {"type": "string"},
+                                                    "n": {"type": "integer", "minimum": 1}}}}})
+    assert got["required"] == ["name", "n", "extra"] and "$defs" in got
+    assert got["properties"] == {"name": {"type": "string"}, "extra": {"type": "boolean"},
+                                 "n": {"type": "integer", "minimum": 1, "maximum": 5}}
+
+
+def test_a_choice_among_the_parts_is_distributed() -> None:
+    """An ``anyOf`` part came out as optional properties: now one branch per choice, each
+    with the other parts."""
+    got = merged({"allOf": [
+        {"type": "object", "properties": {"id": {"type": "string"}}, "required": ["id"]},
+        {"anyOf": [{"properties": {"a": {"type": "integer"}}, "required": ["a"]},
+                   {"properties": {"b": {"type": "boolean"}}, "required": ["b"]}]}]})
+    first, second = got["anyOf"]
+    assert first["required"] == ["id", "a"] and set(first["properties"]) == {"id", "a"}
+    assert second["required"] == ["id", "b"] and first["type"] == second["type"] == "object"
+
+
+@pytest.mark.parametrize("schema", [
+    {"allOf": [{"type": "string"}, {"type": "integer"}]},
+    {"allOf": [{"enum": [1, 2]}, {"enum": [3]}]},
+    {"allOf": [{"const": 1}, {"const": 2}]},
+    {"allOf": [{"type": "string"}, False]},
+    {"allOf": [{"$ref": "#/$defs/missing"}]},
+])
+def test_parts_nothing_satisfies_together_are_400(schema: dict[str, Any]) -> None:
+    with pytest.raises(InvalidRequest):
+        schema_to_gbnf(schema, "schema")
+
+
+def test_refs_fanned_out_level_by_level_are_refused_not_expanded() -> None:
+    """Each level an allOf of four refs to the next: 4 ** 12 parts if expanded."""
+    defs = {f"L{i}": {"allOf": [{"$ref": f"#/$defs/L{i + 1}"}] * 4} for i in range(12)}
+    defs["L12"] = {"type": "string"}
+    with pytest.raises(InvalidRequest, match=f"more than {MAX_PARTS} parts") as err:
+        schema_to_gbnf({"$ref": "#/$defs/L0", "$defs": defs}, "schema")
+    assert err.value.code == "grammar_too_large"
+
+
+def test_two_different_patterns_keep_the_first_with_a_warning(
+        caplog: pytest.LogCaptureFixture) -> None:
+    with caplog.at_level(logging.WARNING, logger="edgeinfer.prompt"):
+        got = merged({"allOf": [{"type": "string", "pattern": "^a"}, {"pattern": "b$"}]})
+    assert got == {"type": "string", "pattern": "^a"}
+    assert "not enforced" in caplog.text
