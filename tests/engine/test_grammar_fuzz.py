@@ -39,7 +39,7 @@ for line in sys.stdin:
     print(json.dumps(out), flush=True)
 """
 
-TIMEOUT = 20.0
+TIMEOUT = 60.0  # (a hang it guards against lasts minutes or hours)
 
 
 class Worker:

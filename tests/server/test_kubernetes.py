@@ -83,7 +83,7 @@ def test_ready_is_503_during_a_sigterm_drain_while_a_stream_finishes(tmp_path: P
                        "--shutdown-grace", "120")
     assert httpx.get(f"{srv.base_url}/ready", timeout=10).status_code == 200
     body = {"model": "default", "messages": [{"role": "user", "content": "Count to 1000."}],
-            "max_tokens": 40, "ignore_eos": True, "temperature": 0, "stream": True}
+            "max_tokens": 200, "ignore_eos": True, "temperature": 0, "stream": True}
     first = threading.Event()
     seen: dict[str, object] = {}
 

@@ -184,8 +184,11 @@ def test_a_burst_beyond_the_first_choice_goes_to_its_fallback(pool_server: Serve
 
     async def main() -> list[httpx.Response]:
         async with httpx.AsyncClient(timeout=120) as c:
+            await _until(c, base, "busy", 0)  # (nothing left from the test before)
+            # long enough that the first still runs when the others arrive, even when the
+            # client sends them some way apart on a loaded machine
             return list(await asyncio.gather(*(c.post(f"{base}/v1/chat/completions", json={
-                "model": "busy", "max_tokens": 2,
+                "model": "busy", "max_tokens": 48, "ignore_eos": True,
                 "messages": [{"role": "user", "content": f"Tell story {i}."}]})
                 for i in range(3))))
 

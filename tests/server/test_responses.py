@@ -484,7 +484,7 @@ def test_output_text_logprobs(client: openai.OpenAI) -> None:
 HOSTILE = ['"\\ud800"', "NaN", "1e400", "-1", "true", "null", "[]", "{}", '""',
            json.dumps("x" * 100_000), str(10**30)]
 FUZZ_BODY = {
-    **BASE, "instructions": "be brief", "metadata": {"k": "v"}, "temperature": 0.5,
+    **BASE, "instructions": "be brief", "metadata": {"k": "v"}, "temperature": 0,
     "previous_response_id": None, "store": False, "include": ["reasoning.encrypted_content"],
     "truncation": "disabled", "reasoning": {"effort": "low"}, "tools": [WEATHER],
     "tool_choice": {"type": "function", "name": "get_weather"},

@@ -263,6 +263,28 @@ def is_answer(status: int, path: str) -> bool:
     return status in (503, 504) or (status == 501 and path.startswith("/api/"))
 
 
+LENGTHS = ("n_predict", "max_tokens", "max_completion_tokens", "max_output_tokens")
+
+
+def _bounded_length(path: str, body: Any) -> None:
+    """A generated body's length bounded to 32 tokens where it would run long: llama-server's
+    /completion generates to the end of the context when the body sets no length, or -1
+    (its contract), and any length may be large; on a loaded CI machine such a call once
+    took past the fuzz's 30 s. Lengths that are not whole numbers, and 0, stay as they
+    are (their 400s are fuzzed); so does every other field."""
+    if not isinstance(body, dict):
+        return
+    if path == "/completion" and not {"n_predict", "max_tokens"} & body.keys():
+        body["n_predict"] = 32
+    for key in LENGTHS:
+        value = body.get(key)
+        if isinstance(value, int) and not isinstance(value, bool) and (value < 0 or value > 32):
+            body[key] = 32
+    options = body.get("options")  # Ollama's
+    if isinstance(options, dict) and isinstance(options.get("num_predict"), int):
+        options["num_predict"] = 32
+
+
 def test_fuzz_the_api_from_its_openapi_description(small_server: ServerProcess) -> None:
     """Schemathesis generates requests from /openapi.json: never a 500, never a hang.
 
@@ -288,12 +310,7 @@ def test_fuzz_the_api_from_its_openapi_description(small_server: ServerProcess) 
         @given(case=op.as_strategy())
         def run(case: Any) -> None:
             nonlocal calls
-            # llama-server's /completion generates to the end of the context when the body
-            # sets no length (its contract): on a loaded CI machine that once took past 30 s,
-            # so such a body gets a length; every other field stays as generated
-            if (case.path == "/completion" and isinstance(case.body, dict)
-                    and not {"n_predict", "max_tokens"} & case.body.keys()):
-                case.body["n_predict"] = 32
+            _bounded_length(case.path, case.body)
             # a call that takes over 30 s raises (a timeout), which fails the test
             response = case.call(base_url=small_server.base_url, timeout=30)
             calls += 1

@@ -87,8 +87,12 @@ CASES: list[tuple[str, type[BaseModel]]] = [
 
 
 def test_parse_returns_a_parsed_object_every_time(aclient: openai.AsyncOpenAI) -> None:
+    # 20 sampled at once with no max_tokens on 2 cores (strings up to 200 characters,
+    # lists up to 10 items): as the tool calls' test below, more than the usual 120 s
+    patient = aclient.with_options(timeout=300)
+
     async def one(prompt: str, model: type[BaseModel]) -> BaseModel | None:
-        r = await aclient.chat.completions.parse(
+        r = await patient.chat.completions.parse(
             model="default", messages=[{"role": "user", "content": prompt}],
             response_format=model)  # no max_tokens, as most users
         return r.choices[0].message.parsed
