@@ -156,11 +156,36 @@ def _one_type(node: dict[str, Any]) -> dict[str, Any]:
                              for k in dict.fromkeys(kind)]}
 
 
+# the lengths of what the converter's formats write (it writes them whatever lengths are
+# beside: "YYYY-MM-DD", "HH:MM:SS[.sss](Z|+HH:MM)", a uuid's 36 characters)
+_FORMAT_LENGTHS = {"date": (10, 10), "time": (9, 18), "date-time": (20, 29), "uuid": (36, 36)}
+
+
+def _format_lengths(node: dict[str, Any]) -> None:
+    """400 for ``minLength`` / ``maxLength`` beside a ``format`` no value of which has such
+    a length; lengths that only narrow the format's are logged as not enforced."""
+    fmt = node.get("format")
+    fmt = "uuid" if isinstance(fmt, str) and re.fullmatch(r"uuid[1-5]?", fmt) else fmt
+    if not isinstance(fmt, str) or fmt not in _FORMAT_LENGTHS or node.get("pattern"):
+        return
+    low, high = _FORMAT_LENGTHS[fmt]
+    least, most = node.get("minLength", 0), node.get("maxLength", high)
+    if not isinstance(least, int) or not isinstance(most, int):
+        return
+    if least > high or most < low:
+        raise InvalidRequest(f"no {fmt!r} string is {least} to {most} characters long (its "
+                             f"values are {low} to {high})", param="schema")
+    if least > low or most < high:
+        log.warning("minLength / maxLength beside format %r are not enforced", fmt)
+
+
 def _lengths_in_pattern(node: dict[str, Any]) -> dict[str, Any]:
     """A string's ``minLength`` / ``maxLength`` folded into its ``pattern`` (the converter
     ignores them beside one: ``pattern.with_lengths``); 400 where that cannot be done.
     A pattern the grammar drops leaves them as they are."""
     pattern, lengths = node.get("pattern"), {"minLength", "maxLength"} & set(node)
+    if lengths:
+        _format_lengths(node)
     if not isinstance(pattern, str) or not lengths:
         return node
     _check_regex(pattern)

@@ -402,3 +402,22 @@ def test_counted_copies_and_many_entry_rules_are_counted() -> None:
     entries = "\n".join(f"e{j} ::= c0" for j in range(4000))
     with pytest.raises(InvalidRequest):
         check_nullable_repeats("root ::= c0\n" + "\n".join(chain) + "\n" + entries, "g")
+
+
+@pytest.mark.parametrize(("fmt", "lengths", "refused"), [
+    ("uuid", {"maxLength": 10}, True),  # every uuid is 36 characters
+    ("uuid4", {"minLength": 40}, True),
+    ("date", {"maxLength": 8}, True),
+    ("date-time", {"minLength": 30}, True),
+    ("uuid", {"minLength": 36, "maxLength": 36}, False),
+    ("time", {"maxLength": 12}, False),  # narrows the format's: taken, not enforced
+    ("email", {"maxLength": 3}, False),  # a format the converter does not write
+])
+def test_lengths_beside_a_format_nothing_satisfies_are_400(
+        fmt: str, lengths: dict[str, int], refused: bool) -> None:
+    schema = {"type": "string", "format": fmt, **lengths}
+    if refused:
+        with pytest.raises(InvalidRequest, match=f"no '{fmt.rstrip('4')}' string"):
+            schema_to_gbnf(schema, "schema")
+    else:
+        assert "root ::=" in schema_to_gbnf(schema, "schema")
