@@ -214,7 +214,7 @@ def test_the_sdk_tool_runner_goes_on_without_a_message_thread(ac: anthropic.Anth
         return f"Sunny in {city}"
 
     runner = ac.beta.messages.tool_runner(
-        model="default", max_tokens=200, temperature=0, tools=[get_weather], max_iterations=2,
+        model="default", max_tokens=200, extra_body=GREEDY, tools=[get_weather], max_iterations=2,
         tool_choice={"type": "any"}, messages=[{"role": "user", "content": "Paris weather?"}])
     replies = list(runner)
     assert replies and replies[0].stop_reason == "tool_use" and ran
@@ -572,8 +572,9 @@ def test_claude_sized_max_tokens_is_a_cap_and_request_ids_reach_the_sdk(
     """Clients made for Claude send max_tokens 32000 / 64000: more than a local context
     leaves is a cap (as llama-server and Ollama take it), not a 400; the SDK reads the
     request id from ``request-id``."""
-    m = ac.messages.create(model="default", max_tokens=64000, stop_sequences=["."], temperature=0,
-                           messages=[{"role": "user", "content": "Say hello."}])
+    m = ac.messages.create(model="default", max_tokens=64000, stop_sequences=["."],
+                           messages=[{"role": "user", "content": "Say hello."}],
+                           extra_body=GREEDY)
     assert m.stop_reason in ("end_turn", "stop_sequence", "max_tokens") and m.content
     assert m._request_id and m._request_id.startswith("req_")  # type: ignore[attr-defined]
 
