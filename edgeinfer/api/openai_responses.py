@@ -337,7 +337,7 @@ async def stored_response(request: Request) -> Response:
     if request.url.path.endswith("/cancel"):  # (what is stored has ended)
         raise InvalidRequest("Only background responses can be cancelled; this server does "
                              "not run them ('background' is refused).", param="response_id")
-    if request.query_params.get("stream", "false").lower() not in ("false", "0"):
+    if request.query_params.get("stream", "false").lower() not in ("false", "0", ""):
         raise InvalidRequest("Only background responses can be streamed again; this server "
                              "does not run them ('background' is refused). Retrieve the "
                              "response without 'stream'.", param="stream")

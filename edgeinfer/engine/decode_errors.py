@@ -3,8 +3,10 @@
 Whatever part of the batch reached the KV cache is undone. Out of KV cells, the
 engine first evicts cached prefixes and retries, then retries without draft tokens.
 Failing that, the newest request of the batch that has generated nothing waits again
-(its cells freed, ``Scheduler.preempt``) while others run, whose ends free cells; its
-client sees only a later first token. With none such, the newest request of the batch
+(its cells freed, ``Scheduler.preempt``) while other requests hold cells, whose ends free
+them; its client sees only a later first token. At most ``MAX_PREEMPTIONS`` times a
+request: a prompt that never fits beside the others fails as before. With none such, the
+newest request of the batch
 stops (the others go on): as if it reached its length when it has generated tokens
 (alone, it reached the end of the cache), else, alone, with a "KV cache full" error
 (503 and Retry-After to the client). Any other failure ends every request of the batch
@@ -29,6 +31,8 @@ DECODE_OK = 0
 DECODE_NO_KV_SLOT = 1
 DECODE_ABORTED = 2
 DECODE_INVALID_BATCH = -1
+
+MAX_PREEMPTIONS = 2  # times one request's prompt is sent back to wait for KV cells
 
 
 def describe_decode_error(rc: int) -> str:
@@ -87,12 +91,14 @@ def _out_of_cells(chunks: list[Chunk], cache: PrefixCache,
         log.info("KV cache full: retrying without draft tokens")
         return []
     fresh = [c.seq for c in chunks if not c.seq.num_generated]
-    if fresh and scheduler is not None and len(scheduler.running) > 1:
+    if fresh and scheduler is not None:
         victim = max(fresh, key=lambda s: s.arrival)
-        log.info("KV cache full: request %s waits for a running request to end",
-                 victim.request_id)
-        cache.release(scheduler.preempt(victim), keep=False)
-        return []
+        if victim.preempted < MAX_PREEMPTIONS and _others_hold_cells(victim, scheduler,
+                                                                      cache):
+            log.info("KV cache full: request %s waits for a running request to end",
+                     victim.request_id)
+            cache.release(scheduler.preempt(victim), keep=False)
+            return []
     victim = max((c.seq for c in chunks), key=lambda s: s.arrival)
     log.warning("KV cache full: stopping request %s", victim.request_id)
     if victim.num_generated:  # as if it reached its length (alone: the context's end)
@@ -100,3 +106,12 @@ def _out_of_cells(chunks: list[Chunk], cache: PrefixCache,
     return [Ending(victim, SequenceStatus.FINISHED_ERROR, Failure(
         FailureCode.KV_FULL, "the KV cache is full; retry when fewer requests are running "
         "(or fewer prefixes are pinned)"))]
+
+
+def _others_hold_cells(victim: Sequence, scheduler: Scheduler, cache: PrefixCache) -> bool:
+    """Whether a running request other than ``victim`` holds cells of the context, whose
+    end will free them (not one in the deterministic lane, nor one waiting for the
+    victim's prefix)."""
+    return any(s is not victim and not s.deterministic and s.slot is not None
+               and (s.waiting_on is None or s.waiting_on.source is not victim)
+               and cache.index.length(s.slot) > 0 for s in scheduler.running)

@@ -125,7 +125,9 @@ class Scheduler:
         of higher-priority ones, but waiting longer never outranks fairness among
         requests of the top level.
         """
-        if any(s.held for s in self.waiting):  # cells are short: none joins before them
+        # cells are short: nobody joins before a prompt sent back to wait is computed
+        if any(s.held for s in self.waiting) or any(
+                s.preempted and s.is_prefilling for s in self.running):
             return None
         top = max(s.priority for s in self.waiting)
         best: Sequence | None = None
@@ -289,10 +291,12 @@ class Scheduler:
         """Send a running sequence that has generated nothing back to the front of the
         queue (the KV cache had no room for its prompt); returns the slot it freed, whose
         cells the caller drops. It is held there, and no waiting sequence is admitted,
-        until a running sequence ends; then its prompt is computed again."""
+        until a running sequence ends; then its prompt is computed again, and nobody else
+        is admitted before that is done."""
         assert seq.status is SequenceStatus.RUNNING and not seq.num_generated
         slot = self._free(seq)
         seq.slot, seq.status, seq.held = None, SequenceStatus.WAITING, True
+        seq.preempted += 1
         seq.num_computed = seq.num_cached = 0
         seq.waiting_on, seq.checkpoints = None, ()
         self.waiting.appendleft(seq)

@@ -138,8 +138,9 @@ class Sequence:
     drafter: Drafter | None = None  # speculative decoding (None: off for this one)
     deterministic: bool = False  # computed in calls of its own (``invariance``)
     # sent back to wait when the KV cache had no room for its prompt: not admitted again
-    # until a running sequence ends (``Scheduler.preempt``)
+    # until a running sequence ends (``Scheduler.preempt``); how many times it was
     held: bool = False
+    preempted: int = 0
 
     def __post_init__(self) -> None:
         if not self.tokens:

@@ -10,12 +10,16 @@ the node's own keywords one more part) are merged into one sub-schema:
 - properties and required names are joined (a property in several parts: ``allOf`` of
   its schemas, merged in turn);
 - the types are intersected (``integer`` within ``number``), bounds take the tighter
-  value, enums keep the values every part allows, ``items`` and ``additionalProperties``
+  value (OpenAPI 3.0's boolean ``exclusiveMinimum`` applied to its own part first), enums
+  keep the values every part and the type allow, ``items`` and ``additionalProperties``
   hold together; what no value satisfies (types or enums with nothing in common,
   different consts, a ``false`` part) is a 400;
+- an ``allOf`` of one part (pydantic v1's ``$ref`` with a description) is that part;
 - a part that is a choice (``anyOf`` / ``oneOf``) is distributed: one branch per
-  combination, each branch with the other parts (at most ``MAX_BRANCHES`` in a schema,
-  and ``MAX_PARTS`` parts in all: 400 ``grammar_too_large`` past them);
+  combination, each branch with the other parts; a branch nothing satisfies is left out
+  (400 when none is left); at most ``MAX_BRANCHES`` branches a node, and ``MAX_PARTS``
+  parts in all: 400 ``grammar_too_large`` past them;
+- an optional property nothing satisfies is left out (a required one is a 400);
 - two different ``pattern``s, ``format``s or other keywords keep the first, logged as not
   enforced.
 
@@ -26,6 +30,7 @@ Schema would allow only that part's properties).
 
 from __future__ import annotations
 
+import json
 import logging
 from typing import Any
 
@@ -35,14 +40,17 @@ from edgeinfer.prompt.schemacheck import SCHEMA_LISTS, SCHEMA_MAPS
 
 log = logging.getLogger("edgeinfer.prompt")
 
-MAX_BRANCHES = 64  # the branches distributing choices over allOf may make, in one schema
+MAX_BRANCHES = 64  # the branches distributing the choices of one allOf may make
 MAX_PARTS = 512  # the parts all allOfs of one schema may hold, $refs resolved (a $ref
 # fanned out level by level would otherwise make parts by the millions)
+TOO_LARGE = "grammar_too_large"
 _LOWER = {"minimum", "minLength", "minItems", "minProperties"}
 _UPPER = {"maximum", "maxLength", "maxItems", "maxProperties"}
 _TOGETHER = {"items", "additionalProperties", "additionalItems", "propertyNames"}
 _CHOICES = ("anyOf", "oneOf")
 _DEFS = ("$defs", "definitions")
+_JSON_TYPES: dict[str, Any] = {"string": str, "object": dict, "array": list,
+                               "boolean": bool, "null": type(None)}
 
 
 def merged(schema: Any) -> Any:
@@ -54,19 +62,27 @@ def merged(schema: Any) -> Any:
     return _Merger(defs).walk(schema)
 
 
+def _none_satisfies(what: str) -> InvalidRequest:
+    return InvalidRequest(f"{what}: no value satisfies the schema", param="schema")
+
+
 class _Merger:
     def __init__(self, defs: dict[str, Any]) -> None:
         self.defs = defs
-        self.branches = self.parts = 0
+        self.parts = 0
 
     def walk(self, node: Any) -> Any:
         if not isinstance(node, dict):
             return node
-        if isinstance(node.get("allOf"), list):
-            node = self.conjoin(node)
+        while isinstance(node.get("allOf"), list):
+            node, done = self.conjoin(node)
+            if done:
+                return node
         out: dict[str, Any] = {}
         for key, value in node.items():
-            if key in SCHEMA_MAPS and isinstance(value, dict):
+            if key == "properties" and isinstance(value, dict):
+                out[key] = self.properties(value, node.get("required"))
+            elif key in SCHEMA_MAPS and isinstance(value, dict):
                 out[key] = {name: self.walk(sub) for name, sub in value.items()}
             elif key in SCHEMA_LISTS and isinstance(value, list):
                 out[key] = [self.walk(sub) for sub in value]
@@ -76,28 +92,53 @@ class _Merger:
                 out[key] = value
         return out
 
-    def conjoin(self, node: dict[str, Any]) -> dict[str, Any]:
-        """One node for an ``allOf`` node (its choices distributed: ``anyOf`` of ``allOf``
-        nodes, which ``walk`` merges in turn)."""
+    def properties(self, props: dict[str, Any], required: Any) -> dict[str, Any]:
+        """The properties walked; an optional one nothing satisfies is left out."""
+        out = {}
+        for name, sub in props.items():
+            try:
+                out[name] = self.walk(sub)
+            except InvalidRequest as exc:
+                if exc.code == TOO_LARGE or isinstance(required, list) and name in required:
+                    raise
+                log.info("property %r of an allOf: nothing satisfies it, left out", name)
+        return out
+
+    def conjoin(self, node: dict[str, Any]) -> tuple[dict[str, Any], bool]:
+        """One node for an ``allOf`` node, and whether it is walked already (a choice's
+        branches are merged here, to leave out those nothing satisfies)."""
         kept = {k: v for k, v in node.items() if k in ANNOTATIONS or k in _DEFS}
+        own = [k for k in node if k not in kept and k != "allOf"]
+        if len(node["allOf"]) == 1 and not own and isinstance(node["allOf"][0], dict):
+            return {**node["allOf"][0], **kept}, False  # (a $ref stays one: shared rules)
         parts = self.flat([node])
         choices = [p for p in parts if any(isinstance(p.get(c), list) for c in _CHOICES)]
         if not choices:
-            return {**merge(parts), **kept}
-        plain = [p for p in parts if not any(p is c for c in choices)]
+            return {**merge(parts), **kept}, False
         combos: list[list[Any]] = [[]]
         for choice in choices:
             key = next(c for c in _CHOICES if isinstance(choice.get(c), list))
             rest = {k: v for k, v in choice.items() if k != key}
             combos = [[*combo, {"allOf": [branch, rest]} if rest else branch]
                       for combo in combos for branch in choice[key]]
-            self.branches += len(combos)
-            if self.branches > MAX_BRANCHES:
+            if len(combos) > MAX_BRANCHES:
                 raise InvalidRequest(
                     f"'allOf' over 'anyOf' / 'oneOf' choices makes more than {MAX_BRANCHES} "
-                    "branches: write the choices out", param="schema", code="grammar_too_large")
+                    "branches: write the choices out", param="schema", code=TOO_LARGE)
+        plain = [p for p in parts if not any(p is c for c in choices)]
         base = merge(plain) if plain else {}
-        return {**kept, "anyOf": [{"allOf": [base, *combo]} for combo in combos]}
+        branches, first_error = [], None
+        for combo in combos:
+            try:
+                branches.append(self.walk({"allOf": [base, *combo]}))
+            except InvalidRequest as exc:
+                if exc.code == TOO_LARGE:
+                    raise
+                first_error = first_error or exc
+        if not branches:
+            assert first_error is not None
+            raise first_error
+        return {**kept, "anyOf": branches}, True
 
     def flat(self, nodes: list[Any]) -> list[dict[str, Any]]:
         """The parts the nodes hold together: ``$ref``s resolved, nested ``allOf``s and
@@ -108,8 +149,7 @@ class _Merger:
             if node is True:
                 continue
             if not isinstance(node, dict):
-                raise InvalidRequest("an 'allOf' part is false (or not a schema): no value "
-                                     "satisfies the schema", param="schema")
+                raise _none_satisfies("an 'allOf' part is false (or not a schema)")
             own = {k: v for k, v in node.items()
                    if k not in ANNOTATIONS and k not in _DEFS and k not in ("allOf", "$ref")}
             if "$ref" in node:
@@ -120,12 +160,28 @@ class _Merger:
             if isinstance(node.get("allOf"), list):
                 parts += self.flat(node["allOf"])
             if own:
-                parts.append(own)
+                parts.append(_exclusive_numbers(own))
         self.parts += len(parts)
         if self.parts > MAX_PARTS:
             raise InvalidRequest(f"the schema's 'allOf's hold more than {MAX_PARTS} parts "
-                                 "($refs resolved)", param="schema", code="grammar_too_large")
+                                 "($refs resolved)", param="schema", code=TOO_LARGE)
         return parts
+
+
+def _exclusive_numbers(part: dict[str, Any]) -> dict[str, Any]:
+    """OpenAPI 3.0's (draft 4's) ``exclusiveMinimum: true`` beside ``minimum`` as the
+    number form, so that bounds of several parts compare."""
+    out = dict(part)
+    for flag, bound in (("exclusiveMinimum", "minimum"), ("exclusiveMaximum", "maximum")):
+        if isinstance(out.get(flag), bool):
+            if out.pop(flag) and bound in out:
+                out[flag] = out.pop(bound)
+    return out
+
+
+def _same(a: Any, b: Any) -> bool:
+    """JSON equality (Python's says ``True == 1``)."""
+    return a is b or json.dumps(a, sort_keys=True) == json.dumps(b, sort_keys=True)
 
 
 def merge(parts: list[dict[str, Any]]) -> dict[str, Any]:
@@ -134,32 +190,52 @@ def merge(parts: list[dict[str, Any]]) -> dict[str, Any]:
     for part in parts:
         for key, value in part.items():
             out[key] = _combine(key, out[key], value) if key in out else value
-    return out
+    return _values_of_the_type(out)
+
+
+def _values_of_the_type(node: dict[str, Any]) -> dict[str, Any]:
+    """An ``enum`` kept to the values of the type and the ``const``; 400 when none is."""
+    kind = node.get("type")
+    types = {kind} if isinstance(kind, str) else set(kind) if isinstance(kind, list) else None
+    values = [node["const"]] if "const" in node else node.get("enum")
+    if not isinstance(values, list):
+        return node
+    kept = [v for v in values if types is None or any(_is_a(v, t) for t in types)]
+    if "const" in node and isinstance(node.get("enum"), list):
+        kept = [v for v in kept if any(_same(v, e) for e in node["enum"])]
+    if not kept:
+        raise _none_satisfies("the 'allOf' parts' values and types have nothing in common")
+    return {**node, "enum": kept} if "enum" in node and "const" not in node else node
+
+
+def _is_a(value: Any, kind: Any) -> bool:
+    if kind in ("integer", "number"):
+        if isinstance(value, bool) or not isinstance(value, int | float):
+            return False
+        return kind == "number" or float(value).is_integer()
+    want = _JSON_TYPES.get(kind)
+    return want is None or isinstance(value, want)
 
 
 def _combine(key: str, a: Any, b: Any) -> Any:
-    if a == b:
+    if _same(a, b):
         return a
     if key == "properties" and isinstance(a, dict) and isinstance(b, dict):
         return {**a, **b, **{n: {"allOf": [a[n], b[n]]} for n in a.keys() & b.keys()
-                             if a[n] != b[n]}}
+                             if not _same(a[n], b[n])}}
     if key == "required" and isinstance(a, list) and isinstance(b, list):
         return list(dict.fromkeys([*a, *b]))
     if key == "type":
         return _types(a, b)
-    if key in _LOWER | _UPPER and _numbers(a, b):
-        return max(a, b) if key in _LOWER else min(a, b)
-    if key in ("exclusiveMinimum", "exclusiveMaximum") and _numbers(a, b):
-        return max(a, b) if key == "exclusiveMinimum" else min(a, b)
+    if key in _LOWER | _UPPER | {"exclusiveMinimum", "exclusiveMaximum"} and _numbers(a, b):
+        return max(a, b) if key in _LOWER or key == "exclusiveMinimum" else min(a, b)
     if key == "enum" and isinstance(a, list) and isinstance(b, list):
-        if not (both := [v for v in a if v in b]):
-            raise InvalidRequest("the 'allOf' parts' enums have no value in common: no value "
-                                 "satisfies the schema", param="schema")
+        if not (both := [v for v in a if any(_same(v, w) for w in b)]):
+            raise _none_satisfies("the 'allOf' parts' enums have no value in common")
         return both
     if key == "const":
-        raise InvalidRequest("the 'allOf' parts' consts differ: no value satisfies the "
-                             "schema", param="schema")
-    if key in _TOGETHER:
+        raise _none_satisfies("the 'allOf' parts' consts differ")
+    if key in _TOGETHER and all(isinstance(v, dict | bool) for v in (a, b)):
         if a is False or b is False:
             return False
         return b if a is True else a if b is True else {"allOf": [a, b]}
@@ -173,17 +249,14 @@ def _numbers(a: Any, b: Any) -> bool:
 
 
 def _types(a: Any, b: Any) -> str | list[str]:
-    """The types both ``a`` and ``b`` allow (a name or a list of names)."""
-    def names(t: Any) -> set[str]:
-        listed = t if isinstance(t, list) else [t]
-        return {n for n in listed if isinstance(n, str)}
+    """The types both ``a`` and ``b`` allow (a name or a list of names; the Ollama
+    client's ``"string, integer"`` is a list)."""
+    def names(t: Any) -> list[str]:
+        listed = t.split(",") if isinstance(t, str) else t if isinstance(t, list) else []
+        return [n.strip() for n in listed if isinstance(n, str) and n.strip()]
     first, second = names(a), names(b)
-    both = first & second
-    if "integer" in first and "number" in second or "number" in first and "integer" in second:
-        both.add("integer")
+    both = [n for n in first if n in second or n == "integer" and "number" in second]
+    both += [n for n in second if n == "integer" and "number" in first and n not in both]
     if not both:
-        raise InvalidRequest(f"the 'allOf' parts' types ({a} and {b}) have none in common: "
-                             "no value satisfies the schema", param="schema")
-    ordered = [n for n in (a if isinstance(a, list) else [a]) if n in both]
-    ordered += sorted(both - set(ordered))
-    return ordered[0] if len(ordered) == 1 else ordered
+        raise _none_satisfies(f"the 'allOf' parts' types ({a} and {b}) have none in common")
+    return both[0] if len(both) == 1 else both

@@ -437,7 +437,29 @@ def test_out_of_kv_cells_a_prompt_waits_again_while_others_run() -> None:
     sched.add(later)
     assert sched.admit() == []  # a free slot, but the held prompt goes first
     sched.finish(a, SequenceStatus.FINISHED_STOPPED)
-    assert sched.admit() == [b, later] and not b.held
+    assert sched.admit() == [b] and not b.held and b.preempted == 1
+    assert sched.admit() == []  # nobody joins before its prompt is computed again
+    b.num_computed = b.num_prompt
+    assert sched.admit() == [later]
+
+
+def test_a_prompt_waits_again_only_while_others_hold_cells_and_twice_at_most() -> None:
+    """A request whose end would free no cells (none: the other holds nothing) gives the
+    prompt nothing to wait for; a prompt sent back twice fails the third time."""
+    cache, mem = make_cache(slots=2)
+    sched, chunks = running_pair(cache, mem)
+    a, b = chunks[0].seq, chunks[1].seq
+    assert a.slot is not None
+    cache.rollback(a.slot, 0)
+    (end,) = after_decode_error(DECODE_NO_KV_SLOT, chunks, cache, scheduler=sched)
+    assert end.seq is b and end.failure is not None
+    cache, mem = make_cache(slots=2)
+    sched, chunks = running_pair(cache, mem)
+    b = chunks[1].seq
+    b.preempted = 2
+    (end,) = after_decode_error(DECODE_NO_KV_SLOT, chunks, cache, scheduler=sched)
+    assert end.seq is b and end.failure is not None
+    assert end.failure.code is FailureCode.KV_FULL
 
 
 def test_out_of_kv_cells_a_generating_request_goes_on_beside_a_prompt() -> None:
