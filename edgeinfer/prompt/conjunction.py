@@ -23,6 +23,11 @@ the node's own keywords one more part) are merged into one sub-schema:
 - two different ``pattern``s, ``format``s or other keywords keep the first, logged as not
   enforced.
 
+The same walk writes what the converter cannot read in the forms it reads: a sub-schema
+of annotations only (pydantic's ``Any`` field is ``{"title": ...}``; it was a 400) and a
+``true`` sub-schema are any value (``ANY``); a ``false`` branch of a choice is left out,
+``items: false`` is an empty array, ``items: true`` any items.
+
 An object part closed with ``additionalProperties: false`` closes the merged object with
 every part's properties, as a reader of such a schema means it (the letter of JSON
 Schema would allow only that part's properties).
@@ -49,6 +54,8 @@ _UPPER = {"maximum", "maxLength", "maxItems", "maxProperties"}
 _TOGETHER = {"items", "additionalProperties", "additionalItems", "propertyNames"}
 _CHOICES = ("anyOf", "oneOf")
 _DEFS = ("$defs", "definitions")
+ANY = {"anyOf": [{"type": t} for t in ("string", "number", "boolean", "null", "object",
+                                        "array")]}
 _JSON_TYPES: dict[str, Any] = {"string": str, "object": dict, "array": list,
                                "boolean": bool, "null": type(None)}
 
@@ -72,20 +79,30 @@ class _Merger:
         self.parts = 0
 
     def walk(self, node: Any) -> Any:
+        if node is True:
+            return ANY
         if not isinstance(node, dict):
             return node
         while isinstance(node.get("allOf"), list):
             node, done = self.conjoin(node)
             if done:
                 return node
+        if node and all(k in ANNOTATIONS or k.startswith("x-") for k in node):
+            return ANY
         out: dict[str, Any] = {}
         for key, value in node.items():
             if key == "properties" and isinstance(value, dict):
                 out[key] = self.properties(value, node.get("required"))
             elif key in SCHEMA_MAPS and isinstance(value, dict):
                 out[key] = {name: self.walk(sub) for name, sub in value.items()}
+            elif key in _CHOICES and isinstance(value, list):
+                if not (kept := [self.walk(sub) for sub in value if sub is not False]):
+                    raise _none_satisfies(f"every branch of '{key}' is false")
+                out[key] = kept
             elif key in SCHEMA_LISTS and isinstance(value, list):
                 out[key] = [self.walk(sub) for sub in value]
+            elif key == "items" and isinstance(value, bool) and not node.get("prefixItems"):
+                out.update({} if value else {"maxItems": 0})  # (the converter wants a dict)
             elif key in _TOGETHER and isinstance(value, dict):
                 out[key] = self.walk(value)
             else:
@@ -93,15 +110,18 @@ class _Merger:
         return out
 
     def properties(self, props: dict[str, Any], required: Any) -> dict[str, Any]:
-        """The properties walked; an optional one nothing satisfies is left out."""
+        """The properties walked; an optional one nothing satisfies
+        (``false``, an ``allOf`` of parts that disagree) is left out."""
         out = {}
         for name, sub in props.items():
             try:
+                if sub is False:
+                    raise _none_satisfies(f"the property {name!r} is false")
                 out[name] = self.walk(sub)
             except InvalidRequest as exc:
                 if exc.code == TOO_LARGE or isinstance(required, list) and name in required:
                     raise
-                log.info("property %r of an allOf: nothing satisfies it, left out", name)
+                log.info("property %r: nothing satisfies it, left out", name)
         return out
 
     def conjoin(self, node: dict[str, Any]) -> tuple[dict[str, Any], bool]:

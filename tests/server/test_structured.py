@@ -531,11 +531,12 @@ def test_keywords_zod_and_pydantic_write_are_taken_and_hold_in_the_answer(
     assert isinstance(json.loads(call.function.arguments)["headers"], dict)
 
 
-def test_allof_holds_in_the_answer(client: openai.OpenAI) -> None:
+def test_allof_and_any_value_fields_hold_in_the_answer(client: openai.OpenAI) -> None:
     """``allOf`` as pydantic v1 writes a described enum field (the answer had ``{}`` for
     it), as zod writes an intersection with a union (the union's properties came out
-    optional), and beside the node's own properties (they were dropped): the answer
-    validates against the whole schema."""
+    optional), and beside the node's own properties (they were dropped); pydantic's
+    ``Any`` field (``{"title": ...}``, a 400): the answer validates against the whole
+    schema."""
     schemas: list[dict[str, Any]] = [
         {"type": "object", "required": ["color", "size"],
          "definitions": {"Color": {"enum": ["red", "green", "blue"], "type": "string"}},
@@ -553,7 +554,9 @@ def test_allof_holds_in_the_answer(client: openai.OpenAI) -> None:
         {"type": "object", "properties": {"extra": {"type": "boolean"}}, "required": ["extra"],
          "allOf": [{"$ref": "#/$defs/Base"}], "$defs": {"Base": {
              "type": "object", "required": ["name"],
-             "properties": {"name": {"type": "string", "maxLength": 10}}}}}]
+             "properties": {"name": {"type": "string", "maxLength": 10}}}}},
+        {"type": "object", "properties": {"value": {"title": "Value"}}, "required": ["value"],
+         "title": "Setting"}]
     for schema in schemas:
         _answer_validates(client, schema, "Give me an example.", 120)
 

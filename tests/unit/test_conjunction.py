@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 
 from edgeinfer.errors import InvalidRequest
-from edgeinfer.prompt.conjunction import MAX_PARTS, merged
+from edgeinfer.prompt.conjunction import ANY, MAX_PARTS, merged
 from edgeinfer.prompt.grammar import schema_to_gbnf
 
 COLOR = {"$defs": {"Color": {"enum": ["red", "green"], "type": "string"}}}
@@ -129,3 +129,21 @@ def test_draft4_exclusive_bounds_values_of_the_type_and_json_equality() -> None:
         merged({"allOf": [{"enum": [True]}, {"enum": [1]}]})
     assert merged({"allOf": [{"type": "string, integer"}, {"type": "integer"}]}) == {
         "type": "integer"}
+
+
+def test_an_annotations_only_or_true_schema_is_any_value() -> None:
+    """pydantic's ``Any`` field is ``{"title": ...}``: a 400 ("Unrecognized schema") for
+    every such tool; ``true`` sub-schemas, ``false`` branches and boolean ``items`` were
+    400s of the converter too."""
+    schema = {"type": "object", "required": ["v", "w"], "properties": {
+        "v": {"title": "V", "x-order": 1}, "w": True, "gone": False,
+        "c": {"anyOf": [False, {"type": "integer"}]},
+        "e": {"type": "array", "items": False}, "f": {"type": "array", "items": True}}}
+    got = merged(schema)["properties"]
+    assert got["v"] == got["w"] == ANY and "gone" not in got
+    assert got["c"] == {"anyOf": [{"type": "integer"}]}
+    assert got["e"] == {"type": "array", "maxItems": 0} and got["f"] == {"type": "array"}
+    gbnf = schema_to_gbnf(schema, "schema")
+    assert '"\\"v\\""' in gbnf and '"\\"gone\\""' not in gbnf
+    with pytest.raises(InvalidRequest, match="every branch"):
+        merged({"anyOf": [False, False]})
