@@ -34,6 +34,9 @@ MAX_SCHEMA_BYTES = 64 * 1024
 
 COUNT_KEYWORDS = ("minLength", "maxLength", "minItems", "maxItems", "minProperties",
                   "maxProperties")
+# an upper count past MAX_REPEAT is taken as MAX_REPEAT (``conjunction`` writes it so):
+# what the grammar writes still satisfies it (pydantic's HttpUrl says maxLength 2083)
+UPPER_COUNTS = ("maxLength", "maxItems", "maxProperties")
 NUMBER_KEYWORDS = ("minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum", "multipleOf")
 
 _QUANT = re.compile(r"\{\s*(\d+)\s*(?:(,)\s*(\d*)\s*)?\}")
@@ -55,7 +58,7 @@ def check_schema_node(node: dict[str, Any], param: str) -> None:
         if isinstance(v, bool) or not isinstance(v, int | float) or not _finite(v) or (
                 v < 0 or v != int(v)):
             raise InvalidRequest(f"'{key}' must be a non-negative integer", param=param)
-        if v > MAX_REPEAT:
+        if v > MAX_REPEAT and key not in UPPER_COUNTS:
             shown = int(v) if v < 10 ** 12 else "larger"
             raise InvalidRequest(f"'{key}' is {shown}; this server allows at most {MAX_REPEAT} "
                                  "(grammar budget: repetition count)", param=param,

@@ -24,9 +24,12 @@ the node's own keywords one more part) are merged into one sub-schema:
   enforced.
 
 The same walk writes what the converter cannot read in the forms it reads: a sub-schema
-of annotations only (pydantic's ``Any`` field is ``{"title": ...}``; it was a 400) and a
-``true`` sub-schema are any value (``ANY``); a ``false`` branch of a choice is left out,
-``items: false`` is an empty array, ``items: true`` any items.
+of annotations only (pydantic's ``Any`` field is ``{"title": ...}``; it was a 400), and a
+``true`` or ``{}`` sub-schema below the root, are any value (``ANY``; the converter read
+``{}`` as an object, and ``items: {}``, pydantic's ``list[Any]``, was a 400); a ``false``
+branch of a choice is left out, ``items: false`` is an empty array, ``items: true`` any
+items; an upper count past ``budget.MAX_REPEAT`` is that (pydantic's ``HttpUrl`` has
+``maxLength: 2083``; what the grammar writes still satisfies it).
 
 An object part closed with ``additionalProperties: false`` closes the merged object with
 every part's properties, as a reader of such a schema means it (the letter of JSON
@@ -40,6 +43,7 @@ import logging
 from typing import Any
 
 from edgeinfer.errors import InvalidRequest
+from edgeinfer.prompt.budget import MAX_REPEAT, UPPER_COUNTS
 from edgeinfer.prompt.keywords import ANNOTATIONS
 from edgeinfer.prompt.schemacheck import SCHEMA_LISTS, SCHEMA_MAPS
 
@@ -96,18 +100,24 @@ class _Merger:
             elif key in SCHEMA_MAPS and isinstance(value, dict):
                 out[key] = {name: self.walk(sub) for name, sub in value.items()}
             elif key in _CHOICES and isinstance(value, list):
-                if not (kept := [self.walk(sub) for sub in value if sub is not False]):
+                if not (kept := [self.sub(sub) for sub in value if sub is not False]):
                     raise _none_satisfies(f"every branch of '{key}' is false")
                 out[key] = kept
             elif key in SCHEMA_LISTS and isinstance(value, list):
-                out[key] = [self.walk(sub) for sub in value]
+                out[key] = [self.sub(sub) for sub in value]
             elif key == "items" and isinstance(value, bool) and not node.get("prefixItems"):
                 out.update({} if value else {"maxItems": 0})  # (the converter wants a dict)
             elif key in _TOGETHER and isinstance(value, dict):
-                out[key] = self.walk(value)
+                out[key] = self.sub(value) if key == "items" else self.walk(value)
+            elif key in UPPER_COUNTS and isinstance(value, int) and value > MAX_REPEAT:
+                out[key] = MAX_REPEAT
             else:
                 out[key] = value
         return out
+
+    def sub(self, node: Any) -> Any:
+        """A sub-schema below the root walked (``{}`` is any value there)."""
+        return ANY if node == {} else self.walk(node)
 
     def properties(self, props: dict[str, Any], required: Any) -> dict[str, Any]:
         """The properties walked; an optional one nothing satisfies
@@ -117,7 +127,7 @@ class _Merger:
             try:
                 if sub is False:
                     raise _none_satisfies(f"the property {name!r} is false")
-                out[name] = self.walk(sub)
+                out[name] = self.sub(sub)
             except InvalidRequest as exc:
                 if exc.code == TOO_LARGE or isinstance(required, list) and name in required:
                     raise

@@ -36,7 +36,7 @@ def test_unbounded_arrays_and_strings_get_bounds() -> None:
     # integers past a float's range (math.isfinite overflowed on them: a 500)
     *({"type": t, k: 10 ** 400} for t, k in [
         ("number", "maximum"), ("integer", "minimum"), ("number", "exclusiveMaximum"),
-        ("integer", "multipleOf"), ("string", "maxLength"), ("array", "maxItems"),
+        ("integer", "multipleOf"), ("string", "minLength"), ("array", "minItems"),
         ("object", "minProperties")]),
     {"type": "integer", "minimum": 10 ** 20, "maximum": 10 ** 21},  # past 16 digits
     {"$ref": ["x"]}, {"$ref": {}},  # (unhashable: a 500)
@@ -421,3 +421,13 @@ def test_lengths_beside_a_format_nothing_satisfies_are_400(
             schema_to_gbnf(schema, "schema")
     else:
         assert "root ::=" in schema_to_gbnf(schema, "schema")
+
+
+@pytest.mark.parametrize("schema", [
+    {"type": "string", "format": "uri", "minLength": 1, "maxLength": 2083},  # HttpUrl
+    {"type": "string", "maxLength": 10 ** 400}, {"type": "array", "maxItems": 10 ** 400},
+])
+def test_an_upper_count_past_the_budget_is_the_budget(schema: dict[str, Any]) -> None:
+    """pydantic's ``HttpUrl`` (maxLength 2083) was a 400 for every tool taking a URL: what
+    the grammar writes (at most 1,000) still satisfies an upper bound."""
+    assert "root ::=" in schema_to_gbnf(schema, "schema")

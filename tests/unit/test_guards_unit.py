@@ -34,7 +34,7 @@ def test_pattern_cost_multiplies_counts_through_groups(pattern: str, cost: int) 
 
 
 @pytest.mark.parametrize(("node", "fragment"), [
-    ({"maxLength": 30000}, "maxLength' is 30000"),
+    ({"minLength": 30000}, "minLength' is 30000"),  # (an upper count is taken as 1000)
     ({"minItems": MAX_REPEAT + 1}, f"at most {MAX_REPEAT}"),
     ({"minLength": 1.5}, "non-negative integer"),
     ({"maxItems": -1}, "non-negative integer"),
