@@ -31,6 +31,12 @@ branch of a choice is left out, ``items: false`` is an empty array, ``items: tru
 items; an upper count past ``budget.MAX_REPEAT`` is that (pydantic's ``HttpUrl`` has
 ``maxLength: 2083``; what the grammar writes still satisfies it).
 
+A recursive ``$ref`` (pydantic's recursive models, OpenAI's ``"$ref": "#"``; the
+converter fails on them) is unrolled ``RECURSION_DEPTH`` levels deep; below that it is
+``false``: an optional property or a branch of a choice is left out there, ``items`` is an
+empty array, a required property is a 400 (such a schema has no finite value). Each
+unrolled copy counts as a part against ``MAX_PARTS``.
+
 An object part closed with ``additionalProperties: false`` closes the merged object with
 every part's properties, as a reader of such a schema means it (the letter of JSON
 Schema would allow only that part's properties).
@@ -40,6 +46,7 @@ from __future__ import annotations
 
 import json
 import logging
+from collections.abc import Callable
 from typing import Any
 
 from edgeinfer.errors import InvalidRequest
@@ -49,6 +56,7 @@ from edgeinfer.prompt.schemacheck import SCHEMA_LISTS, SCHEMA_MAPS
 
 log = logging.getLogger("edgeinfer.prompt")
 
+RECURSION_DEPTH = 4  # levels of a recursive $ref written out
 MAX_BRANCHES = 64  # the branches distributing the choices of one allOf may make
 MAX_PARTS = 512  # the parts all allOfs of one schema may hold, $refs resolved (a $ref
 # fanned out level by level would otherwise make parts by the millions)
@@ -60,6 +68,8 @@ _CHOICES = ("anyOf", "oneOf")
 _DEFS = ("$defs", "definitions")
 ANY = {"anyOf": [{"type": t} for t in ("string", "number", "boolean", "null", "object",
                                         "array")]}
+# an empty array (without items the converter writes any array, whatever maxItems says)
+_EMPTY = {"items": {"type": "null"}, "maxItems": 0}
 _JSON_TYPES: dict[str, Any] = {"string": str, "object": dict, "array": list,
                                "boolean": bool, "null": type(None)}
 
@@ -70,7 +80,35 @@ def merged(schema: Any) -> Any:
         return schema
     defs = {f"#/{key}/{name}": sub for key in _DEFS if isinstance(schema.get(key), dict)
             for name, sub in schema[key].items()}
-    return _Merger(defs).walk(schema)
+    defs["#"] = {k: v for k, v in schema.items() if k not in _DEFS}
+    merger = _Merger(defs)
+    if "#" in merger.cyclic:
+        merger.stack.append("#")
+    return merger.walk(schema)
+
+
+def _cyclic(defs: dict[str, Any]) -> set[str]:
+    """The refs that lead back to themselves."""
+    def refs_in(node: Any) -> set[str]:
+        if isinstance(node, dict):
+            own = {node["$ref"]} if isinstance(node.get("$ref"), str) else set()
+            return own.union(*(refs_in(v) for k, v in node.items() if k not in _DEFS))
+        if isinstance(node, list):
+            return set().union(*(refs_in(v) for v in node))
+        return set()
+    edges = {ref: refs_in(sub) & defs.keys() for ref, sub in defs.items()}
+    cyclic = set()
+    for start in edges:
+        seen, todo = set(), list(edges[start])
+        while todo:
+            ref = todo.pop()
+            if ref == start:
+                cyclic.add(start)
+                break
+            if ref not in seen:
+                seen.add(ref)
+                todo += edges[ref]
+    return cyclic
 
 
 def _none_satisfies(what: str) -> InvalidRequest:
@@ -80,6 +118,8 @@ def _none_satisfies(what: str) -> InvalidRequest:
 class _Merger:
     def __init__(self, defs: dict[str, Any]) -> None:
         self.defs = defs
+        self.cyclic = _cyclic(defs)
+        self.stack: list[str] = []  # the recursive refs being unrolled
         self.parts = 0
 
     def walk(self, node: Any) -> Any:
@@ -91,29 +131,58 @@ class _Merger:
             node, done = self.conjoin(node)
             if done:
                 return node
+        if node.get("$ref") in self.cyclic:
+            return self.unroll(node)
         if node and all(k in ANNOTATIONS or k.startswith("x-") for k in node):
             return ANY
         out: dict[str, Any] = {}
+        empty = False
         for key, value in node.items():
             if key == "properties" and isinstance(value, dict):
                 out[key] = self.properties(value, node.get("required"))
+            elif key in _DEFS and isinstance(value, dict):  # (recursive ones: unrolled)
+                out[key] = {name: self.walk(sub) for name, sub in value.items()
+                            if f"#/{key}/{name}" not in self.cyclic}
             elif key in SCHEMA_MAPS and isinstance(value, dict):
                 out[key] = {name: self.walk(sub) for name, sub in value.items()}
             elif key in _CHOICES and isinstance(value, list):
-                if not (kept := [self.sub(sub) for sub in value if sub is not False]):
-                    raise _none_satisfies(f"every branch of '{key}' is false")
-                out[key] = kept
+                out[key] = self.choice([(self.sub, sub) for sub in value], key)
             elif key in SCHEMA_LISTS and isinstance(value, list):
                 out[key] = [self.sub(sub) for sub in value]
             elif key == "items" and isinstance(value, bool) and not node.get("prefixItems"):
-                out.update({} if value else {"maxItems": 0})  # (the converter wants a dict)
+                empty = not value  # (the converter wants a dict)
+            elif key == "items" and isinstance(value, dict):
+                if (items := self.sub(value)) is False:  # (a recursion's last level)
+                    empty = True
+                else:
+                    out[key] = items
             elif key in _TOGETHER and isinstance(value, dict):
-                out[key] = self.sub(value) if key == "items" else self.walk(value)
+                out[key] = self.walk(value)
             elif key in UPPER_COUNTS and isinstance(value, int) and value > MAX_REPEAT:
                 out[key] = MAX_REPEAT
             else:
                 out[key] = value
-        return out
+        return {**out, **_EMPTY} if empty else out
+
+    def unroll(self, node: dict[str, Any]) -> Any:
+        """A recursive ``$ref`` written out (``false`` past ``RECURSION_DEPTH`` levels)."""
+        ref = node["$ref"]
+        if self.stack.count(ref) >= RECURSION_DEPTH:
+            return False
+        self.count(1)
+        rest = {k: v for k, v in node.items() if k != "$ref"}
+        target = self.defs[ref]
+        self.stack.append(ref)
+        try:
+            return self.walk({"allOf": [target, rest]} if rest else target)
+        finally:
+            self.stack.pop()
+
+    def count(self, parts: int) -> None:
+        self.parts += parts
+        if self.parts > MAX_PARTS:
+            raise InvalidRequest(f"the schema's 'allOf's and recursive '$ref's hold more "
+                                 f"than {MAX_PARTS} parts", param="schema", code=TOO_LARGE)
 
     def sub(self, node: Any) -> Any:
         """A sub-schema below the root walked (``{}`` is any value there)."""
@@ -125,9 +194,10 @@ class _Merger:
         out = {}
         for name, sub in props.items():
             try:
-                if sub is False:
-                    raise _none_satisfies(f"the property {name!r} is false")
-                out[name] = self.sub(sub)
+                if (walked := self.sub(sub)) is False:
+                    raise _none_satisfies(f"the property {name!r} is false (or recursive "
+                                          "without end)")
+                out[name] = walked
             except InvalidRequest as exc:
                 if exc.code == TOO_LARGE or isinstance(required, list) and name in required:
                     raise
@@ -157,20 +227,27 @@ class _Merger:
                     "branches: write the choices out", param="schema", code=TOO_LARGE)
         plain = [p for p in parts if not any(p is c for c in choices)]
         base = merge(plain) if plain else {}
-        branches, first_error = [], None
-        for combo in combos:
+        branches = self.choice([(self.walk, {"allOf": [base, *combo]}) for combo in combos],
+                               "anyOf")
+        return {**kept, "anyOf": branches}, True
+
+    def choice(self, branches: list[tuple[Callable[[Any], Any], Any]], key: str) -> list[Any]:
+        """The branches of a choice, each walked; those nothing satisfies (``false``, a
+        recursion's last level, parts that disagree) left out; 400 when none is left."""
+        kept, first_error = [], None
+        for walk, branch in branches:
             try:
-                branches.append(self.walk({"allOf": [base, *combo]}))
+                if branch is not False and (walked := walk(branch)) is not False:
+                    kept.append(walked)
             except InvalidRequest as exc:
                 if exc.code == TOO_LARGE:
                     raise
                 first_error = first_error or exc
-        if not branches:
-            assert first_error is not None
-            raise first_error
-        return {**kept, "anyOf": branches}, True
+        if not kept:
+            raise first_error or _none_satisfies(f"every branch of '{key}' is false")
+        return kept
 
-    def flat(self, nodes: list[Any]) -> list[dict[str, Any]]:
+    def flat(self, nodes: list[Any], path: tuple[str, ...] = ()) -> list[dict[str, Any]]:
         """The parts the nodes hold together: ``$ref``s resolved, nested ``allOf``s and
         each node's own keywords (without annotations) taken as parts; ``true`` and
         ``{}`` dropped; 400 for ``false``."""
@@ -183,18 +260,18 @@ class _Merger:
             own = {k: v for k, v in node.items()
                    if k not in ANNOTATIONS and k not in _DEFS and k not in ("allOf", "$ref")}
             if "$ref" in node:
-                if node["$ref"] not in self.defs:
-                    raise InvalidRequest(f"'$ref' {node['$ref']!r} names no local definition",
+                ref = node["$ref"]
+                if ref not in self.defs:
+                    raise InvalidRequest(f"'$ref' {ref!r} names no local definition",
                                          param="schema")
-                parts += self.flat([self.defs[node["$ref"]]])
+                if ref in path:
+                    raise _none_satisfies(f"'$ref' {ref!r} is one of its own 'allOf' parts")
+                parts += self.flat([self.defs[ref]], (*path, ref))
             if isinstance(node.get("allOf"), list):
-                parts += self.flat(node["allOf"])
+                parts += self.flat(node["allOf"], path)
             if own:
                 parts.append(_exclusive_numbers(own))
-        self.parts += len(parts)
-        if self.parts > MAX_PARTS:
-            raise InvalidRequest(f"the schema's 'allOf's hold more than {MAX_PARTS} parts "
-                                 "($refs resolved)", param="schema", code=TOO_LARGE)
+        self.count(len(parts))
         return parts
 
 

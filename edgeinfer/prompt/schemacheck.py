@@ -20,10 +20,11 @@ SCHEMA_LISTS = {"anyOf", "oneOf", "allOf", "prefixItems"}
 
 
 def check_schema(schema: Any, param: str) -> None:
-    """Walk a schema: supported keywords only, bounded depth, no recursive $ref."""
+    """Walk a schema: supported keywords only, bounded depth (a recursive ``$ref``, which
+    ``conjunction`` unrolls, counted once)."""
     if not isinstance(schema, dict):
         raise InvalidRequest("the JSON schema must be an object", param=param)
-    defs: dict[str, Any] = {}
+    defs: dict[str, Any] = {"#": schema}
     for key in ("$defs", "definitions"):
         if isinstance(schema.get(key), dict):
             defs.update({f"#/{key}/{k}": v for k, v in schema[key].items()})
@@ -60,16 +61,16 @@ def check_schema(schema: Any, param: str) -> None:
             return height
         if not isinstance(ref, str):
             raise InvalidRequest("'$ref' must be a string", param=param)
-        if ref in refs:
-            raise InvalidRequest(f"recursive $ref is not supported: {ref}", param=param)
+        if ref in refs:  # (recursion: unrolled to a few levels by ``conjunction``)
+            return height
         if ref not in defs:
-            raise InvalidRequest(f"unresolvable $ref: {ref!r} (only local #/$defs/...)",
+            raise InvalidRequest(f"unresolvable $ref: {ref!r} (only local #/$defs/... and #)",
                                  param=param)
-        if ref not in heights:  # (a walked one reaches no cycle: it would have been found)
+        if ref not in heights:  # (walked once; a cycle is cut where it closes)
             heights[ref] = walk(defs[ref], depth + 1, (*refs, ref))
         if depth + 1 + heights[ref] > MAX_SCHEMA_DEPTH:
             raise InvalidRequest(f"the JSON schema nests deeper than {MAX_SCHEMA_DEPTH} levels",
                                  param=param)
         return max(height, 1 + heights[ref])
 
-    walk(schema, 0, ())
+    walk(schema, 0, ("#",))

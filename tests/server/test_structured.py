@@ -561,6 +561,21 @@ def test_allof_and_any_value_fields_hold_in_the_answer(client: openai.OpenAI) ->
         _answer_validates(client, schema, "Give me an example.", 120)
 
 
+def test_recursive_schemas_hold_in_the_answer(client: openai.OpenAI) -> None:
+    """A recursive pydantic model (``$ref`` to its own definition) and OpenAI's recursive
+    UI example (``"$ref": "#"``) were a 400: unrolled a few levels, the answer validates."""
+    schemas: list[dict[str, Any]] = [
+        {"$defs": {"Node": {"type": "object", "required": ["name", "children"], "properties": {
+            "name": {"type": "string", "maxLength": 6},
+            "children": {"type": "array", "maxItems": 2, "items": {"$ref": "#/$defs/Node"}}}}},
+         "$ref": "#/$defs/Node"},
+        {"type": "object", "required": ["type", "children"], "additionalProperties": False,
+         "properties": {"type": {"enum": ["div", "button", "form"]},
+                        "children": {"type": "array", "maxItems": 2, "items": {"$ref": "#"}}}}]
+    for schema in schemas:
+        _answer_validates(client, schema, "A small tree, as data.", 1500)  # (15 nodes at most)
+
+
 def test_deeply_nested_schema_is_refused(server: ServerProcess) -> None:
     for depth in (200, 5000):  # deeper than our limit; deeper than Python's JSON recursion
         schema = '{"type": "array", "items": ' * depth + '{"type": "string"}' + "}" * depth

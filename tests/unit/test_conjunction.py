@@ -3,13 +3,14 @@ the converter took only the ``properties`` of its parts."""
 
 from __future__ import annotations
 
+import json
 import logging
 from typing import Any
 
 import pytest
 
 from edgeinfer.errors import InvalidRequest
-from edgeinfer.prompt.conjunction import ANY, MAX_PARTS, merged
+from edgeinfer.prompt.conjunction import ANY, MAX_PARTS, RECURSION_DEPTH, merged
 from edgeinfer.prompt.grammar import schema_to_gbnf
 
 COLOR = {"$defs": {"Color": {"enum": ["red", "green"], "type": "string"}}}
@@ -142,8 +143,53 @@ def test_an_annotations_only_or_true_schema_is_any_value() -> None:
     got = merged(schema)["properties"]
     assert got["v"] == got["w"] == ANY and "gone" not in got
     assert got["c"] == {"anyOf": [{"type": "integer"}]}
-    assert got["e"] == {"type": "array", "maxItems": 0} and got["f"] == {"type": "array"}
+    assert got["e"] == {"type": "array", "items": {"type": "null"}, "maxItems": 0}
+    assert got["f"] == {"type": "array"}
     gbnf = schema_to_gbnf(schema, "schema")
     assert '"\\"v\\""' in gbnf and '"\\"gone\\""' not in gbnf
     with pytest.raises(InvalidRequest, match="every branch"):
         merged({"anyOf": [False, False]})
+
+
+def _depth(node: Any, key: str) -> int:
+    """How many times ``key`` nests in ``node``'s first branches."""
+    found = 0
+    while isinstance(node, dict):
+        if "anyOf" in node:
+            node = next((b for b in node["anyOf"] if b.get("type") == "object"), None)
+            continue
+        if key not in node.get("properties", {}):
+            break
+        found += 1
+        node = node["properties"][key]
+    return found
+
+
+def test_a_recursive_ref_is_unrolled_and_ends() -> None:
+    """pydantic's recursive model and OpenAI's ``"$ref": "#"`` were a 400: written out
+    ``RECURSION_DEPTH`` levels deep, the last level leaves out what would recurse."""
+    linked = {"$defs": {"Node": {"type": "object", "required": ["v", "next"], "properties": {
+        "v": {"type": "integer"},
+        "next": {"anyOf": [{"$ref": "#/$defs/Node"}, {"type": "null"}]}}}},
+              "$ref": "#/$defs/Node"}
+    got = merged(linked)
+    assert _depth(got, "next") == RECURSION_DEPTH and "$defs" not in json.dumps(got)
+    assert "root ::=" in schema_to_gbnf(linked, "schema")
+    ui = {"type": "object", "required": ["label", "children"], "properties": {
+        "label": {"type": "string"}, "children": {"type": "array", "items": {"$ref": "#"}}}}
+    text = json.dumps(merged(ui))
+    assert text.count('"children"') == 2 * RECURSION_DEPTH and '"maxItems": 0}' in text
+    assert "root ::=" in schema_to_gbnf(ui, "schema")
+
+
+def test_a_recursion_without_end_or_past_the_budget_is_400() -> None:
+    endless = {"$defs": {"A": {"type": "object", "required": ["a"],
+                               "properties": {"a": {"$ref": "#/$defs/A"}}}},
+               "$ref": "#/$defs/A"}
+    with pytest.raises(InvalidRequest):
+        schema_to_gbnf(endless, "schema")
+    wide = {"$defs": {"T": {"type": "object", "properties": {
+        c: {"$ref": "#/$defs/T"} for c in "abcdefgh"}}}, "$ref": "#/$defs/T"}
+    with pytest.raises(InvalidRequest) as err:  # 8 ** 4 copies
+        schema_to_gbnf(wide, "schema")
+    assert err.value.code == "grammar_too_large"
