@@ -127,6 +127,11 @@ class _Merger:
             return ANY
         if not isinstance(node, dict):
             return node
+        if isinstance(node.get("$ref"), str) and any(  # a $ref beside keywords: both hold
+                k not in ANNOTATIONS and k not in _DEFS and k != "$ref" for k in node):
+            said = {k: v for k, v in node.items() if k in ANNOTATIONS or k in _DEFS}
+            node = {**said, "allOf": [{"$ref": node["$ref"]}, {
+                k: v for k, v in node.items() if k not in said and k != "$ref"}]}
         while isinstance(node.get("allOf"), list):
             node, done = self.conjoin(node)
             if done:

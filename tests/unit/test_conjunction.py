@@ -193,3 +193,14 @@ def test_a_recursion_without_end_or_past_the_budget_is_400() -> None:
     with pytest.raises(InvalidRequest) as err:  # 8 ** 4 copies
         schema_to_gbnf(wide, "schema")
     assert err.value.code == "grammar_too_large"
+
+
+def test_a_ref_beside_keywords_holds_with_them() -> None:
+    """The converter took the $ref alone (2020-12: both hold)."""
+    got = merged({"$defs": {"B": {"type": "object", "properties": {"b": {"type": "integer"}}}},
+                  "type": "object", "properties": {"x": {
+                      "$ref": "#/$defs/B", "description": "d", "required": ["c"],
+                      "properties": {"c": {"type": "string"}}}}})
+    assert got["properties"]["x"] == {"type": "object", "required": ["c"], "description": "d",
+                                      "properties": {"b": {"type": "integer"},
+                                                     "c": {"type": "string"}}}
