@@ -44,12 +44,12 @@ def tool_body(parameters: dict[str, Any], **kw: Any) -> dict[str, Any]:
 # -- 1. grammar budget: the inputs that used to kill the process with SIGSEGV -----------------
 
 CRASHERS = [
-    ("maxLength 30000", schema_body({"type": "string", "maxLength": 30000}), "maxLength"),
+    ("minItems 30000", schema_body({"type": "array", "minItems": 30000}), "minItems"),
     ("pattern a{0,30000}", schema_body({"type": "string", "pattern": "^a{0,30000}$"}),
      "pattern"),
-    ("tool parameter maxLength 30000", tool_body(
-        {"type": "object", "properties": {"a": {"type": "string", "maxLength": 30000}}},
-        tool_choice="required"), "maxLength"),
+    ("tool parameter minLength 30000", tool_body(
+        {"type": "object", "properties": {"a": {"type": "string", "minLength": 30000}}},
+        tool_choice="required"), "minLength"),
     ("minLength 1.5M", schema_body({"type": "string", "minLength": 1_500_000}), "minLength"),
     ("nested pattern groups", schema_body({"type": "string", "pattern": "^((a{0,999}){0,999})$"}),
      "pattern"),
