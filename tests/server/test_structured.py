@@ -438,8 +438,9 @@ def test_patterns_with_shorthand_classes_constrain_answers_and_calls(
         "type": "object", "patternProperties": {"^a": {"type": "string"}}}}}},
      "response_format.json_schema.schema"),
     ({"response_format": {"type": "json_schema", "json_schema": {"name": "x", "schema": {
-        "$ref": "#/$defs/node", "$defs": {"node": {"type": "object", "properties": {
-            "next": {"$ref": "#/$defs/node"}}}}}}}}, "response_format.json_schema.schema"),
+        "$ref": "#/$defs/node", "$defs": {"node": {  # (a recursion without end)
+            "type": "object", "required": ["next"], "properties": {
+                "next": {"$ref": "#/$defs/node"}}}}}}}}, "response_format.json_schema.schema"),
     ({"tools": [WEATHER], "tool_choice": {"type": "function", "function": {"name": "nope"}}},
      "tool_choice"),
     ({"response_format": {"type": "xml"}}, "response_format"),
