@@ -44,13 +44,19 @@ Schema would allow only that part's properties).
 
 from __future__ import annotations
 
-import json
 import logging
 from collections.abc import Callable
 from typing import Any
 
 from edgeinfer.errors import InvalidRequest
 from edgeinfer.prompt.budget import MAX_REPEAT, UPPER_COUNTS
+from edgeinfer.prompt.intersection import (
+    TOGETHER,
+    exclusive_numbers,
+    merge,
+    none_satisfies,
+    numbers,
+)
 from edgeinfer.prompt.keywords import ANNOTATIONS
 from edgeinfer.prompt.schemacheck import SCHEMA_LISTS, SCHEMA_MAPS
 
@@ -58,20 +64,16 @@ log = logging.getLogger("edgeinfer.prompt")
 
 RECURSION_DEPTH = 4  # levels of a recursive $ref written out
 MAX_BRANCHES = 64  # the branches distributing the choices of one allOf may make
+MAX_SPREAD = 256  # branches x shared properties a distributed choice may write
 MAX_PARTS = 512  # the parts all allOfs of one schema may hold, $refs resolved (a $ref
 # fanned out level by level would otherwise make parts by the millions)
 TOO_LARGE = "grammar_too_large"
-_LOWER = {"minimum", "minLength", "minItems", "minProperties"}
-_UPPER = {"maximum", "maxLength", "maxItems", "maxProperties"}
-_TOGETHER = {"items", "additionalProperties", "additionalItems", "propertyNames"}
 _CHOICES = ("anyOf", "oneOf")
 _DEFS = ("$defs", "definitions")
 ANY = {"anyOf": [{"type": t} for t in ("string", "number", "boolean", "null", "object",
                                         "array")]}
 # an empty array (without items the converter writes any array, whatever maxItems says)
 _EMPTY = {"items": {"type": "null"}, "maxItems": 0}
-_JSON_TYPES: dict[str, Any] = {"string": str, "object": dict, "array": list,
-                               "boolean": bool, "null": type(None)}
 
 
 def merged(schema: Any) -> Any:
@@ -84,7 +86,12 @@ def merged(schema: Any) -> Any:
     merger = _Merger(defs)
     if "#" in merger.cyclic:
         merger.stack.append("#")
-    return merger.walk(schema)
+    root = merger.walk(defs["#"])  # (whatever it becomes, the definitions go beside it)
+    kept = {key: {name: merger.walk(sub) for name, sub in schema[key].items()
+                  if f"#/{key}/{name}" not in merger.cyclic}
+            for key in _DEFS if isinstance(schema.get(key), dict)}
+    kept = {key: value for key, value in kept.items() if value}
+    return {**root, **kept} if isinstance(root, dict) and kept else root
 
 
 def _cyclic(defs: dict[str, Any]) -> set[str]:
@@ -111,10 +118,6 @@ def _cyclic(defs: dict[str, Any]) -> set[str]:
     return cyclic
 
 
-def _none_satisfies(what: str) -> InvalidRequest:
-    return InvalidRequest(f"{what}: no value satisfies the schema", param="schema")
-
-
 class _Merger:
     def __init__(self, defs: dict[str, Any]) -> None:
         self.defs = defs
@@ -123,10 +126,23 @@ class _Merger:
         self.parts = 0
 
     def walk(self, node: Any) -> Any:
+        """``node`` normalized; the recursive refs its ``allOf``s inlined stay on the
+        stack while its sub-schemas are walked."""
+        depth = len(self.stack)
+        try:
+            return self._walk(node)
+        finally:
+            del self.stack[depth:]
+
+    def _walk(self, node: Any) -> Any:
         if node is True:
             return ANY
         if not isinstance(node, dict):
             return node
+        node = {k: v for k, v in node.items()  # (a null keyword says nothing)
+                if v is not None or k in ("const", "default", "examples")}
+        if node.get("$ref") in self.cyclic:
+            return self.unroll(node)
         if isinstance(node.get("$ref"), str) and any(  # a $ref beside keywords: both hold
                 k not in ANNOTATIONS and k not in _DEFS and k != "$ref" for k in node):
             said = {k: v for k, v in node.items() if k in ANNOTATIONS or k in _DEFS}
@@ -140,6 +156,10 @@ class _Merger:
             return self.unroll(node)
         if node and all(k in ANNOTATIONS or k.startswith("x-") for k in node):
             return ANY
+        return self.children(node)
+
+    def children(self, node: dict[str, Any]) -> Any:
+        """``node`` with its sub-schemas walked (``false``: an array nothing satisfies)."""
         out: dict[str, Any] = {}
         empty = False
         for key, value in node.items():
@@ -155,18 +175,23 @@ class _Merger:
             elif key in SCHEMA_LISTS and isinstance(value, list):
                 out[key] = [self.sub(sub) for sub in value]
             elif key == "items" and isinstance(value, bool) and not node.get("prefixItems"):
-                empty = not value  # (the converter wants a dict)
+                if value:  # (the converter wants a dict)
+                    out[key] = ANY
+                else:
+                    empty = True
             elif key == "items" and isinstance(value, dict):
                 if (items := self.sub(value)) is False:  # (a recursion's last level)
                     empty = True
                 else:
                     out[key] = items
-            elif key in _TOGETHER and isinstance(value, dict):
+            elif key in TOGETHER and isinstance(value, dict):
                 out[key] = self.walk(value)
-            elif key in UPPER_COUNTS and isinstance(value, int) and value > MAX_REPEAT:
+            elif key in UPPER_COUNTS and numbers(value, 0) and value > MAX_REPEAT:
                 out[key] = MAX_REPEAT
             else:
                 out[key] = value
+        if empty and isinstance(node.get("minItems"), int) and node["minItems"] > 0:
+            return False  # (no array: nothing satisfies it)
         return {**out, **_EMPTY} if empty else out
 
     def unroll(self, node: dict[str, Any]) -> Any:
@@ -200,7 +225,7 @@ class _Merger:
         for name, sub in props.items():
             try:
                 if (walked := self.sub(sub)) is False:
-                    raise _none_satisfies(f"the property {name!r} is false (or recursive "
+                    raise none_satisfies(f"the property {name!r} is false (or recursive "
                                           "without end)")
                 out[name] = walked
             except InvalidRequest as exc:
@@ -217,6 +242,7 @@ class _Merger:
         if len(node["allOf"]) == 1 and not own and isinstance(node["allOf"][0], dict):
             return {**node["allOf"][0], **kept}, False  # (a $ref stays one: shared rules)
         parts = self.flat([node])
+        self.count(len(parts))  # (once an allOf: nested ones are not counted again)
         choices = [p for p in parts if any(isinstance(p.get(c), list) for c in _CHOICES)]
         if not choices:
             return {**merge(parts), **kept}, False
@@ -232,9 +258,25 @@ class _Merger:
                     "branches: write the choices out", param="schema", code=TOO_LARGE)
         plain = [p for p in parts if not any(p is c for c in choices)]
         base = merge(plain) if plain else {}
+        if len(combos) * max(1, len(base.get("properties") or {})) > MAX_SPREAD:
+            return self.loose(base, choices, kept), False
         branches = self.choice([(self.walk, {"allOf": [base, *combo]}) for combo in combos],
                                "anyOf")
         return {**kept, "anyOf": branches}, True
+
+    def loose(self, base: dict[str, Any], choices: list[dict[str, Any]],
+              kept: dict[str, Any]) -> dict[str, Any]:
+        """Choices too large to write out beside the other parts (each branch a copy of
+        them): their branches' properties join the rest as optional ones, as the
+        converter's own ``allOf`` did (the choice itself is not enforced; logged)."""
+        log.warning("an 'allOf' with a choice too large to write out: the choice's "
+                    "properties are optional, the choice is not enforced")
+        props: dict[str, Any] = {}
+        for choice in choices:
+            for branch in next(choice[c] for c in _CHOICES if isinstance(choice.get(c), list)):
+                for part in self.flat([branch]) if branch is not False else []:
+                    props.update(part.get("properties") or {})
+        return {**merge([base, {"properties": props}]), **kept}
 
     def choice(self, branches: list[tuple[Callable[[Any], Any], Any]], key: str) -> list[Any]:
         """The branches of a choice, each walked; those nothing satisfies (``false``, a
@@ -249,7 +291,7 @@ class _Merger:
                     raise
                 first_error = first_error or exc
         if not kept:
-            raise first_error or _none_satisfies(f"every branch of '{key}' is false")
+            raise first_error or none_satisfies(f"every branch of '{key}' is false")
         return kept
 
     def flat(self, nodes: list[Any], path: tuple[str, ...] = ()) -> list[dict[str, Any]]:
@@ -261,114 +303,27 @@ class _Merger:
             if node is True:
                 continue
             if not isinstance(node, dict):
-                raise _none_satisfies("an 'allOf' part is false (or not a schema)")
+                raise none_satisfies("an 'allOf' part is false (or not a schema)")
             own = {k: v for k, v in node.items()
-                   if k not in ANNOTATIONS and k not in _DEFS and k not in ("allOf", "$ref")}
+                   if k not in ANNOTATIONS and k not in _DEFS and k not in ("allOf", "$ref")
+                   and (v is not None or k == "const")}
             if "$ref" in node:
                 ref = node["$ref"]
                 if ref not in self.defs:
                     raise InvalidRequest(f"'$ref' {ref!r} names no local definition",
                                          param="schema")
                 if ref in path:
-                    raise _none_satisfies(f"'$ref' {ref!r} is one of its own 'allOf' parts")
+                    raise none_satisfies(f"'$ref' {ref!r} is one of its own 'allOf' parts")
+                if ref in self.cyclic:  # (its recursion unrolled as ``unroll`` does)
+                    if self.stack.count(ref) >= RECURSION_DEPTH:
+                        raise none_satisfies(f"'$ref' {ref!r} recurses past "
+                                              f"{RECURSION_DEPTH} levels")
+                    self.stack.append(ref)
                 parts += self.flat([self.defs[ref]], (*path, ref))
             if isinstance(node.get("allOf"), list):
                 parts += self.flat(node["allOf"], path)
             if own:
-                parts.append(_exclusive_numbers(own))
-        self.count(len(parts))
+                parts.append(exclusive_numbers(own))
+        if len(parts) > MAX_PARTS:  # (counted here too: a fan-out stops early)
+            self.count(len(parts))
         return parts
-
-
-def _exclusive_numbers(part: dict[str, Any]) -> dict[str, Any]:
-    """OpenAPI 3.0's (draft 4's) ``exclusiveMinimum: true`` beside ``minimum`` as the
-    number form, so that bounds of several parts compare."""
-    out = dict(part)
-    for flag, bound in (("exclusiveMinimum", "minimum"), ("exclusiveMaximum", "maximum")):
-        if isinstance(out.get(flag), bool):
-            if out.pop(flag) and bound in out:
-                out[flag] = out.pop(bound)
-    return out
-
-
-def _same(a: Any, b: Any) -> bool:
-    """JSON equality (Python's says ``True == 1``)."""
-    return a is b or json.dumps(a, sort_keys=True) == json.dumps(b, sort_keys=True)
-
-
-def merge(parts: list[dict[str, Any]]) -> dict[str, Any]:
-    """One sub-schema holding what every part holds (no choices among them)."""
-    out: dict[str, Any] = {}
-    for part in parts:
-        for key, value in part.items():
-            out[key] = _combine(key, out[key], value) if key in out else value
-    return _values_of_the_type(out)
-
-
-def _values_of_the_type(node: dict[str, Any]) -> dict[str, Any]:
-    """An ``enum`` kept to the values of the type and the ``const``; 400 when none is."""
-    kind = node.get("type")
-    types = {kind} if isinstance(kind, str) else set(kind) if isinstance(kind, list) else None
-    values = [node["const"]] if "const" in node else node.get("enum")
-    if not isinstance(values, list):
-        return node
-    kept = [v for v in values if types is None or any(_is_a(v, t) for t in types)]
-    if "const" in node and isinstance(node.get("enum"), list):
-        kept = [v for v in kept if any(_same(v, e) for e in node["enum"])]
-    if not kept:
-        raise _none_satisfies("the 'allOf' parts' values and types have nothing in common")
-    return {**node, "enum": kept} if "enum" in node and "const" not in node else node
-
-
-def _is_a(value: Any, kind: Any) -> bool:
-    if kind in ("integer", "number"):
-        if isinstance(value, bool) or not isinstance(value, int | float):
-            return False
-        return kind == "number" or float(value).is_integer()
-    want = _JSON_TYPES.get(kind)
-    return want is None or isinstance(value, want)
-
-
-def _combine(key: str, a: Any, b: Any) -> Any:
-    if _same(a, b):
-        return a
-    if key == "properties" and isinstance(a, dict) and isinstance(b, dict):
-        return {**a, **b, **{n: {"allOf": [a[n], b[n]]} for n in a.keys() & b.keys()
-                             if not _same(a[n], b[n])}}
-    if key == "required" and isinstance(a, list) and isinstance(b, list):
-        return list(dict.fromkeys([*a, *b]))
-    if key == "type":
-        return _types(a, b)
-    if key in _LOWER | _UPPER | {"exclusiveMinimum", "exclusiveMaximum"} and _numbers(a, b):
-        return max(a, b) if key in _LOWER or key == "exclusiveMinimum" else min(a, b)
-    if key == "enum" and isinstance(a, list) and isinstance(b, list):
-        if not (both := [v for v in a if any(_same(v, w) for w in b)]):
-            raise _none_satisfies("the 'allOf' parts' enums have no value in common")
-        return both
-    if key == "const":
-        raise _none_satisfies("the 'allOf' parts' consts differ")
-    if key in _TOGETHER and all(isinstance(v, dict | bool) for v in (a, b)):
-        if a is False or b is False:
-            return False
-        return b if a is True else a if b is True else {"allOf": [a, b]}
-    log.warning("an 'allOf' of two different %r is not enforced: the first holds (%s, "
-                "not %s)", key, str(a)[:100], str(b)[:100])
-    return a
-
-
-def _numbers(a: Any, b: Any) -> bool:
-    return all(isinstance(v, int | float) and not isinstance(v, bool) for v in (a, b))
-
-
-def _types(a: Any, b: Any) -> str | list[str]:
-    """The types both ``a`` and ``b`` allow (a name or a list of names; the Ollama
-    client's ``"string, integer"`` is a list)."""
-    def names(t: Any) -> list[str]:
-        listed = t.split(",") if isinstance(t, str) else t if isinstance(t, list) else []
-        return [n.strip() for n in listed if isinstance(n, str) and n.strip()]
-    first, second = names(a), names(b)
-    both = [n for n in first if n in second or n == "integer" and "number" in second]
-    both += [n for n in second if n == "integer" and "number" in first and n not in both]
-    if not both:
-        raise _none_satisfies(f"the 'allOf' parts' types ({a} and {b}) have none in common")
-    return both[0] if len(both) == 1 else both

@@ -144,7 +144,7 @@ def test_an_annotations_only_or_true_schema_is_any_value() -> None:
     assert got["v"] == got["w"] == ANY and "gone" not in got
     assert got["c"] == {"anyOf": [{"type": "integer"}]}
     assert got["e"] == {"type": "array", "items": {"type": "null"}, "maxItems": 0}
-    assert got["f"] == {"type": "array"}
+    assert got["f"] == {"type": "array", "items": ANY}  # (its maxItems kept)
     gbnf = schema_to_gbnf(schema, "schema")
     assert '"\\"v\\""' in gbnf and '"\\"gone\\""' not in gbnf
     with pytest.raises(InvalidRequest, match="every branch"):
@@ -204,3 +204,39 @@ def test_a_ref_beside_keywords_holds_with_them() -> None:
     assert got["properties"]["x"] == {"type": "object", "required": ["c"], "description": "d",
                                       "properties": {"b": {"type": "integer"},
                                                      "c": {"type": "string"}}}
+
+
+def test_review_cases_of_recursion_and_arrays() -> None:
+    """A recursive model that uses another model kept no $defs for it (a 400); recursion
+    through a $ref with sibling keywords never ended (past the budget); ``items: true``
+    lost ``maxItems``; an empty array beside ``minItems`` wrote ``[null]``; a float
+    ``maxLength`` past the budget was a TypeError."""
+    tree = {"$defs": {"Addr": {"type": "object", "properties": {"city": {"type": "string"}}},
+                      "Tree": {"type": "object", "required": ["children"], "properties": {
+                          "children": {"type": "array", "items": {"$ref": "#/$defs/Tree"}},
+                          "note": {"$ref": "#/$defs/Addr"}}}},
+            "$ref": "#/$defs/Tree"}
+    got = merged(tree)
+    assert list(got["$defs"]) == ["Addr"] and "root ::=" in schema_to_gbnf(tree, "schema")
+    sibling = {"$defs": {"N": {"type": "object", "properties": {
+        "next": {"$ref": "#/$defs/N", "type": "object"}}}}, "$ref": "#/$defs/N"}
+    assert "root ::=" in schema_to_gbnf(sibling, "schema")
+    assert merged({"type": "array", "items": True, "maxItems": 2}) == {
+        "type": "array", "items": ANY, "maxItems": 2}
+    assert merged({"type": "object", "properties": {"a": {
+        "type": "array", "items": False, "minItems": 1}}})["properties"] == {}
+    assert merged({"type": "string", "maxLength": 2083.0})["maxLength"] == 1000
+    assert merged({"allOf": [{"minimum": None}, {"type": "integer", "minimum": 3}]}) == {
+        "type": "integer", "minimum": 3}
+
+
+def test_a_choice_too_large_to_write_out_beside_shared_properties_is_loose(
+        caplog: pytest.LogCaptureFixture) -> None:
+    """A base of 40 properties beside an 8-way choice would be 8 copies of the base: the
+    converter's own reading instead (the choice's properties optional), logged."""
+    base = {"type": "object", "properties": {f"p{i}": {"type": "string"} for i in range(40)}}
+    schema = {"$defs": {"Base": base}, "allOf": [{"$ref": "#/$defs/Base"}, {"oneOf": [
+        {"properties": {"k": {"const": f"v{i}"}}, "required": ["k"]} for i in range(8)]}]}
+    with caplog.at_level(logging.WARNING, logger="edgeinfer.prompt"):
+        got = merged(schema)
+    assert "anyOf" not in got and len(got["properties"]) == 41 and "too large" in caplog.text
