@@ -6,11 +6,10 @@ Failing that, the newest request of the batch that has generated nothing waits a
 (its cells freed, ``Scheduler.preempt``) while other requests hold cells, whose ends free
 them; its client sees only a later first token. At most ``MAX_PREEMPTIONS`` times a
 request: a prompt that never fits beside the others fails as before. With none such, the
-newest request of the batch
-stops (the others go on): as if it reached its length when it has generated tokens
-(alone, it reached the end of the cache), else, alone, with a "KV cache full" error
-(503 and Retry-After to the client). Any other failure ends every request of the batch
-with an error.
+newest request of the batch stops (the others go on): as if it reached its length when it
+has generated tokens (alone, it reached the end of the cache), else, alone, with a "KV
+cache full" error (503 and Retry-After to the client). Any other failure ends every
+request of the batch with an error.
 """
 
 from __future__ import annotations

@@ -87,9 +87,7 @@ def merged(schema: Any) -> Any:
     if "#" in merger.cyclic:
         merger.stack.append("#")
     root = merger.walk(defs["#"])  # (whatever it becomes, the definitions go beside it)
-    kept = {key: {name: merger.walk(sub) for name, sub in schema[key].items()
-                  if f"#/{key}/{name}" not in merger.cyclic}
-            for key in _DEFS if isinstance(schema.get(key), dict)}
+    kept = merger.children({k: v for k, v in schema.items() if k in _DEFS})
     kept = {key: value for key, value in kept.items() if value}
     return {**root, **kept} if isinstance(root, dict) and kept else root
 
