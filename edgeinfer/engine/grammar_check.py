@@ -35,7 +35,11 @@ class _Converter(SchemaConverter):
         records) come at most MAX_EXTRA_MEMBERS times, their names at most MAX_KEY_CHARS
         characters long, as arrays and strings are bounded: a small model that keeps
         adding members (or writing a name) would otherwise run into max_tokens and leave
-        JSON that does not parse."""
+        JSON that does not parse. After an optional property they are optional, and come
+        after a comma."""
+        if name.endswith("-rest") and _EXTRA_MEMBERS.fullmatch(rule):
+            rule = f'( "," space {rule} )?'  # (its copy wrote them with no comma, and
+            # always: after an optional property, no JSON could follow; upstream mended)
         if name.endswith("additional-kvs") and rule.endswith(" )*"):
             rule = f"{rule[:-1]}{{0,{MAX_EXTRA_MEMBERS - 1}}}"
         if name.endswith("additional-kv") and rule.startswith("string "):  # their names too
@@ -50,6 +54,7 @@ MAX_EXTRA_MEMBERS = 10
 MAX_KEY_CHARS = 100
 
 
+_EXTRA_MEMBERS = re.compile(r"[A-Za-z0-9-]*additional-kvs[0-9]*")
 _LITERAL_ESCAPE = re.compile(r'[\r\n"\\]')
 _LITERAL_ESCAPES = {"\r": "\\r", "\n": "\\n", '"': '\\"', "\\": "\\\\"}
 

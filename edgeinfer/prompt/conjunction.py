@@ -182,6 +182,9 @@ class _Merger:
                     empty = True
                 else:
                     out[key] = items
+            elif key == "additionalProperties" and (value is True or isinstance(value, dict)):
+                out[key] = self.sub(value if isinstance(value, dict) else {})  # (true and
+                # {}: any value; the converter wrote an object)
             elif key in TOGETHER and isinstance(value, dict):
                 out[key] = self.walk(value)
             elif key in UPPER_COUNTS and numbers(value, 0) and value > MAX_REPEAT:

@@ -1,0 +1,82 @@
+"""Objects whose members beyond their properties are allowed (``additionalProperties``:
+pydantic's ``extra="allow"``, zod's ``passthrough``, a record beside known keys): the
+grammar llama.cpp samples with must take every such JSON text and nothing that does not
+parse. Texts are fed to llama.cpp's own grammar sampler one character at a time, in a
+child process (llama.cpp aborts on a token its grammar refuses if it is accepted)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from typing import Any
+
+from vocab_worker import VOCAB
+
+from edgeinfer.prompt.grammar import schema_to_gbnf
+
+WORKER = VOCAB + r"""
+from edgeinfer.engine.grammar_check import grammar_sampler
+
+def token(ch):
+    buf = (llama_cpp.llama_token * 8)()
+    data = ch.encode()
+    n = llama_cpp.llama_tokenize(vocab, data, len(data), buf, 8, False, False)
+    assert n == 1, (ch, n)
+    return buf[0]
+
+def allowed(smpl, tok):
+    cand = (llama_cpp.llama_token_data * 1)(llama_cpp.llama_token_data(tok, 0.0, 0.0))
+    arr = llama_cpp.llama_token_data_array(cand, 1, -1, False)
+    llama_cpp.llama_sampler_apply(smpl.ptr, ctypes.byref(arr))
+    return cand[0].logit != float("-inf")
+
+def takes(gbnf, text):
+    smpl = grammar_sampler(vocab, gbnf)
+    try:
+        for ch in text:
+            tok = token(ch)
+            if not allowed(smpl, tok):
+                return False
+            llama_cpp.llama_sampler_accept(smpl.ptr, tok)
+        return allowed(smpl, llama_cpp.llama_vocab_eos(vocab))
+    finally:
+        smpl.close()
+
+jobs = json.loads(sys.stdin.read())
+print(json.dumps([takes(gbnf, text) for gbnf, text in jobs]))
+"""
+
+RECORD = {"type": "object", "properties": {"a": {"type": "integer"}, "b": {"type": "string"}},
+          "additionalProperties": True}
+REQUIRED = {**RECORD, "required": ["a"]}
+TYPED = {**RECORD, "additionalProperties": {"type": "integer"}}
+
+CASES: list[tuple[dict[str, Any], str, bool]] = [
+    (RECORD, "{}", True),
+    (RECORD, '{"a":1}', True),  # (refused before: a member had to follow, with no comma)
+    (RECORD, '{"a":1,"b":"x"}', True),
+    (RECORD, '{"b":"x","z":[1,"y",null]}', True),  # (any value, not only an object)
+    (RECORD, '{"a":1,"z":true}', True),
+    (RECORD, '{"z":{"k":1},"y":2}', True),
+    (RECORD, '{"a":1"z":2}', False),  # (what it wrote before: JSON that does not parse)
+    (RECORD, '{"a":1,}', False),
+    (REQUIRED, '{"a":1}', True),
+    (REQUIRED, '{"a":1,"b":"x","z":"w"}', True),
+    (REQUIRED, '{"a":1,"b":"x""z":"w"}', False),
+    (REQUIRED, '{"b":"x"}', False),
+    (TYPED, '{"a":1,"n":2}', True),
+    (TYPED, '{"a":1,"n":"two"}', False),
+]
+
+
+def test_members_beyond_the_properties_follow_a_comma_and_may_be_left_out() -> None:
+    jobs = [(schema_to_gbnf(schema, "schema"), text) for schema, text, _ in CASES]
+    out = subprocess.run([sys.executable, "-c", WORKER], input=json.dumps(jobs), text=True,
+                         capture_output=True, timeout=120)
+    assert out.returncode == 0, out.stderr[-2000:]
+    got = json.loads(out.stdout.strip().splitlines()[-1])
+    wrong = [(text, want) for (_, text, want), took in zip(CASES, got, strict=True)
+             if took != want]
+    assert not wrong, wrong
+
