@@ -146,6 +146,13 @@ class _Merger:
             said = {k: v for k, v in node.items() if k in ANNOTATIONS or k in _DEFS}
             node = {**said, "allOf": [{"$ref": node["$ref"]}, {
                 k: v for k, v in node.items() if k not in said and k != "$ref"}]}
+        choices = [c for c in _CHOICES if isinstance(node.get(c), list)]
+        if choices and "allOf" not in node and any(  # a choice beside keywords: all hold
+                k not in ANNOTATIONS and k not in _DEFS and not k.startswith("x-")
+                for k in node if k != choices[0]):
+            said = {k: v for k, v in node.items() if k in ANNOTATIONS or k in _DEFS}
+            rest = {k: v for k, v in node.items() if k not in said and k not in choices}
+            node = {**said, "allOf": [*({c: node[c]} for c in choices), *([rest] if rest else [])]}
         while isinstance(node.get("allOf"), list):
             node, done = self.conjoin(node)
             if done:
@@ -177,6 +184,10 @@ class _Merger:
                     out[key] = ANY
                 else:
                     empty = True
+            elif key == "items" and isinstance(value, list):  # a tuple (draft 7)
+                out[key] = self.tuple_items(value)
+                if len(out[key]) < len(value):  # (a recursion's last level)
+                    out["maxItems"] = len(out[key])
             elif key == "items" and isinstance(value, dict):
                 if (items := self.sub(value)) is False:  # (a recursion's last level)
                     empty = True
@@ -194,6 +205,15 @@ class _Merger:
         if empty and isinstance(node.get("minItems"), int) and node["minItems"] > 0:
             return False  # (no array: nothing satisfies it)
         return {**out, **_EMPTY} if empty else out
+
+    def tuple_items(self, items: list[Any]) -> list[Any]:
+        """A tuple's items walked, up to the first one nothing satisfies."""
+        out = []
+        for sub in items:
+            if (walked := self.sub(sub)) is False:
+                break
+            out.append(walked)
+        return out
 
     def unroll(self, node: dict[str, Any]) -> Any:
         """A recursive ``$ref`` written out (``false`` past ``RECURSION_DEPTH`` levels)."""

@@ -24,6 +24,7 @@ from edgeinfer.prompt.budget import (
     check_rewritten_pattern,
 )
 from edgeinfer.prompt.conjunction import merged
+from edgeinfer.prompt.intersection import VALUE_KEYWORDS, values_kept
 from edgeinfer.prompt.intrange import int_range_gbnf
 from edgeinfer.prompt.keywords import sound
 from edgeinfer.prompt.pattern import json_pattern, with_lengths
@@ -89,6 +90,10 @@ def _bound(node: Any, ints: dict[str, str]) -> Any:
     if not isinstance(node, dict):
         return node
     node = _lengths_in_pattern(sound(_required_present(_one_type(node))))
+    if (kept := values_kept(node, "the schema's values and its other keywords")) is not None:
+        node = {**{k: v for k, v in node.items() if k not in VALUE_KEYWORDS | {"enum"}},
+                **({"const": kept[0]} if "const" in node else {"enum": kept})}  # (the
+        # converter wrote the values alone, bounds beside them won over an enum)
     if node.get("type") == "integer" and any(k in node for k in _BOUNDS):
         try:
             expr = int_range_gbnf(*_int_bounds(node))
@@ -105,8 +110,8 @@ def _bound(node: Any, ints: dict[str, str]) -> Any:
             out[k] = {name: _bound(sub, ints) for name, sub in v.items()}
         elif k in SCHEMA_LISTS and isinstance(v, list):
             out[k] = [_bound(sub, ints) for sub in v]
-        elif k in ("items", "additionalProperties"):
-            out[k] = _bound(v, ints)
+        elif k in ("items", "additionalProperties"):  # (a list: a tuple's items)
+            out[k] = [_bound(sub, ints) for sub in v] if isinstance(v, list) else _bound(v, ints)
         elif k == "pattern" and isinstance(v, str):
             _check_regex(v)
             if (rewritten := json_pattern(v)) is not None:

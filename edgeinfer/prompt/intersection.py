@@ -51,17 +51,49 @@ def merge(parts: list[dict[str, Any]]) -> dict[str, Any]:
 
 def _values_of_the_type(node: dict[str, Any]) -> dict[str, Any]:
     """An ``enum`` kept to the values of the type and the ``const``; 400 when none is."""
+    kept = values_kept(node, "the 'allOf' parts' values and types")
+    if kept is None:
+        return node
+    return {**node, "enum": kept} if "enum" in node and "const" not in node else node
+
+
+# what the converter drops beside an enum or a const (it writes their values alone)
+VALUE_KEYWORDS = {"type", "minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum",
+                  "minLength", "maxLength", "minItems", "maxItems"}
+
+
+def values_kept(node: dict[str, Any], what: str) -> list[Any] | None:
+    """The values of ``node``'s ``const`` or ``enum`` that its type, bounds and lengths
+    allow (and the enum, beside a const); None without either; 400 when none is."""
     kind = node.get("type")
     types = {kind} if isinstance(kind, str) else set(kind) if isinstance(kind, list) else None
     values = [node["const"]] if "const" in node else node.get("enum")
     if not isinstance(values, list):
-        return node
-    kept = [v for v in values if types is None or any(_is_a(v, t) for t in types)]
+        return None
+    kept = [v for v in values if (types is None or any(_is_a(v, t) for t in types))
+            and _within(v, exclusive_numbers(node))]
     if "const" in node and isinstance(node.get("enum"), list):
         kept = [v for v in kept if any(_same(v, e) for e in node["enum"])]
     if not kept:
-        raise none_satisfies("the 'allOf' parts' values and types have nothing in common")
-    return {**node, "enum": kept} if "enum" in node and "const" not in node else node
+        raise none_satisfies(f"{what} have nothing in common")
+    return kept
+
+
+def _within(value: Any, node: dict[str, Any]) -> bool:
+    """Whether ``value`` lies within ``node``'s bounds and lengths (the number form of
+    the exclusive bounds)."""
+    def bound(key: str) -> Any:
+        return node[key] if numbers(node.get(key), 0) else None
+    if isinstance(value, int | float) and not isinstance(value, bool):
+        lo, hi, above, below = map(bound, ("minimum", "maximum", "exclusiveMinimum",
+                                           "exclusiveMaximum"))
+        return ((lo is None or value >= lo) and (hi is None or value <= hi)
+                and (above is None or value > above) and (below is None or value < below))
+    if isinstance(value, str | list):
+        lo, hi = map(bound, ("minLength", "maxLength") if isinstance(value, str)
+                     else ("minItems", "maxItems"))
+        return (lo is None or len(value) >= lo) and (hi is None or len(value) <= hi)
+    return True
 
 
 def _is_a(value: Any, kind: Any) -> bool:

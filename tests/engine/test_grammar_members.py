@@ -1,7 +1,8 @@
-"""Objects whose members beyond their properties are allowed (``additionalProperties``:
-pydantic's ``extra="allow"``, zod's ``passthrough``, a record beside known keys): the
-grammar llama.cpp samples with must take every such JSON text and nothing that does not
-parse. Texts are fed to llama.cpp's own grammar sampler one character at a time, in a
+"""What the grammar of a schema takes, fed to llama.cpp's own grammar sampler: objects whose
+members beyond their properties are allowed (``additionalProperties``: pydantic's
+``extra="allow"``, zod's ``passthrough``, a record beside known keys) must take every such
+JSON text and nothing that does not parse; values, choices and tuples beside other
+keywords must take what the schema allows and nothing else. Texts are fed to llama.cpp's own grammar sampler one character at a time, in a
 child process (llama.cpp aborts on a token its grammar refuses if it is accepted)."""
 
 from __future__ import annotations
@@ -70,13 +71,56 @@ CASES: list[tuple[dict[str, Any], str, bool]] = [
 ]
 
 
-def test_members_beyond_the_properties_follow_a_comma_and_may_be_left_out() -> None:
-    jobs = [(schema_to_gbnf(schema, "schema"), text) for schema, text, _ in CASES]
+def wrongly_taken(cases: list[tuple[dict[str, Any], str, bool]]) -> list[tuple[str, bool]]:
+    """The cases whose text the schema's grammar takes (True) or refuses against ``want``."""
+    jobs = [(schema_to_gbnf(schema, "schema"), text) for schema, text, _ in cases]
     out = subprocess.run([sys.executable, "-c", WORKER], input=json.dumps(jobs), text=True,
                          capture_output=True, timeout=120)
     assert out.returncode == 0, out.stderr[-2000:]
     got = json.loads(out.stdout.strip().splitlines()[-1])
-    wrong = [(text, want) for (_, text, want), took in zip(CASES, got, strict=True)
-             if took != want]
-    assert not wrong, wrong
+    return [(text, want) for (_, text, want), took in zip(cases, got, strict=True)
+            if took != want]
+
+
+def test_members_beyond_the_properties_follow_a_comma_and_may_be_left_out() -> None:
+    assert not wrongly_taken(CASES)
+
+
+UNION = {"type": "object", "anyOf": [{"$ref": "#/$defs/A"}, {"$ref": "#/$defs/B"}],
+         "$defs": {"A": {"properties": {"k": {"const": "a"}}, "required": ["k"]},
+                   "B": {"properties": {"k": {"const": "b"}, "n": {"type": "integer"}},
+                         "required": ["k", "n"]}}}
+BESIDE: list[tuple[dict[str, Any], str, bool]] = [
+    # an enum or a const beside bounds (the bounds won: any integer in them)
+    ({"type": "integer", "enum": [1, 2, 30], "minimum": 0, "maximum": 10}, "1", True),
+    ({"type": "integer", "enum": [1, 2, 30], "minimum": 0, "maximum": 10}, "5", False),
+    ({"type": "integer", "enum": [1, 2, 30], "minimum": 0, "maximum": 10}, "30", False),
+    ({"type": "integer", "const": 5, "minimum": 0, "maximum": 10}, "6", False),
+    ({"type": "number", "enum": [1.5, 20], "exclusiveMaximum": 10}, "20", False),
+    ({"type": "string", "enum": ["a", 1, "bbbb"], "maxLength": 3}, '"a"', True),
+    ({"type": "string", "enum": ["a", 1, "bbbb"], "maxLength": 3}, "1", False),
+    ({"type": "string", "enum": ["a", 1, "bbbb"], "maxLength": 3}, '"bbbb"', False),
+    # a choice beside other keywords (the converter took the choice alone)
+    ({"type": "object", "properties": {"a": {"type": "integer"}}, "required": ["a"],
+      "anyOf": [{"properties": {"b": {"type": "string"}}, "required": ["b"]},
+                {"properties": {"c": {"type": "string"}}, "required": ["c"]}]},
+     '{"a":1,"b":"x"}', True),
+    ({"type": "object", "properties": {"a": {"type": "integer"}}, "required": ["a"],
+      "anyOf": [{"properties": {"b": {"type": "string"}}, "required": ["b"]},
+                {"properties": {"c": {"type": "string"}}, "required": ["c"]}]},
+     '{"b":"x"}', False),
+    ({"enum": ["a", "b", "c"], "anyOf": [{"const": "a"}, {"const": "b"}]}, '"c"', False),
+    ({"oneOf": [{"type": "string"}, {"type": "integer"}],
+      "anyOf": [{"type": "integer"}, {"type": "null"}]}, '"s"', False),
+    (UNION, '{"k":"b","n":1}', True),
+    (UNION, '{"k":"b"}', False),
+    (UNION, "[]", False),
+    # a tuple (draft 7's items as a list) walked: its strings bounded as any others
+    ({"type": "array", "items": [{"type": "string", "maxLength": 3000}, {}]}, '["a",1]', True),
+    ({"type": "array", "items": [{"type": "string"}, {"type": "integer"}]}, "[1,1]", False),
+]
+
+
+def test_values_choices_and_tuples_beside_other_keywords_hold_with_them() -> None:
+    assert not wrongly_taken(BESIDE)
 
