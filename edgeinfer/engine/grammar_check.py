@@ -15,7 +15,7 @@ from functools import lru_cache
 from typing import Any
 
 import llama_cpp
-from llama_cpp.llama_grammar import SchemaConverter
+from llama_cpp.llama_grammar import PRIMITIVE_RULES, SchemaConverter
 
 from edgeinfer.engine.handles import Sampler, SamplerPtr, VocabPtr
 
@@ -27,8 +27,43 @@ class _Converter(SchemaConverter):
     ended the GBNF literal early (a grammar llama.cpp cannot parse), and one holding a
     backslash let the model write it unescaped (``"C:\temp"`` as a tab: another text)."""
 
+    _any: dict[str, str] | None = None  # the bounded any-value's rules, once written
+
     def _format_literal(self, literal: str) -> str:
         return '"' + _LITERAL_ESCAPE.sub(lambda m: _LITERAL_ESCAPES[m.group(0)], literal) + '"'
+
+    def _add_primitive(self, name: str, rule: Any) -> str:
+        """The converter's any-object, any-array and any-value (``{"type": "object"}``
+        without properties, an array without items) bounded as records are: at most
+        ``ANY_DEPTH`` levels of nesting, ``MAX_EXTRA_MEMBERS`` members or items a level,
+        strings and names of at most ``MAX_ANY_CHARS`` characters. The converter's own
+        repeat without end, so a small model could run into max_tokens halfway."""
+        kind = next((k for k in ("object", "array", "value") if rule is PRIMITIVE_RULES[k]),
+                    None)
+        if kind is None:
+            added: str = super()._add_primitive(name, rule)
+            return added
+        if self._any is None:
+            self._any = self._any_rules()
+        return self._any[kind] if name == kind else self._add_rule(name, self._any[kind])
+
+    def _any_rules(self) -> dict[str, str]:
+        def primitive(name: str) -> str:
+            return self._add_primitive(name, PRIMITIVE_RULES[name])
+        primitive("char")
+        text = self._add_rule("any-string", f'"\\"" char{{0,{MAX_ANY_CHARS}}} "\\"" space')
+        scalar = self._add_rule("any-scalar", " | ".join(
+            [text, *map(primitive, ("number", "boolean", "null"))]))
+        n, inner, out = MAX_EXTRA_MEMBERS - 1, scalar, {}
+        for depth in range(ANY_DEPTH, 0, -1):  # (the innermost level first)
+            member = f'{text} ":" space {inner}'
+            out = {"object": self._add_rule(f"any-object-{depth}", (
+                       f'"{{" space ( {member} ( "," space {member} ){{0,{n}}} )? "}}" space')),
+                   "array": self._add_rule(f"any-array-{depth}", (
+                       f'"[" space ( {inner} ( "," space {inner} ){{0,{n}}} )? "]" space'))}
+            inner = out["value"] = self._add_rule(
+                f"any-value-{depth}", f'{out["object"]} | {out["array"]} | {scalar}')
+        return out
 
     def _add_rule(self, name: str, rule: str) -> str:
         """An object's members beyond its properties (``additionalProperties``: zod's
@@ -52,6 +87,8 @@ class _Converter(SchemaConverter):
 
 MAX_EXTRA_MEMBERS = 10
 MAX_KEY_CHARS = 100
+ANY_DEPTH = 4  # nesting of an any-value's objects and arrays (json_object mode's too)
+MAX_ANY_CHARS = 200  # an any-value's strings (a string without maxLength's bound too)
 
 
 _EXTRA_MEMBERS = re.compile(r"[A-Za-z0-9-]*additional-kvs[0-9]*")

@@ -202,6 +202,8 @@ class _Merger:
                 out[key] = MAX_REPEAT
             else:
                 out[key] = value
+        if node.get("type") == "array" and "items" not in out and "prefixItems" not in out:
+            out["items"] = ANY  # (without items the converter ignores maxItems)
         if empty and isinstance(node.get("minItems"), int) and node["minItems"] > 0:
             return False  # (no array: nothing satisfies it)
         return {**out, **_EMPTY} if empty else out

@@ -2,8 +2,9 @@
 members beyond their properties are allowed (``additionalProperties``: pydantic's
 ``extra="allow"``, zod's ``passthrough``, a record beside known keys) must take every such
 JSON text and nothing that does not parse; values, choices and tuples beside other
-keywords must take what the schema allows and nothing else. Texts are fed to llama.cpp's own grammar sampler one character at a time, in a
-child process (llama.cpp aborts on a token its grammar refuses if it is accepted)."""
+keywords, and any-values, must take what the schema allows and nothing else. Texts are
+fed one character at a time, in a child process (llama.cpp aborts on a token its grammar
+refuses if it is accepted)."""
 
 from __future__ import annotations
 
@@ -123,4 +124,27 @@ BESIDE: list[tuple[dict[str, Any], str, bool]] = [
 
 def test_values_choices_and_tuples_beside_other_keywords_hold_with_them() -> None:
     assert not wrongly_taken(BESIDE)
+
+
+ANY_VALUES: list[tuple[dict[str, Any], str, bool]] = [
+    ({"type": "object"}, '{"a":{"b":[1,{"c":null}]}}', True),
+    ({"type": "object"}, '{"a":{"b":{"c":{"d":1}}}}', True),
+    ({"type": "object"}, '{"a":{"b":{"c":{"d":{"e":1}}}}}', False),  # 4 levels at most
+    ({"type": "object"}, '{"a":[1,2,3,4,5,6,7,8,9,10]}', True),
+    ({"type": "object"}, '{"a":[1,2,3,4,5,6,7,8,9,10,11]}', False),  # 10 items at most
+    ({"type": "object"}, '{"a":"' + "x" * 200 + '"}', True),
+    ({"type": "object"}, '{"a":"' + "x" * 201 + '"}', False),  # strings of 200 at most
+    ({"type": "array", "maxItems": 3}, '[1,"a",{}]', True),
+    ({"type": "array", "maxItems": 3}, "[1,2,3,4]", False),  # (maxItems was ignored)
+    ({"type": "object", "properties": {"v": {}}, "required": ["v"]}, '{"v":[[[[1]]]]}', True),
+    ({"type": "object", "properties": {"object": {"type": "object"},
+                                       "value": {"type": "array"}}},
+     '{"object":{"k":1},"value":[true]}', True),
+]
+
+
+def test_any_values_are_bounded_in_depth_members_and_length() -> None:
+    """The converter's any-object / any-array repeat without end (a small model could
+    write into max_tokens and leave JSON that does not parse)."""
+    assert not wrongly_taken(ANY_VALUES)
 
