@@ -8,6 +8,12 @@ or where it lets a string hold characters JSON forbids raw (``.`` and ``[^...]``
 - shorthand classes become brackets: ``\\d`` ``[0-9]``, ``\\w`` ``[a-zA-Z0-9_]``, ``\\s`` a
   space (other blanks are escapes in JSON text), and their negations;
 - ``.`` and negated classes never match ``"``, ``\\`` or a control character;
+- the pattern matches the decoded string, the grammar writes JSON text: a ``"``, a
+  backslash or a control character the pattern asks for (a literal, an escape such as
+  ``\\n``, or inside a positive class, ``[ -~]`` holds both) is written as its JSON escape
+  (``\\"``), not raw, which ended the string early or made an escape of the next
+  character; other characters are written by code (``\\x2D``), so a ``-`` last in a
+  class stays a ``-`` beside the characters added after it;
 - ``(?:...)`` and named groups become plain groups, lazy quantifiers greedy ones;
 - escaped punctuation (``\\.``) becomes its character code, which GBNF takes;
 - ``*``, ``+`` and ``{m,}`` repeat at most ``MAX_REPEAT`` times, so that a model that
@@ -16,7 +22,7 @@ or where it lets a string hold characters JSON forbids raw (``.`` and ``[^...]``
   ``PAD`` more characters there.
 
 What a grammar cannot express (lookarounds, back-references, word boundaries, anchors
-inside the pattern, escaped control characters) gives None: the caller drops the pattern
+inside the pattern, ``\\cX`` control escapes) gives None: the caller drops the pattern
 and keeps the rest of the schema.
 
 ``with_lengths`` folds a string's ``minLength`` / ``maxLength`` into its pattern (the
@@ -26,6 +32,7 @@ within them, else its counts bounded to fit.
 
 from __future__ import annotations
 
+import json
 import math
 import re
 import string
@@ -34,52 +41,137 @@ JSON_CHAR = '"\\\\\\x7F\\x00-\\x1F'  # inside [^...]: what a raw JSON string cha
 ANY = f"[^{JSON_CHAR}]"
 PAD = 64  # characters an unanchored side may add
 MAX_REPEAT = 200  # what ``*``, ``+`` and ``{m,}`` may repeat (as grammar.DEFAULT_MAX_LENGTH)
-_SHORT = {"d": "0-9", "w": "a-zA-Z0-9_", "s": " "}
-_UNSUPPORTED_ESCAPES = set("bBAZzGntrfv0123456789kpPQE")
+_SHORT = {"d": [(0x30, 0x39)], "w": [(0x61, 0x7A), (0x41, 0x5A), (0x30, 0x39), (0x5F, 0x5F)],
+          "s": [(0x20, 0x20)]}
+_UNSUPPORTED_ESCAPES = set("bBAZzG0123456789kpPQE")
+_CONTROL = {"t": 0x09, "n": 0x0A, "r": 0x0D, "f": 0x0C, "v": 0x0B}
 
 
-def _escape(pattern: str, i: int, in_class: bool) -> tuple[str, int] | None:
-    """The escape at ``pattern[i]`` (a backslash) as the converter's regex, and the index
-    after it; None when it has no grammar form."""
+def _code(cp: int) -> str:
+    """A character by its code, as GBNF (and the converter) take it in and out of classes."""
+    return f"\\x{cp:02X}" if cp < 0x100 else f"\\u{cp:04X}" if cp < 0x10000 else \
+        f"\\U{cp:08X}"
+
+
+def _literal(ch: str) -> str:
+    """One character of the decoded string, as the JSON text that holds it: itself, or
+    its escape (``"`` is ``\\"``, a backslash ``\\\\``, a newline ``\\n``) as a group."""
+    text = json.dumps(ch, ensure_ascii=False)[1:-1]
+    if text == ch:
+        return f"[{_code(ord(ch))}]"
+    return "(" + "".join(f"[{_code(ord(c))}]" for c in text) + ")"
+
+
+def _escape_ranges(pattern: str, i: int) -> tuple[list[tuple[int, int]], bool, int] | None:
+    """The escape at ``pattern[i]`` (a backslash): the code ranges it matches, whether it
+    is one character (a range's end may be one), and the index after it; None when it has
+    no grammar form (a negated shorthand inside a class is one: GBNF has no negation
+    there, the caller says)."""
     if i + 1 >= len(pattern):
         return None
     c = pattern[i + 1]
     if c in _SHORT:
-        return (_SHORT[c] if in_class else f"[{_SHORT[c]}]"), i + 2
-    if c.lower() in _SHORT:  # \D \W \S: no negation inside a class in GBNF
-        return None if in_class else (f"[^{_SHORT[c.lower()]}{JSON_CHAR}]", i + 2)
+        return _SHORT[c], False, i + 2
     for lead, digits in (("x", 2), ("u", 4)):
         code = pattern[i + 2:i + 2 + digits]
         if c == lead and len(code) == digits and all(h in string.hexdigits for h in code):
-            esc = f"\\{lead}{code}"
-            return (esc if in_class else f"[{esc}]"), i + 2 + digits
+            cp = int(code, 16)
+            return [(cp, cp)], True, i + 2 + digits
+    if c in _CONTROL:
+        return [(_CONTROL[c], _CONTROL[c])], True, i + 2
     if c in _UNSUPPORTED_ESCAPES or c.isalnum():
         return None
-    # punctuation: by its code (the converter copies "\." into GBNF, which refuses it)
-    code = f"\\x{ord(c):02X}" if ord(c) < 0x100 else f"\\u{ord(c):04X}"
-    return (code if in_class else f"[{code}]"), i + 2
+    return [(ord(c), ord(c))], True, i + 2  # punctuation (``\.``): that character
+
+
+def _escape(pattern: str, i: int) -> tuple[str, int] | None:
+    """The escape at ``pattern[i]`` (a backslash), outside a class, as the converter's
+    regex, and the index after it; None when it has no grammar form."""
+    c = pattern[i + 1:i + 2]
+    if c and c.lower() in _SHORT and c not in _SHORT:  # \D \W \S
+        return _negated(_SHORT[c.lower()]), i + 2  # (negation: raw characters only)
+    if (esc := _escape_ranges(pattern, i)) is None:
+        return None
+    ranges, single, after = esc
+    return (_literal(chr(ranges[0][0])) if single else _positive(ranges)), after
+
+
+def _class_ranges(pattern: str, i: int) -> tuple[list[tuple[int, int]], int] | None:
+    """The code ranges of the class body starting at ``pattern[i]`` (after ``[`` or
+    ``[^``), and the index after its ``]``; None if unsupported."""
+    ranges: list[tuple[int, int]] = []
+    j = i
+    while j < len(pattern) and (pattern[j] != "]" or j == i):
+        if pattern[j] == "[":  # POSIX classes, nested sets
+            return None
+        if pattern[j] == "\\":
+            if (esc := _escape_ranges(pattern, j)) is None:
+                return None
+            got, single, j = esc
+        else:
+            got, single, j = [(ord(pattern[j]), ord(pattern[j]))], True, j + 1
+        if single and pattern.startswith("-", j) and j + 1 < len(pattern) and \
+                pattern[j + 1] != "]":  # a range
+            if pattern[j + 1] == "\\":
+                if (end := _escape_ranges(pattern, j + 1)) is None or not end[1]:
+                    return None
+                high, j = end[0][0][0], end[2]
+            elif pattern[j + 1] == "[":
+                return None
+            else:
+                high, j = ord(pattern[j + 1]), j + 2
+            if high < got[0][0]:
+                return None
+            got = [(got[0][0], high)]
+        ranges += got
+    return (ranges, j + 1) if j < len(pattern) else None
+
+
+# what a JSON string holds only as an escape (strict parsers refuse a raw control char)
+_JSON_ESCAPED = [(0x00, 0x1F), (0x22, 0x22), (0x5C, 0x5C)]
+_SHORT_ESCAPES = {0x08, 0x09, 0x0A, 0x0C, 0x0D, 0x22, 0x5C}
+
+
+def _positive(ranges: list[tuple[int, int]]) -> str:
+    """A class matching ``ranges``: the characters JSON holds raw in one class, each of
+    the others as its escape (an alternative; control characters only those with a
+    two-character escape, ``\\n``); ``[]`` when none is left."""
+    raw: list[tuple[int, int]] = []
+    special: list[int] = []
+    for lo, hi in ranges:
+        for cut_lo, cut_hi in _JSON_ESCAPED:
+            if lo <= cut_hi and hi >= cut_lo:  # (of the control characters, only those
+                special += [cp for cp in range(max(lo, cut_lo), min(hi, cut_hi) + 1)
+                            if cp in _SHORT_ESCAPES]  # JSON escapes in two characters)
+        points = sorted({lo, hi + 1, *(b for a, z in _JSON_ESCAPED for b in (a, z + 1)
+                                       if lo < b <= hi)})
+        for a, b in zip(points, points[1:], strict=False):
+            if not any(x <= a <= y for x, y in _JSON_ESCAPED):
+                raw.append((a, b - 1))
+    parts = [f"[{_ranges_text(raw)}]"] if raw else []
+    parts += [_literal(chr(cp)) for cp in sorted(set(special))]
+    return "[]" if not parts else parts[0] if len(parts) == 1 else "(" + "|".join(parts) + ")"
+
+
+def _ranges_text(ranges: list[tuple[int, int]]) -> str:
+    return "".join(_code(a) if a == b else f"{_code(a)}-{_code(b)}" for a, b in ranges)
+
+
+def _negated(ranges: list[tuple[int, int]]) -> str:
+    """A class of the characters not in ``ranges`` and not what JSON holds only escaped."""
+    return f"[^{_ranges_text(ranges)}{JSON_CHAR}]"
 
 
 def _bracket(pattern: str, i: int) -> tuple[str, int] | None:
-    """The class starting at ``pattern[i]`` (``[``), rewritten; None if unsupported."""
-    j, negated = i + 1, pattern.startswith("[^", i)
-    out = "[^" if negated else "["
-    j += negated
-    if j < len(pattern) and pattern[j] == "]":  # a leading "]" is a literal
-        out, j = out + "\\]", j + 1
-    while j < len(pattern) and pattern[j] != "]":
-        if pattern[j] == "\\":
-            esc = _escape(pattern, j, in_class=True)
-            if esc is None:
-                return None
-            out, j = out + esc[0], esc[1]
-        elif pattern[j] == "[":  # POSIX classes, nested sets
-            return None
-        else:
-            out, j = out + pattern[j], j + 1
-    if j >= len(pattern):
+    """The class starting at ``pattern[i]`` (``[``), rewritten: its characters by code;
+    a negated one never matches what JSON holds only escaped, a positive one holds those
+    as their escapes; None if unsupported (or if it matches nothing)."""
+    negated = pattern.startswith("[^", i)
+    if (got := _class_ranges(pattern, i + 1 + negated)) is None or not got[0]:
         return None
-    return out + (JSON_CHAR if negated else "") + "]", j + 1
+    ranges, after = got
+    out = _negated(ranges) if negated else _positive(ranges)
+    return (out, after) if out != "[]" else None
 
 
 def _group(pattern: str, i: int) -> tuple[str, int] | None:
@@ -102,7 +194,7 @@ def _body(pattern: str) -> str | None:
         c = pattern[i]
         step: tuple[str, int] | None
         if c == "\\":
-            step = _escape(pattern, i, in_class=False)
+            step = _escape(pattern, i)
         elif c == "[":
             step = _bracket(pattern, i)
         elif c == "(":
@@ -121,6 +213,8 @@ def _body(pattern: str) -> str | None:
             step = f"{{{low},{max(int(low), MAX_REPEAT)}}}", close + 1
         elif c == "?" and out and out[-1] in "?}":
             step = "", i + 1  # lazy: matches the same strings
+        elif c == '"' or ord(c) < 0x20:  # (as JSON text holds it: escaped)
+            step = _literal(c), i + 1
         else:
             step = c, i + 1
         if step is None:

@@ -148,3 +148,31 @@ def test_any_values_are_bounded_in_depth_members_and_length() -> None:
     write into max_tokens and leave JSON that does not parse)."""
     assert not wrongly_taken(ANY_VALUES)
 
+
+
+def pattern(regex: str) -> dict[str, Any]:
+    return {"type": "string", "pattern": regex}
+
+
+PATTERNS: list[tuple[dict[str, Any], str, bool]] = [
+    # a quote or a backslash the pattern asks for is written as its JSON escape (it was
+    # written raw: a string ended early, or an escape of the next character)
+    (pattern('^a"b$'), r'"a\"b"', True),
+    (pattern('^a"b$'), '"a"b"', False),
+    (pattern('^["]+$'), r'"\"\""', True),
+    (pattern('^["]+$'), '""""', False),
+    (pattern(r"^a\\b$"), r'"a\\b"', True),
+    (pattern(r"^a\\b$"), r'"a\b"', False),
+    (pattern(r'^["\\/]+$'), r'"\\/\""', True),
+    (pattern("^[ -~]{1,5}$"), r'"\""', True),
+    (pattern("^[ -~]{1,5}$"), r'"\q"', False),  # (printable ASCII holds " and \)
+    (pattern(r"^[\t a]+$"), r'"a\ta"', True),
+    (pattern(r"^[\t a]+$"), '"a\ta"', False),  # (a raw tab: strict parsers refuse it)
+    # a "-" last in a negated class stays a "-" (it made a range with what came after)
+    (pattern(r"^[^\s-]{8,}$"), '"abcdefgh"', True),
+    (pattern(r"^[^\s-]{8,}$"), '"abcd-efgh"', False),
+]
+
+
+def test_patterns_are_written_as_json_text() -> None:
+    assert not wrongly_taken(PATTERNS)
