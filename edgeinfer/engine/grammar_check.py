@@ -27,7 +27,20 @@ class _Converter(SchemaConverter):
     ended the GBNF literal early (a grammar llama.cpp cannot parse), and one holding a
     backslash let the model write it unescaped (``"C:\temp"`` as a tab: another text)."""
 
-    _any: dict[str, str] | None = None  # the bounded any-value's rules, once written
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)  # type: ignore[no-untyped-call]
+        self._any: dict[str, str] | None = None  # the bounded any-value's rules, once written
+        self._names: list[list[str]] = []  # the properties of the objects being written
+
+    def _build_object_rule(self, properties: list[tuple[str, Any]], *args: Any) -> str:
+        """(the names of ``properties`` kept while the object is written: a member beyond
+        them must not take one, ``_add_rule``)"""
+        self._names.append([name for name, _ in properties])
+        try:
+            built: str = super()._build_object_rule(properties, *args)
+            return built
+        finally:
+            self._names.pop()
 
     def _format_literal(self, literal: str) -> str:
         return '"' + _LITERAL_ESCAPE.sub(lambda m: _LITERAL_ESCAPES[m.group(0)], literal) + '"'
@@ -77,9 +90,11 @@ class _Converter(SchemaConverter):
             # always: after an optional property, no JSON could follow; upstream mended)
         if name.endswith("additional-kvs") and rule.endswith(" )*"):
             rule = f"{rule[:-1]}{{0,{MAX_EXTRA_MEMBERS - 1}}}"
-        if name.endswith("additional-kv") and rule.startswith("string "):  # their names too
+        if name.endswith("additional-kv") and rule.startswith("string "):  # their names too,
+            # and not those of the properties (a member beyond them took an optional one's
+            # name, with another value: {"b": 5} where "b" is a string)
             key = super()._add_rule(  # type: ignore[no-untyped-call]
-                "additional-key", f'"\\"" char{{0,{MAX_KEY_CHARS}}} "\\"" space')
+                "additional-key", other_names(self._names[-1] if self._names else []))
             rule = f"{key}{rule[len('string'):]}"
         added: str = super()._add_rule(name, rule)  # type: ignore[no-untyped-call]
         return added
@@ -89,6 +104,38 @@ MAX_EXTRA_MEMBERS = 10
 MAX_KEY_CHARS = 100
 ANY_DEPTH = 4  # nesting of an any-value's objects and arrays (json_object mode's too)
 MAX_ANY_CHARS = 200  # an any-value's strings (a string without maxLength's bound too)
+
+
+def other_names(names: list[str]) -> str:
+    """GBNF for a JSON string (an object member's name) of at most ``MAX_KEY_CHARS``
+    characters that is none of ``names``: a trie of their JSON texts, where each level
+    either ends the string (unless a name ends there), takes a name's next character,
+    or any other character and then any characters. A name holding a character JSON
+    escapes is not excluded."""
+    trie: dict[str, Any] = {}
+    for text in (json.dumps(n, ensure_ascii=False)[1:-1] for n in names):
+        if text == json.dumps(text, ensure_ascii=False)[1:-1] and len(text) <= MAX_KEY_CHARS:
+            node = trie
+            for ch in text:
+                node = node.setdefault(ch, {})
+            node[""] = {}  # (a name ends here)
+    escape = '"\\\\" (["\\\\/bfnrt] | "u" [0-9a-fA-F]{4})'
+
+    def level(node: dict[str, Any], depth: int) -> str:
+        alts = [] if "" in node else ['"\\""']
+        if depth < MAX_KEY_CHARS:
+            kids = sorted(ch for ch in node if ch)
+            alts += [f"[{_code(ch)}] {level(node[ch], depth + 1)}" for ch in kids]
+            other = "".join(map(_code, kids))
+            alts.append(f'([^"\\\\\\x7F\\x00-\\x1F{other}] | {escape}) '
+                        f'char{{0,{MAX_KEY_CHARS - depth - 1}}} "\\""')
+        return alts[0] if len(alts) == 1 else "(" + " | ".join(alts) + ")"
+    return f'"\\"" {level(trie, 0)} space'
+
+
+def _code(ch: str) -> str:
+    return f"\\x{ord(ch):02X}" if ord(ch) < 0x100 else f"\\u{ord(ch):04X}" if \
+        ord(ch) < 0x10000 else f"\\U{ord(ch):08X}"
 
 
 _EXTRA_MEMBERS = re.compile(r"[A-Za-z0-9-]*additional-kvs[0-9]*")

@@ -53,6 +53,10 @@ RECORD = {"type": "object", "properties": {"a": {"type": "integer"}, "b": {"type
           "additionalProperties": True}
 REQUIRED = {**RECORD, "required": ["a"]}
 TYPED = {**RECORD, "additionalProperties": {"type": "integer"}}
+NESTED = {"type": "object", "properties": {"p": {"type": "object", "additionalProperties": True,
+                                               "properties": {"q": {"type": "string"}}},
+                                         "r": {"type": "integer"}},
+          "additionalProperties": {"type": "integer"}}
 
 CASES: list[tuple[dict[str, Any], str, bool]] = [
     (RECORD, "{}", True),
@@ -69,6 +73,15 @@ CASES: list[tuple[dict[str, Any], str, bool]] = [
     (REQUIRED, '{"b":"x"}', False),
     (TYPED, '{"a":1,"n":2}', True),
     (TYPED, '{"a":1,"n":"two"}', False),
+    # a member beyond the properties takes none of their names (it took an optional
+    # one's, with another value: {"b": 5} where "b" is a string)
+    (TYPED, '{"a":100,"b":5,"c":5}', False),
+    (TYPED, '{"a":100,"b":"x","c":5}', True),
+    (TYPED, '{"a":1,"ab":2,"":3}', True),
+    (TYPED, '{"a":1,"a":2}', False),
+    (NESTED, '{"p":{"q":"s","r":1},"x":1}', True),  # (r is the outer object's)
+    (NESTED, '{"p":{"q":"s","q":1}}', False),
+    (NESTED, '{"p":{},"p":1}', False),
 ]
 
 
