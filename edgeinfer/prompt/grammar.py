@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import json
 import logging
-import math
 import re
 from functools import lru_cache
 from typing import Any
@@ -25,7 +24,7 @@ from edgeinfer.prompt.budget import (
 )
 from edgeinfer.prompt.conjunction import merged
 from edgeinfer.prompt.intersection import VALUE_KEYWORDS, values_kept
-from edgeinfer.prompt.intrange import int_range_gbnf
+from edgeinfer.prompt.intrange import BOUNDS, range_gbnf
 from edgeinfer.prompt.keywords import sound
 from edgeinfer.prompt.pattern import json_pattern, with_lengths
 from edgeinfer.prompt.schemacheck import SCHEMA_LISTS, SCHEMA_MAPS, check_schema
@@ -57,28 +56,6 @@ def _schema_gbnf(schema_text: str, prop_order: tuple[str, ...]) -> str:
     return gbnf
 
 
-def _int_bounds(node: dict[str, Any]) -> tuple[int | None, int | None]:
-    lo = hi = None
-    if isinstance(node.get("minimum"), int | float):
-        lo = math.ceil(node["minimum"])
-        if node.get("exclusiveMinimum") is True and lo == node["minimum"]:
-            lo += 1
-    if isinstance(node.get("exclusiveMinimum"), int | float) and not isinstance(
-            node["exclusiveMinimum"], bool):
-        lo = max(lo if lo is not None else -(10 ** 20), math.floor(node["exclusiveMinimum"]) + 1)
-    if isinstance(node.get("maximum"), int | float):
-        hi = math.floor(node["maximum"])
-        if node.get("exclusiveMaximum") is True and hi == node["maximum"]:
-            hi -= 1
-    if isinstance(node.get("exclusiveMaximum"), int | float) and not isinstance(
-            node["exclusiveMaximum"], bool):
-        hi = min(hi if hi is not None else 10 ** 20, math.ceil(node["exclusiveMaximum"]) - 1)
-    return lo, hi
-
-
-_BOUNDS = ("minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum")
-
-
 def _bound(node: Any, ints: dict[str, str]) -> Any:
     """A copy of the schema where arrays and strings without an upper bound get one, and
     bounded integers become placeholders for their range grammar (collected in ``ints``).
@@ -94,14 +71,18 @@ def _bound(node: Any, ints: dict[str, str]) -> Any:
         node = {**{k: v for k, v in node.items() if k not in VALUE_KEYWORDS | {"enum"}},
                 **({"const": kept[0]} if "const" in node else {"enum": kept})}  # (the
         # converter wrote the values alone, bounds beside them won over an enum)
-    if node.get("type") == "integer" and any(k in node for k in _BOUNDS):
+    if node.get("type") in ("integer", "number") and any(k in node for k in BOUNDS):
         try:
-            expr = int_range_gbnf(*_int_bounds(node))
+            expr = range_gbnf(node)
         except ValueError as exc:
-            raise InvalidRequest(f"invalid integer bounds: {exc}", param="schema") from None
-        key = f"__edgeinfer_int_{len(ints)}__"
-        ints[key] = expr
-        return {"const": key}
+            raise InvalidRequest(f"invalid {node['type']} bounds: {exc}", param="schema") \
+                from None
+        if expr is not None:
+            key = f"__edgeinfer_int_{len(ints)}__"
+            ints[key] = expr
+            return {"const": key}
+        log.warning("number bounds too narrow for the grammar are not enforced: %s",
+                    {k: node[k] for k in BOUNDS if k in node})
     out: dict[str, Any] = {}
     for k, v in node.items():  # recurse into sub-schemas only, never into data (enum, const)
         if v is None and k not in ("const", "default", "examples"):

@@ -1,10 +1,15 @@
-"""Integers in a range as a grammar: the digit patterns of every integer in [lo, hi].
+"""Integers in a range as a grammar: the digit patterns of every integer in [lo, hi];
+and numbers within bounds (``range_gbnf``).
 
 llama-cpp-python's schema converter ignores minimum / maximum; this module
-supplies the grammar for bounded integers (pure Python, tested by brute force).
+supplies the grammar for bounded integers and numbers (pure Python, tested by brute
+force).
 """
 
 from __future__ import annotations
+
+import math
+from typing import Any
 
 MAX_DIGITS = 16  # an unbounded side stops at 16 digits, as the converter's integers do
 
@@ -71,3 +76,63 @@ def int_range_regex(lo: int | None, hi: int | None) -> str:
     """The same set as a Python regular expression (for tests)."""
     return "^(?:" + "|".join(("-" if n else "") + "".join(p)
                              for n, p in int_range_alternatives(lo, hi)) + ")$"
+
+
+BOUNDS = ("minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum")
+# a fraction in (0, 1): its last digit is not 0, so "n.f" lies strictly between n and n + 1
+FRACTION = '"." [0-9]{0,14} [1-9]'
+
+
+def _limits(node: dict[str, Any]) -> tuple[Any, bool, Any, bool]:
+    """(lower bound, whether it is exclusive, upper bound, whether it is exclusive);
+    None where unbounded. Draft 4's boolean ``exclusiveMinimum`` applies to ``minimum``."""
+    def num(v: Any) -> bool:
+        return isinstance(v, int | float) and not isinstance(v, bool)
+    lo, lo_x, hi, hi_x = None, False, None, False
+    if num(node.get("minimum")):
+        lo, lo_x = node["minimum"], node.get("exclusiveMinimum") is True
+    if num(x := node.get("exclusiveMinimum")) and (lo is None or x >= lo):
+        lo, lo_x = x, True
+    if num(node.get("maximum")):
+        hi, hi_x = node["maximum"], node.get("exclusiveMaximum") is True
+    if num(x := node.get("exclusiveMaximum")) and (hi is None or x <= hi):
+        hi, hi_x = x, True
+    return lo, lo_x, hi, hi_x
+
+
+def _whole(lo: Any, lo_x: bool, hi: Any, hi_x: bool) -> tuple[int | None, int | None]:
+    """The least and greatest integers within the bounds."""
+    a = None if lo is None else math.floor(lo) + 1 if lo_x and lo == math.floor(lo) \
+        else math.ceil(lo)
+    b = None if hi is None else math.ceil(hi) - 1 if hi_x and hi == math.ceil(hi) \
+        else math.floor(hi)
+    return a, b
+
+
+def range_gbnf(node: dict[str, Any]) -> str | None:
+    """A GBNF expression for the integers (``"type": "integer"``) or the numbers within
+    ``node``'s bounds; ValueError when none is (or past 16 digits). Numbers are written
+    without an exponent: an integer within the bounds, or ``n.f`` (``f`` not ending in 0)
+    where every value between ``n`` and the next integer away from 0 lies within them;
+    None for a number range no such text fits (0.2 to 0.3: the caller drops it)."""
+    lo, lo_x, hi, hi_x = _limits(node)
+    if lo is not None and hi is not None and (lo > hi or lo == hi and (lo_x or hi_x)):
+        raise ValueError(f"empty range [{lo}, {hi}]")
+    a, b = _whole(lo, lo_x, hi, hi_x)
+    whole = a is None or b is None or a <= b
+    if node.get("type") == "integer":
+        if not whole:
+            raise ValueError(f"no integer in [{lo}, {hi}]")
+        return int_range_gbnf(a, b)
+    alts = [int_range_gbnf(a, b)] if whole else []
+    low = None if lo is None else math.ceil(lo)
+    top = None if hi is None else math.floor(hi)
+    up = (max(0, low if low is not None else 0), None if top is None else top - 1)
+    if up[1] is None or up[0] <= up[1]:  # n.f, n >= 0: within (n, n + 1)
+        alts.append(f"{int_range_gbnf(*up)} {FRACTION}")
+    down = (None if low is None else low + 1, -1 if top is None else min(-1, top))
+    if down[0] is None or down[0] <= down[1]:  # -m.f: within (-m - 1, -m)
+        alts.append(f"{int_range_gbnf(*down)} {FRACTION}")
+    if (lo is None or lo <= -1) and (hi is None or hi >= 0):
+        alts.append(f'"-0" {FRACTION}')
+    return "(" + " | ".join(alts) + ")" if alts else None

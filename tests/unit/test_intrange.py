@@ -5,7 +5,7 @@ import re
 
 import pytest
 
-from edgeinfer.prompt.intrange import int_range_gbnf, int_range_regex
+from edgeinfer.prompt.intrange import int_range_gbnf, int_range_regex, range_gbnf
 
 
 def members(lo: int | None, hi: int | None, probe: range) -> set[int]:
@@ -37,3 +37,49 @@ def test_random_ranges_and_one_sided_bounds() -> None:
 def test_gbnf_form() -> None:
     assert int_range_gbnf(1, 7) == "([1-7])"
     assert int_range_gbnf(-2, 12) == '("-" [1-2] | [0-9] | "1" [0-2])'
+
+
+def number_regex(node: dict[str, object]) -> re.Pattern[str]:
+    """``range_gbnf``'s expression as a Python regex (its literals, classes and counts)."""
+    expr = range_gbnf(node)
+    assert expr is not None
+    return re.compile(expr.replace('"."', r"\.").replace('"', "").replace(" ", ""))
+
+
+def within(v: float, node: dict[str, object]) -> bool:
+    def get(key: str) -> float | None:
+        x = node.get(key)
+        return x if isinstance(x, int | float) and not isinstance(x, bool) else None
+    lo, hi, above, below = map(get, ("minimum", "maximum", "exclusiveMinimum",
+                                     "exclusiveMaximum"))
+    return ((lo is None or v >= lo) and (hi is None or v <= hi) and (above is None or v > above)
+            and (below is None or v < below))
+
+
+@pytest.mark.parametrize("node", [
+    {"minimum": -5, "maximum": -4}, {"minimum": 0, "maximum": 1},
+    {"exclusiveMinimum": 0, "exclusiveMaximum": 1}, {"minimum": 0.5, "maximum": 2.5},
+    {"minimum": -2.5, "exclusiveMaximum": 3}, {"minimum": 0}, {"maximum": -1.5},
+    {"exclusiveMinimum": -1}, {"minimum": -10, "maximum": 10}, {"minimum": 3, "maximum": 3},
+])
+def test_numbers_written_lie_within_the_bounds(node: dict[str, object]) -> None:
+    """Every number text the grammar takes (probed on a grid of quarters and thousandths)
+    lies within the bounds; an integer and a fraction inside them are taken."""
+    node = {"type": "number", **node}
+    rx = number_regex(node)
+    probes = [k / 4 for k in range(-60, 61)] + [k / 1000 for k in range(-3000, 3001, 7)]
+    texts = {repr(v) if v != int(v) else str(int(v)) for v in probes}
+    taken = [t for t in texts if rx.fullmatch(t)]
+    assert taken and all(within(float(t), node) for t in taken), taken
+    inside = [t for t in texts if within(float(t), node)]
+    assert len(taken) >= len(inside) // 4, (len(taken), len(inside))  # (a fair share)
+
+
+def test_number_bounds_no_text_fits_are_none_and_empty_ones_refused() -> None:
+    assert range_gbnf({"type": "number", "minimum": 0.2, "maximum": 0.3}) is None
+    with pytest.raises(ValueError):
+        range_gbnf({"type": "number", "minimum": 2, "maximum": 1})
+    with pytest.raises(ValueError):
+        range_gbnf({"type": "integer", "minimum": 1.2, "maximum": 1.8})
+    assert range_gbnf({"type": "integer", "minimum": 1, "exclusiveMinimum": True,
+                       "maximum": 3}) == "([2-3])"  # (draft 4)
