@@ -132,6 +132,19 @@ BESIDE: list[tuple[dict[str, Any], str, bool]] = [
     # a tuple (draft 7's items as a list) walked: its strings bounded as any others
     ({"type": "array", "items": [{"type": "string", "maxLength": 3000}, {}]}, '["a",1]', True),
     ({"type": "array", "items": [{"type": "string"}, {"type": "integer"}]}, "[1,1]", False),
+    # prefixItems beside items or counts (the converter took items alone, and wrote the
+    # tuple whatever the counts)
+    ({"type": "array", "prefixItems": [{"type": "integer"}, {"type": "string"}],
+      "minItems": 1, "maxItems": 4, "items": {"type": "null"}}, '[1,"a"]', True),
+    ({"type": "array", "prefixItems": [{"type": "integer"}, {"type": "string"}],
+      "minItems": 1, "maxItems": 4, "items": {"type": "null"}}, "[null,null]", False),
+    ({"type": "array", "prefixItems": [{"type": "integer"}], "items": {"type": "string"},
+      "minItems": 3, "maxItems": 3}, '[1,"a","b"]', True),
+    ({"type": "array", "prefixItems": [{"type": "integer"}], "items": {"type": "string"},
+      "minItems": 3, "maxItems": 3}, '["a","b","c"]', False),
+    ({"type": "array", "items": [{"type": "integer"}, {"type": "string"}],
+      "additionalItems": False, "maxItems": 1}, '[1,"a"]', False),
+    ({"type": "array", "items": [{"type": "integer"}], "minItems": 2}, "[1]", False),
 ]
 
 
