@@ -45,6 +45,7 @@ Schema would allow only that part's properties).
 from __future__ import annotations
 
 import logging
+import re
 from collections.abc import Callable
 from typing import Any
 
@@ -58,7 +59,7 @@ from edgeinfer.prompt.intersection import (
     numbers,
 )
 from edgeinfer.prompt.keywords import ANNOTATIONS
-from edgeinfer.prompt.schemacheck import SCHEMA_LISTS, SCHEMA_MAPS
+from edgeinfer.prompt.schemacheck import SCHEMA_LISTS, SCHEMA_MAPS, local_refs
 
 log = logging.getLogger("edgeinfer.prompt")
 
@@ -70,6 +71,7 @@ MAX_PARTS = 512  # the parts all allOfs of one schema may hold, $refs resolved (
 TOO_LARGE = "grammar_too_large"
 _CHOICES = ("anyOf", "oneOf")
 _DEFS = ("$defs", "definitions")
+_NAMED = re.compile(r"#|#/(\$defs|definitions)/[^/]+")  # refs the converter shares a rule for
 ANY = {"anyOf": [{"type": t} for t in ("string", "number", "boolean", "null", "object",
                                         "array")]}
 # an empty array (without items the converter writes any array, whatever maxItems says)
@@ -80,13 +82,21 @@ def merged(schema: Any) -> Any:
     """``schema`` with every ``allOf`` merged away (see the module docstring)."""
     if not isinstance(schema, dict):
         return schema
-    defs = {f"#/{key}/{name}": sub for key in _DEFS if isinstance(schema.get(key), dict)
-            for name, sub in schema[key].items()}
+    defs = local_refs(schema)
     defs["#"] = {k: v for k, v in schema.items() if k not in _DEFS}
     merger = _Merger(defs)
     if "#" in merger.cyclic:
         merger.stack.append("#")
     root = merger.walk(defs["#"])  # (whatever it becomes, the definitions go beside it)
+    for _ in defs:  # a $ref at the root, written out: the converter then left the refs
+        # in its definitions unresolved (a 400 for pydantic v1's and zod's named models)
+        if not isinstance(root, dict) or root.get("$ref") not in defs:
+            break
+        said = {k: v for k, v in root.items() if k != "$ref"}
+        target = merger.walk(defs[root["$ref"]])
+        root = {**said, **target} if isinstance(target, dict) else target
+    if root is False:
+        raise none_satisfies("the schema is false (or 'not': {})")
     kept = merger.children({k: v for k, v in schema.items() if k in _DEFS})
     kept = {key: value for key, value in kept.items() if value}
     return {**root, **kept} if isinstance(root, dict) and kept else root
@@ -139,8 +149,18 @@ class _Merger:
             return node
         node = {k: v for k, v in node.items()  # (a null keyword says nothing)
                 if v is not None or k in ("const", "default", "examples")}
+        if "not" in node:  # (only true, false and {}: ``schemacheck``)
+            if node["not"] is not False:
+                return False  # nothing satisfies it (zod's undefined: {"not": {}})
+            node = {k: v for k, v in node.items() if k != "not"}
         if node.get("$ref") in self.cyclic:
             return self.unroll(node)
+        if node.get("$ref") in self.defs and not _NAMED.fullmatch(node["$ref"]):
+            target = self.defs[node["$ref"]]  # (another pointer: written out here)
+            rest = {k: v for k, v in node.items() if k != "$ref"}
+            node = {"allOf": [target, rest]} if rest else target
+            if not isinstance(node, dict):
+                return self.walk(node)
         if isinstance(node.get("$ref"), str) and any(  # a $ref beside keywords: both hold
                 k not in ANNOTATIONS and k not in _DEFS and k != "$ref" for k in node):
             said = {k: v for k, v in node.items() if k in ANNOTATIONS or k in _DEFS}

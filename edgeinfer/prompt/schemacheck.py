@@ -13,7 +13,7 @@ _SUPPORTED = {
     "type", "properties", "required", "additionalProperties", "items", "prefixItems",
     "minItems", "maxItems", "enum", "const", "anyOf", "oneOf", "allOf", "$ref", "$defs",
     "definitions", "pattern", "format", "minLength", "maxLength", "minimum", "maximum",
-    "exclusiveMinimum", "exclusiveMaximum",
+    "exclusiveMinimum", "exclusiveMaximum", "not",
 }  # and what keywords.accepted says: annotations, and keywords keywords.sound rewrites
 SCHEMA_MAPS = {"properties", "$defs", "definitions"}
 SCHEMA_LISTS = {"anyOf", "oneOf", "allOf", "prefixItems"}
@@ -24,10 +24,7 @@ def check_schema(schema: Any, param: str) -> None:
     ``conjunction`` unrolls, counted once)."""
     if not isinstance(schema, dict):
         raise InvalidRequest("the JSON schema must be an object", param=param)
-    defs: dict[str, Any] = {"#": schema}
-    for key in ("$defs", "definitions"):
-        if isinstance(schema.get(key), dict):
-            defs.update({f"#/{key}/{k}": v for k, v in schema[key].items()})
+    defs = local_refs(schema)
 
     heights: dict[str, int] = {}  # a $ref's sub-schema walked once (else: fan-out ** depth)
 
@@ -43,6 +40,9 @@ def check_schema(schema: Any, param: str) -> None:
         check_schema_node(node, param)
         subs: list[Any] = []
         for key, value in node.items():
+            if key == "not" and not (value is False or value is True or value == {}):
+                raise InvalidRequest("unsupported JSON schema keyword: 'not' (only "
+                                     "'not': {} is taken: nothing)", param=param)
             if key not in _SUPPORTED and not accepted(key):
                 raise InvalidRequest(f"unsupported JSON schema keyword: {key!r}", param=param)
             if key in SCHEMA_MAPS:
@@ -64,7 +64,7 @@ def check_schema(schema: Any, param: str) -> None:
         if ref in refs:  # (recursion: unrolled to a few levels by ``conjunction``)
             return height
         if ref not in defs:
-            raise InvalidRequest(f"unresolvable $ref: {ref!r} (only local #/$defs/... and #)",
+            raise InvalidRequest(f"unresolvable $ref: {ref!r} (only local ones: #/..., #)",
                                  param=param)
         if ref not in heights:  # (walked once; a cycle is cut where it closes)
             heights[ref] = walk(defs[ref], depth + 1, (*refs, ref))
@@ -74,3 +74,36 @@ def check_schema(schema: Any, param: str) -> None:
         return max(height, 1 + heights[ref])
 
     walk(schema, 0, ("#",))
+
+
+def local_refs(schema: dict[str, Any]) -> dict[str, Any]:
+    """The sub-schemas the local ``$ref``s of ``schema`` name: ``#``, every ``$defs`` /
+    ``definitions`` entry, and any other JSON pointer a ``$ref`` in it holds that
+    resolves (zod-to-json-schema's ``#/properties/a``, ``~1`` for ``/``)."""
+    defs: dict[str, Any] = {"#": schema}
+    for key in ("$defs", "definitions"):
+        if isinstance(schema.get(key), dict):
+            defs.update({f"#/{key}/{k}": v for k, v in schema[key].items()})
+    todo: list[Any] = [schema]
+    while todo:
+        node = todo.pop()
+        if isinstance(node, list):
+            todo += node
+        elif isinstance(node, dict):
+            todo += node.values()
+            ref = node.get("$ref")
+            if isinstance(ref, str) and ref.startswith("#/") and ref not in defs:
+                target: Any = schema
+                for part in ref[2:].split("/"):
+                    part = part.replace("~1", "/").replace("~0", "~")
+                    if isinstance(target, dict) and part in target:
+                        target = target[part]
+                    elif isinstance(target, list) and part.isdigit() and \
+                            int(part) < len(target):
+                        target = target[int(part)]
+                    else:
+                        break
+                else:
+                    if isinstance(target, dict | bool):
+                        defs[ref] = target
+    return defs

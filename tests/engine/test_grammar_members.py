@@ -202,3 +202,35 @@ PATTERNS: list[tuple[dict[str, Any], str, bool]] = [
 
 def test_patterns_are_written_as_json_text() -> None:
     assert not wrongly_taken(PATTERNS)
+
+
+NAMED = {"$ref": "#/definitions/M", "$schema": "http://json-schema.org/draft-07/schema#",
+         "definitions": {"M": {"type": "object", "properties": {
+             "xs": {"type": "array", "items": {"$ref": "#/definitions/M/properties/n"}},
+             "n": {"type": "integer"}, "c": {"$ref": "#/definitions/C"}},
+             "required": ["xs"], "additionalProperties": False},
+             "C": {"$ref": "#/definitions/D"}, "D": {"type": "string", "maxLength": 3}}}
+REFS: list[tuple[dict[str, Any], str, bool]] = [
+    # a $ref at the root (zod-to-json-schema's named model, pydantic v1): its definitions'
+    # refs were a 400 ("cannot turn the JSON schema into a grammar: '#/definitions/C'")
+    (NAMED, '{"xs":[1,2],"c":"abc"}', True),
+    (NAMED, '{"xs":["a"]}', False),
+    (NAMED, '{"xs":[],"c":1}', False),
+    # any local JSON pointer (zod's reused schemas: "#/properties/a"; "~1" for "/")
+    ({"type": "object", "properties": {"a/b": {"type": "integer"},
+                                       "c": {"$ref": "#/properties/a~1b"}},
+      "required": ["c"]}, '{"c":"x"}', False),
+    ({"type": "object", "properties": {"a/b": {"type": "integer"},
+                                       "c": {"$ref": "#/properties/a~1b"}},
+      "required": ["c"]}, '{"c":1}', True),
+    # zod's optional member: {"not": {}} is nothing, a branch left out
+    ({"type": "object", "properties": {"u": {"anyOf": [{"not": {}}, {"type": "string"}]}},
+      "required": ["u"]}, '{"u":"s"}', True),
+    ({"type": "object", "properties": {"u": {"anyOf": [{"not": {}}, {"type": "string"}]}},
+      "required": ["u"]}, '{"u":1}', False),
+]
+
+
+def test_refs_to_any_local_pointer_and_at_the_root_resolve() -> None:
+    assert not wrongly_taken(REFS)
+

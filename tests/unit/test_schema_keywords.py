@@ -80,7 +80,7 @@ def test_what_no_grammar_holds_is_dropped_with_a_warning(
 
 
 def test_structural_keywords_stay_refused() -> None:
-    for key, value in (("patternProperties", {"^a": {}}), ("not", {}), ("if", {}),
+    for key, value in (("patternProperties", {"^a": {}}), ("not", {"type": "string"}), ("if", {}),
                        ("contains", {})):
         with pytest.raises(InvalidRequest, match="unsupported JSON schema keyword"):
             schema_to_gbnf({"type": "object", key: value}, "schema")
