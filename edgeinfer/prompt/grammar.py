@@ -23,6 +23,7 @@ from edgeinfer.prompt.budget import (
     check_rewritten_pattern,
 )
 from edgeinfer.prompt.conjunction import merged
+from edgeinfer.prompt.formats import as_pattern
 from edgeinfer.prompt.intersection import VALUE_KEYWORDS, values_kept
 from edgeinfer.prompt.intrange import BOUNDS, range_gbnf
 from edgeinfer.prompt.keywords import sound
@@ -66,7 +67,7 @@ def _bound(node: Any, ints: dict[str, str]) -> Any:
     """
     if not isinstance(node, dict):
         return node
-    node = _lengths_in_pattern(sound(_required_present(_one_type(node))))
+    node = _lengths_in_pattern(as_pattern(sound(_required_present(_one_type(node)))))
     if (kept := values_kept(node, "the schema's values and its other keywords")) is not None:
         node = {**{k: v for k, v in node.items() if k not in VALUE_KEYWORDS | {"enum"}},
                 **({"const": kept[0]} if "const" in node else {"enum": kept})}  # (the

@@ -234,3 +234,26 @@ REFS: list[tuple[dict[str, Any], str, bool]] = [
 def test_refs_to_any_local_pointer_and_at_the_root_resolve() -> None:
     assert not wrongly_taken(REFS)
 
+
+def fmt(name: str, **more: Any) -> dict[str, Any]:
+    return {"type": "string", "format": name, **more}
+
+
+FORMATS: list[tuple[dict[str, Any], str, bool]] = [
+    # formats the converter has no rule for were ignored: any string
+    (fmt("email"), '"ann.lee@mail.example.com"', True),
+    (fmt("email"), '"Euclid"', False),
+    (fmt("ipv4"), '"192.168.0.1"', True),
+    (fmt("ipv4"), '"256.1.1.1"', False),
+    (fmt("uri", minLength=1, maxLength=2083), '"https://example.com/a/b"', True),  # HttpUrl
+    (fmt("uri", minLength=1, maxLength=2083), '"2020-01-01"', False),
+    (fmt("duration"), '"PT1H2M3S"', True),  # (pydantic's timedelta)
+    (fmt("duration"), '"2020-01-01"', False),
+    (fmt("hostname"), '"api.example.org"', True),
+    (fmt("email", maxLength=5), '"abcdefg"', False),  # (the format not enforced: lengths)
+]
+
+
+def test_formats_the_converter_ignores_are_patterns() -> None:
+    assert not wrongly_taken(FORMATS)
+
