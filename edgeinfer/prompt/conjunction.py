@@ -52,6 +52,7 @@ from typing import Any
 from edgeinfer.errors import InvalidRequest
 from edgeinfer.prompt.budget import MAX_REPEAT, UPPER_COUNTS
 from edgeinfer.prompt.intersection import (
+    ANY,
     TOGETHER,
     exclusive_numbers,
     merge,
@@ -60,6 +61,7 @@ from edgeinfer.prompt.intersection import (
 )
 from edgeinfer.prompt.keywords import ANNOTATIONS
 from edgeinfer.prompt.schemacheck import SCHEMA_LISTS, SCHEMA_MAPS, local_refs
+from edgeinfer.prompt.tuples import one_tuple
 
 log = logging.getLogger("edgeinfer.prompt")
 
@@ -72,8 +74,6 @@ TOO_LARGE = "grammar_too_large"
 _CHOICES = ("anyOf", "oneOf")
 _DEFS = ("$defs", "definitions")
 _NAMED = re.compile(r"#|#/(\$defs|definitions)/[^/]+")  # refs the converter shares a rule for
-ANY = {"anyOf": [{"type": t} for t in ("string", "number", "boolean", "null", "object",
-                                        "array")]}
 # an empty array (without items the converter writes any array, whatever maxItems says)
 _EMPTY = {"items": {"type": "null"}, "maxItems": 0}
 
@@ -217,6 +217,8 @@ class _Merger:
                 out[key] = self.sub(value if isinstance(value, dict) else {})  # (true and
                 # {}: any value; the converter wrote an object)
             elif key in TOGETHER and isinstance(value, dict):
+                if key == "propertyNames" and value.get("$ref") in self.defs:
+                    value = self.defs[value["$ref"]]  # (an Enum's names: ``keywords``)
                 out[key] = self.walk(value)
             elif key in UPPER_COUNTS and numbers(value, 0) and value > MAX_REPEAT:
                 out[key] = MAX_REPEAT
@@ -226,7 +228,7 @@ class _Merger:
             out["items"] = ANY  # (without items the converter ignores maxItems)
         if empty and isinstance(node.get("minItems"), int) and node["minItems"] > 0:
             return False  # (no array: nothing satisfies it)
-        return {**out, **_EMPTY} if empty else _one_tuple(out)
+        return {**out, **_EMPTY} if empty else one_tuple(out)
 
     def tuple_items(self, items: list[Any]) -> list[Any]:
         """A tuple's items walked, up to the first one nothing satisfies."""
@@ -371,29 +373,3 @@ class _Merger:
             self.count(len(parts))
         return parts
 
-
-def _one_tuple(node: dict[str, Any]) -> dict[str, Any]:
-    """A tuple (``prefixItems``, or draft 7's ``items`` list) as the one tuple the converter
-    writes: of its own length, or the nearest within ``minItems`` / ``maxItems``, the
-    items past it of the rest's schema (``items`` beside ``prefixItems``, else
-    ``additionalItems``; any value when absent). The converter took ``items`` alone beside
-    ``prefixItems`` and wrote the tuple whatever the counts."""
-    prefix, rest_key = node.get("prefixItems"), "items"
-    if not isinstance(prefix, list):
-        prefix, rest_key = node.get("items"), "additionalItems"
-    if not isinstance(prefix, list):
-        return node
-    rest = node.get(rest_key)
-    least: Any = node.get("minItems")
-    most: Any = node.get("maxItems")
-    size = len(prefix)
-    if numbers(least, 0) and least > size:
-        size = int(least)
-    if numbers(most, 0) and most < size:
-        size = int(most)
-    if size > len(prefix) and rest is False:
-        raise none_satisfies("'minItems' asks for more items than the tuple allows")
-    extra = ANY if rest in (None, True) or not isinstance(rest, dict) else rest
-    out = {k: v for k, v in node.items() if k not in ("prefixItems", "items", "additionalItems",
-                                                       "minItems", "maxItems")}
-    return {**out, "prefixItems": [*prefix[:size], *[extra] * (size - len(prefix))]}

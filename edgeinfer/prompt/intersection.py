@@ -15,6 +15,8 @@ log = logging.getLogger("edgeinfer.prompt")
 
 _LOWER = {"minimum", "minLength", "minItems", "minProperties"}
 _UPPER = {"maximum", "maxLength", "maxItems", "maxProperties"}
+ANY = {"anyOf": [{"type": t} for t in ("string", "number", "boolean", "null", "object",
+                                        "array")]}  # any JSON value, as the converter takes it
 TOGETHER = {"items", "additionalProperties", "additionalItems", "propertyNames"}
 _JSON_TYPES: dict[str, Any] = {"string": str, "object": dict, "array": list,
                                "boolean": bool, "null": type(None)}

@@ -10,7 +10,10 @@ valid JSON that a client reads the same way (as a pattern with lookarounds is):
 - ``additionalItems``: the converter writes a tuple (``items`` as a list) exactly, which
   every ``additionalItems`` allows; beside a schema ``items`` it means nothing.
 - ``propertyNames``: ``{"type": "string"}`` (what zod writes for a record) always holds;
-  ``false`` allows only ``{}``; other constraints on names are dropped with a warning.
+  ``false`` allows only ``{}``; an ``enum`` or ``const`` of strings (pydantic's
+  ``dict[Literal["a", "b"], int]``, or an Enum's ``$ref``) makes each name an optional
+  property (of ``additionalProperties``' schema) and closes the object; other constraints
+  on names are dropped with a warning.
 - ``minProperties`` / ``maxProperties``: the first optional properties become required up
   to the minimum; beyond the maximum the last optional ones are left out and no other
   property is written. An object closed by ``additionalProperties: false`` that cannot
@@ -31,6 +34,7 @@ import math
 from typing import Any
 
 from edgeinfer.errors import InvalidRequest
+from edgeinfer.prompt.intersection import ANY
 
 log = logging.getLogger("edgeinfer.prompt")
 
@@ -67,6 +71,8 @@ def sound(node: dict[str, Any]) -> dict[str, Any]:
             raise InvalidRequest("'propertyNames' is false but properties are required: "
                                  "nothing satisfies the schema", param="schema")
         out = {**out, "properties": {}, "additionalProperties": False}
+    elif (listed := _listed_names(names)) is not None:
+        out = _only_names(out, listed)
     elif not isinstance(names, dict) and names not in (None, True) or isinstance(
             names, dict) and (set(names) - ANNOTATIONS - {"type"}
                               or names.get("type", "string") != "string"):
@@ -84,6 +90,31 @@ def sound(node: dict[str, Any]) -> dict[str, Any]:
         else:  # writes no object of these properties there)
             out = _counted(out, least, most)
     return out
+
+
+def _listed_names(names: Any) -> list[str] | None:
+    """The names a ``propertyNames`` of an ``enum`` or a ``const`` of strings allows
+    (pydantic's ``dict[Literal["a", "b"], int]``); None for any other."""
+    if not isinstance(names, dict) or set(names) - ANNOTATIONS - {"type", "enum", "const"}:
+        return None
+    values = [names["const"]] if "const" in names else names.get("enum")
+    if not isinstance(values, list) or not all(isinstance(v, str) for v in values):
+        return None
+    return values
+
+
+def _only_names(node: dict[str, Any], names: list[str]) -> dict[str, Any]:
+    """An object whose names are ``names``: each a property (of its own schema, else of
+    ``additionalProperties``' or any value), none other; 400 if a required name is not
+    one of them."""
+    if missing := [r for r in node.get("required") or [] if r not in names]:
+        raise InvalidRequest(f"'propertyNames' does not allow the required {missing[0]!r}: "
+                             "nothing satisfies the schema", param="schema")
+    props, extra = node.get("properties") or {}, node.get("additionalProperties", True)
+    value = extra if isinstance(extra, dict) else ANY if extra is True else None
+    kept = {n: s for n, s in props.items() if n in names}
+    kept.update({n: value for n in names if n not in props and value is not None})
+    return {**node, "properties": kept, "additionalProperties": False}
 
 
 def _whole(count: Any) -> int | None:

@@ -251,9 +251,17 @@ FORMATS: list[tuple[dict[str, Any], str, bool]] = [
     (fmt("duration"), '"2020-01-01"', False),
     (fmt("hostname"), '"api.example.org"', True),
     (fmt("email", maxLength=5), '"abcdefg"', False),  # (the format not enforced: lengths)
+    # propertyNames of an enum (pydantic's dict[Literal["a", "b"], int]; an Enum's $ref)
+    ({"type": "object", "additionalProperties": {"type": "integer"},
+      "propertyNames": {"enum": ["a", "b"]}}, '{"b":2}', True),
+    ({"type": "object", "additionalProperties": {"type": "integer"},
+      "propertyNames": {"enum": ["a", "b"]}}, '{"m1":1}', False),
+    ({"type": "object", "additionalProperties": {"type": "integer"},
+      "propertyNames": {"$ref": "#/$defs/K"},
+      "$defs": {"K": {"enum": ["x", "y"], "type": "string"}}}, '{"z":1}', False),
 ]
 
 
-def test_formats_the_converter_ignores_are_patterns() -> None:
+def test_formats_and_names_the_converter_ignores_hold() -> None:
     assert not wrongly_taken(FORMATS)
 
