@@ -93,8 +93,10 @@ class _Converter(SchemaConverter):
         if name.endswith("additional-kv") and rule.startswith("string "):  # their names too,
             # and not those of the properties (a member beyond them took an optional one's
             # name, with another value: {"b": 5} where "b" is a string)
+            tail = super()._add_rule(  # type: ignore[no-untyped-call]
+                "additional-key-tail", f'{_RAW}{{0,{MAX_KEY_CHARS}}} "\\""')
             key = super()._add_rule(  # type: ignore[no-untyped-call]
-                "additional-key", other_names(self._names[-1] if self._names else []))
+                "additional-key", other_names(self._names[-1] if self._names else [], tail))
             rule = f"{key}{rule[len('string'):]}"
         added: str = super()._add_rule(name, rule)  # type: ignore[no-untyped-call]
         return added
@@ -106,31 +108,30 @@ ANY_DEPTH = 4  # nesting of an any-value's objects and arrays (json_object mode'
 MAX_ANY_CHARS = 200  # an any-value's strings (a string without maxLength's bound too)
 
 
-def other_names(names: list[str]) -> str:
-    """GBNF for a JSON string (an object member's name) of at most ``MAX_KEY_CHARS``
-    characters that is none of ``names``: a trie of their JSON texts, where each level
-    either ends the string (unless a name ends there), takes a name's next character,
-    or any other character and then any characters. A name holding a character JSON
-    escapes is not excluded."""
+def other_names(names: list[str], tail: str) -> str:
+    """GBNF for a JSON string (an object member's name) that is none of ``names``: raw
+    characters only (an escape could spell a name: ``"\\u0062"`` is ``"b"``), at most
+    ``MAX_KEY_CHARS`` past the names' longest; a trie of the names, where each level
+    either ends the string (unless a name ends there), takes a name's next character, or
+    another character and then ``tail`` (a rule: any characters and the closing quote;
+    written once, it keeps the grammar small). A name holding a character JSON escapes
+    cannot be written raw, so it needs no exclusion."""
+    raw = _RAW[:-1]
     trie: dict[str, Any] = {}
-    for text in (json.dumps(n, ensure_ascii=False)[1:-1] for n in names):
-        if text == json.dumps(text, ensure_ascii=False)[1:-1] and len(text) <= MAX_KEY_CHARS:
+    for name in names:
+        if all(ch >= " " and ch not in '"\\\x7f' for ch in name):
             node = trie
-            for ch in text:
+            for ch in name:
                 node = node.setdefault(ch, {})
             node[""] = {}  # (a name ends here)
-    escape = '"\\\\" (["\\\\/bfnrt] | "u" [0-9a-fA-F]{4})'
 
-    def level(node: dict[str, Any], depth: int) -> str:
+    def level(node: dict[str, Any]) -> str:
+        kids = sorted(ch for ch in node if ch)
         alts = [] if "" in node else ['"\\""']
-        if depth < MAX_KEY_CHARS:
-            kids = sorted(ch for ch in node if ch)
-            alts += [f"[{_code(ch)}] {level(node[ch], depth + 1)}" for ch in kids]
-            other = "".join(map(_code, kids))
-            alts.append(f'([^"\\\\\\x7F\\x00-\\x1F{other}] | {escape}) '
-                        f'char{{0,{MAX_KEY_CHARS - depth - 1}}} "\\""')
+        alts += [f"[{_code(ch)}] {level(node[ch])}" for ch in kids]
+        alts.append(f'{raw}{"".join(map(_code, kids))}] {tail}')
         return alts[0] if len(alts) == 1 else "(" + " | ".join(alts) + ")"
-    return f'"\\"" {level(trie, 0)} space'
+    return f'"\\"" {level(trie)} space'
 
 
 def _code(ch: str) -> str:
@@ -138,6 +139,7 @@ def _code(ch: str) -> str:
         ord(ch) < 0x10000 else f"\\U{ord(ch):08X}"
 
 
+_RAW = '[^"\\\\\\x7F\\x00-\\x1F]'  # a character a JSON string holds raw
 _EXTRA_MEMBERS = re.compile(r"[A-Za-z0-9-]*additional-kvs[0-9]*")
 _LITERAL_ESCAPE = re.compile(r'[\r\n"\\]')
 _LITERAL_ESCAPES = {"\r": "\\r", "\n": "\\n", '"': '\\"', "\\": "\\\\"}

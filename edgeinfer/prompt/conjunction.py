@@ -59,8 +59,8 @@ from edgeinfer.prompt.intersection import (
     none_satisfies,
     numbers,
 )
-from edgeinfer.prompt.keywords import ANNOTATIONS
-from edgeinfer.prompt.schemacheck import SCHEMA_LISTS, SCHEMA_MAPS, local_refs
+from edgeinfer.prompt.keywords import ANNOTATIONS, choice_values
+from edgeinfer.prompt.schemacheck import SCHEMA_LISTS, SCHEMA_MAPS, cyclic_refs, local_refs
 from edgeinfer.prompt.tuples import one_tuple
 
 log = logging.getLogger("edgeinfer.prompt")
@@ -102,34 +102,15 @@ def merged(schema: Any) -> Any:
     return {**root, **kept} if isinstance(root, dict) and kept else root
 
 
-def _cyclic(defs: dict[str, Any]) -> set[str]:
-    """The refs that lead back to themselves."""
-    def refs_in(node: Any) -> set[str]:
-        if isinstance(node, dict):
-            own = {node["$ref"]} if isinstance(node.get("$ref"), str) else set()
-            return own.union(*(refs_in(v) for k, v in node.items() if k not in _DEFS))
-        if isinstance(node, list):
-            return set().union(*(refs_in(v) for v in node))
-        return set()
-    edges = {ref: refs_in(sub) & defs.keys() for ref, sub in defs.items()}
-    cyclic = set()
-    for start in edges:
-        seen, todo = set(), list(edges[start])
-        while todo:
-            ref = todo.pop()
-            if ref == start:
-                cyclic.add(start)
-                break
-            if ref not in seen:
-                seen.add(ref)
-                todo += edges[ref]
-    return cyclic
+def _nothing(node: Any) -> bool:
+    """``false``, or ``{"not": {}}`` (``not`` of anything): no value satisfies it."""
+    return node is False or isinstance(node, dict) and node.get("not", False) is not False
 
 
 class _Merger:
     def __init__(self, defs: dict[str, Any]) -> None:
         self.defs = defs
-        self.cyclic = _cyclic(defs)
+        self.cyclic = cyclic_refs(defs)
         self.stack: list[str] = []  # the recursive refs being unrolled
         self.parts = 0
 
@@ -153,6 +134,8 @@ class _Merger:
             if node["not"] is not False:
                 return False  # nothing satisfies it (zod's undefined: {"not": {}})
             node = {k: v for k, v in node.items() if k != "not"}
+        if node.get("$ref") in self.defs and _nothing(self.defs[node["$ref"]]):
+            return False  # (a $ref to false, or to {"not": {}}: left out where it can be)
         if node.get("$ref") in self.cyclic:
             return self.unroll(node)
         if node.get("$ref") in self.defs and not _NAMED.fullmatch(node["$ref"]):
@@ -172,7 +155,9 @@ class _Merger:
                 for k in node if k != choices[0]):
             said = {k: v for k, v in node.items() if k in ANNOTATIONS or k in _DEFS}
             rest = {k: v for k, v in node.items() if k not in said and k not in choices}
-            node = {**said, "allOf": [*({c: node[c]} for c in choices), *([rest] if rest else [])]}
+            values = choice_values(node[choices[0]]) if len(choices) == 1 else None
+            node = {**said, **merge([rest, {"enum": values}])} if values is not None else {
+                **said, "allOf": [*({c: node[c]} for c in choices), *([rest] if rest else [])]}
         while isinstance(node.get("allOf"), list):
             node, done = self.conjoin(node)
             if done:
@@ -190,9 +175,9 @@ class _Merger:
         for key, value in node.items():
             if key == "properties" and isinstance(value, dict):
                 out[key] = self.properties(value, node.get("required"))
-            elif key in _DEFS and isinstance(value, dict):  # (recursive ones: unrolled)
-                out[key] = {name: self.walk(sub) for name, sub in value.items()
-                            if f"#/{key}/{name}" not in self.cyclic}
+            elif key in _DEFS and isinstance(value, dict):  # (recursive ones: unrolled;
+                out[key] = {name: self.walk(sub) for name, sub in value.items()  # nothing:
+                            if f"#/{key}/{name}" not in self.cyclic and not _nothing(sub)}
             elif key in SCHEMA_MAPS and isinstance(value, dict):
                 out[key] = {name: self.walk(sub) for name, sub in value.items()}
             elif key in _CHOICES and isinstance(value, list):
@@ -216,6 +201,8 @@ class _Merger:
             elif key == "additionalProperties" and (value is True or isinstance(value, dict)):
                 out[key] = self.sub(value if isinstance(value, dict) else {})  # (true and
                 # {}: any value; the converter wrote an object)
+            elif key == "additionalItems" and isinstance(value, dict):
+                out[key] = self.sub(value)
             elif key in TOGETHER and isinstance(value, dict):
                 if key == "propertyNames" and value.get("$ref") in self.defs:
                     value = self.defs[value["$ref"]]  # (an Enum's names: ``keywords``)
@@ -297,13 +284,13 @@ class _Merger:
             rest = {k: v for k, v in choice.items() if k != key}
             combos = [[*combo, {"allOf": [branch, rest]} if rest else branch]
                       for combo in combos for branch in choice[key]]
-            if len(combos) > MAX_BRANCHES:
+            if len(choices) > 1 and len(combos) > MAX_BRANCHES:  # (one choice: its own)
                 raise InvalidRequest(
                     f"'allOf' over 'anyOf' / 'oneOf' choices makes more than {MAX_BRANCHES} "
                     "branches: write the choices out", param="schema", code=TOO_LARGE)
         plain = [p for p in parts if not any(p is c for c in choices)]
         base = merge(plain) if plain else {}
-        if len(combos) * max(1, len(base.get("properties") or {})) > MAX_SPREAD:
+        if len(combos) * len(base.get("properties") or {}) > MAX_SPREAD:
             return self.loose(base, choices, kept), False
         branches = self.choice([(self.walk, {"allOf": [base, *combo]}) for combo in combos],
                                "anyOf")
@@ -349,9 +336,11 @@ class _Merger:
                 continue
             if not isinstance(node, dict):
                 raise none_satisfies("an 'allOf' part is false (or not a schema)")
+            if node.get("not", False) is not False:
+                raise none_satisfies("an 'allOf' part is 'not': {}")
             own = {k: v for k, v in node.items()
                    if k not in ANNOTATIONS and k not in _DEFS and k not in ("allOf", "$ref")
-                   and (v is not None or k == "const")}
+                   and (v is not None or k == "const") and k != "not"}
             if "$ref" in node:
                 ref = node["$ref"]
                 if ref not in self.defs:

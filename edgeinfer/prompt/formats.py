@@ -19,13 +19,15 @@ from edgeinfer.prompt.pattern import with_lengths
 log = logging.getLogger("edgeinfer.prompt")
 
 _LABEL = "[a-z0-9]{1,20}(-[a-z0-9]{1,20}){0,2}"  # a host name's label, lower case
-_HOST = f"{_LABEL}(\\.{_LABEL}){{0,3}}"
+# a top-level domain from a list: validators refuse reserved ones (test, local, localhost)
+# and all-digit ones
+_TLD = "(com|org|net|io|dev|app|ai|co|edu|gov|uk|de|fr|jp)"
+_HOST = f"({_LABEL}\\.){{1,3}}{_TLD}"
 _OCTET = "(25[0-5]|2[0-4][0-9]|1[0-9][0-9]|[1-9]?[0-9])"
 _URI = f"^https?://{_HOST}(/[a-zA-Z0-9._~-]{{1,30}}){{0,6}}/?$"
 
 PATTERNS = {
-    "email": f"^[a-z0-9]{{1,20}}([._+-][a-z0-9]{{1,20}}){{0,2}}@{_LABEL}(\\.{_LABEL}){{0,2}}"
-             "\\.[a-z]{2,10}$",
+    "email": f"^[a-z0-9]{{1,20}}([._+-][a-z0-9]{{1,20}}){{0,2}}@{_HOST}$",
     "idn-email": "",  # (filled below: the same as email)
     "hostname": f"^{_HOST}$",
     "idn-hostname": f"^{_HOST}$",
@@ -35,7 +37,7 @@ PATTERNS = {
     "iri": _URI,
     "uri-reference": _URI,
     "iri-reference": _URI,
-    "duration": "^P([0-9]{1,4}D)?T[0-9]{1,2}H[0-9]{1,2}M[0-9]{1,2}(\\.[0-9]{1,6})?S$",
+    "duration": "^P([0-9]{1,4}D)?T[0-9]{1,2}H[0-9]{1,2}M[0-9]{1,2}S$",  # (RFC 3339's)
 }
 PATTERNS["idn-email"] = PATTERNS["email"]
 # formats the converter writes itself (``uuid1`` .. ``uuid5`` too)

@@ -298,6 +298,9 @@ def after_marker(gbnf: str, marker: str) -> str:
 def _call_schema(name: str, parameters: dict[str, Any], fmt: ToolFormat
                  ) -> tuple[dict[str, Any], tuple[str, ...]]:
     """The JSON schema of one call object in ``fmt`` (and its key order)."""
+    where = name if fmt.keyed else fmt.args_key  # the parameters' place in the call object
+    parameters = _rebased(parameters, "#/properties/" + where.replace("~", "~0").replace(
+        "/", "~1"))
     props: dict[str, Any] = {fmt.name_key: {"const": name}, fmt.args_key: parameters}
     order: tuple[str, ...] = (fmt.name_key, fmt.args_key)
     if fmt.keyed:  # Apertus: {NAME: ARGUMENTS}
@@ -315,6 +318,22 @@ def _call_schema(name: str, parameters: dict[str, Any], fmt: ToolFormat
         if key in parameters:
             schema[key] = parameters[key]
     return schema, order
+
+
+def _rebased(node: Any, root: str) -> Any:
+    """``node`` (a tool's parameters) with its local ``$ref``s to anything but its
+    definitions (which go to the call object's root) pointing into ``root``, where the
+    parameters sit in the call object (``#/properties/a`` named the call's own)."""
+    if isinstance(node, list):
+        return [_rebased(v, root) for v in node]
+    if not isinstance(node, dict):
+        return node
+    out = {k: _rebased(v, root) for k, v in node.items()}
+    ref = node.get("$ref")
+    if isinstance(ref, str) and (ref == "#" or ref.startswith("#/")) and not ref.startswith(
+            ("#/$defs/", "#/definitions/")):
+        out["$ref"] = root + ref[1:]
+    return out
 
 
 def lit(text: str) -> str:

@@ -79,8 +79,18 @@ def int_range_regex(lo: int | None, hi: int | None) -> str:
 
 
 BOUNDS = ("minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum")
-# a fraction in (0, 1): its last digit is not 0, so "n.f" lies strictly between n and n + 1
-FRACTION = '"." [0-9]{0,14} [1-9]'
+SIGNIFICANT = 15  # digits a decimal text keeps through a double (more: 99.9999999999999999
+# reads as 100.0, which an exclusive maximum of 100 refuses)
+
+
+def _fraction(lo: Any, lo_x: bool, hi: Any, hi_x: bool) -> str:
+    """A fraction in (0, 1): its last digit is not 0, so "n.f" lies strictly between n and
+    the next integer. Beside an exclusive bound the text keeps to ``SIGNIFICANT`` digits,
+    so that it is not read as the bound (elsewhere, read as the integer next to it, it is
+    still within the bounds)."""
+    near = [abs(b) for b, x in ((lo, lo_x), (hi, hi_x)) if x and b is not None]
+    digits = len(str(int(max(near)))) if near else 0
+    return f'"." [0-9]{{0,{max(0, SIGNIFICANT - 1 - max(1, digits))}}} [1-9]'
 
 
 def _limits(node: dict[str, Any]) -> tuple[Any, bool, Any, bool]:
@@ -124,15 +134,19 @@ def range_gbnf(node: dict[str, Any]) -> str | None:
         if not whole:
             raise ValueError(f"no integer in [{lo}, {hi}]")
         return int_range_gbnf(a, b)
+    limit = 10 ** MAX_DIGITS
+    if lo is not None and lo >= limit or hi is not None and hi <= -limit:
+        return None  # (past 16 digits: the caller drops the bounds, logged)
     alts = [int_range_gbnf(a, b)] if whole else []
+    fraction = _fraction(lo, lo_x, hi, hi_x)
     low = None if lo is None else math.ceil(lo)
     top = None if hi is None else math.floor(hi)
     up = (max(0, low if low is not None else 0), None if top is None else top - 1)
     if up[1] is None or up[0] <= up[1]:  # n.f, n >= 0: within (n, n + 1)
-        alts.append(f"{int_range_gbnf(*up)} {FRACTION}")
+        alts.append(f"{int_range_gbnf(*up)} {fraction}")
     down = (None if low is None else low + 1, -1 if top is None else min(-1, top))
     if down[0] is None or down[0] <= down[1]:  # -m.f: within (-m - 1, -m)
-        alts.append(f"{int_range_gbnf(*down)} {FRACTION}")
+        alts.append(f"{int_range_gbnf(*down)} {fraction}")
     if (lo is None or lo <= -1) and (hi is None or hi >= 0):
-        alts.append(f'"-0" {FRACTION}')
+        alts.append(f'"-0" {fraction}')
     return "(" + " | ".join(alts) + ")" if alts else None

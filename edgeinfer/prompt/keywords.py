@@ -178,3 +178,19 @@ def _counted(node: dict[str, Any], least: int | None, most: int | None) -> dict[
         if open_:
             node["additionalProperties"] = False
     return node
+
+
+def choice_values(branches: list[Any]) -> list[Any] | None:
+    """The values of a choice whose every branch is a ``const`` or an ``enum`` (pydantic's
+    described enum members, as many as there are values), as one list; None otherwise."""
+    values: list[Any] = []
+    for branch in branches:
+        if not isinstance(branch, dict) or set(branch) - ANNOTATIONS - {"const", "enum"}:
+            return None
+        if "const" in branch:
+            values.append(branch["const"])
+        elif isinstance(branch.get("enum"), list):
+            values += branch["enum"]
+        else:
+            return None
+    return values

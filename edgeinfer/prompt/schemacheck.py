@@ -107,3 +107,28 @@ def local_refs(schema: dict[str, Any]) -> dict[str, Any]:
                     if isinstance(target, dict | bool):
                         defs[ref] = target
     return defs
+
+
+def cyclic_refs(defs: dict[str, Any]) -> set[str]:
+    """The refs that lead back to themselves."""
+    def refs_in(node: Any) -> set[str]:
+        if isinstance(node, dict):
+            own = {node["$ref"]} if isinstance(node.get("$ref"), str) else set()
+            return own.union(*(refs_in(v) for k, v in node.items()
+                               if k not in ("$defs", "definitions")))
+        if isinstance(node, list):
+            return set().union(*(refs_in(v) for v in node))
+        return set()
+    edges = {ref: refs_in(sub) & defs.keys() for ref, sub in defs.items()}
+    cyclic = set()
+    for start in edges:
+        seen, todo = set(), list(edges[start])
+        while todo:
+            ref = todo.pop()
+            if ref == start:
+                cyclic.add(start)
+                break
+            if ref not in seen:
+                seen.add(ref)
+                todo += edges[ref]
+    return cyclic

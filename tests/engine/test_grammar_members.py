@@ -265,3 +265,51 @@ FORMATS: list[tuple[dict[str, Any], str, bool]] = [
 def test_formats_and_names_the_converter_ignores_hold() -> None:
     assert not wrongly_taken(FORMATS)
 
+
+CAFE = {"type": "object", "properties": {"café": {"type": "string", "maxLength": 5},
+                                         "b": {"type": "string", "maxLength": 5}},
+        "additionalProperties": {"type": "integer"}}
+LONG = {"type": "object", "properties": {"a" * 100: {"type": "string", "maxLength": 3}},
+        "additionalProperties": {"type": "integer"}}
+REVIEWED: list[tuple[dict[str, Any], str, bool]] = [
+    # a member beyond the properties spells no property's name with an escape
+    (CAFE, '{"caf\\u00e9":5}', False),
+    (CAFE, '{"café":5}', False),
+    (CAFE, '{"b":"x","\\u0062":5}', False),
+    (CAFE, '{"b":"x","c":5}', True),
+    (LONG, '{"' + "a" * 100 + ':1}', False),  # (a name at the bound: its quote stays)
+    (LONG, '{"' + "a" * 100 + 'b":1}', True),
+    # an exclusive bound is not reached by a text a double rounds onto it
+    ({"type": "number", "exclusiveMinimum": -100, "exclusiveMaximum": 100},
+     "99.999999999999999", False),
+    ({"type": "number", "exclusiveMinimum": -100, "exclusiveMaximum": 100}, "99.5", True),
+    ({"type": "number", "minimum": 0}, "12.99", True),
+    # described enum members (pydantic), as many as there are, beside a type
+    ({"type": "string", "oneOf": [{"const": f"lang_{i}", "description": "d"}
+                                  for i in range(100)]}, '"lang_99"', True),
+    ({"type": "string", "oneOf": [{"const": f"lang_{i}", "description": "d"}
+                                  for i in range(100)]}, '"lang_100"', False),
+    # a $ref to nothing is a property left out
+    ({"type": "object", "properties": {"a": {"$ref": "#/$defs/N"}, "b": {"type": "integer"}},
+      "$defs": {"N": {"not": {}}}}, '{"a":1}', False),
+    ({"type": "object", "properties": {"a": {"$ref": "#/$defs/N"}, "b": {"type": "integer"}},
+      "$defs": {"N": {"not": {}}}}, '{"b":1}', True),
+    # validators refuse an all-digit top-level domain (pydantic's HttpUrl)
+    (fmt("uri", minLength=1, maxLength=2083), '"http://a.123"', False),
+]
+
+
+def test_what_a_review_found_holds() -> None:
+    assert not wrongly_taken(REVIEWED)
+
+
+def test_a_tool_parameters_pointer_names_its_own_property() -> None:
+    """``#/properties/name`` in a tool's parameters is the parameter ``name``, not the call
+    object's ``name`` (the function's name: the grammar wrote "f" for an integer)."""
+    from edgeinfer.prompt.grammar import tool_calls_gbnf
+    gbnf = tool_calls_gbnf([("f", {"type": "object", "properties": {
+        "name": {"type": "integer"}, "other": {"$ref": "#/properties/name"}},
+        "required": ["name", "other"], "additionalProperties": False})], 1)
+    [other] = [line for line in gbnf.splitlines() if line.startswith("t0-arguments-other-kv")]
+    assert other.endswith("integer"), other
+

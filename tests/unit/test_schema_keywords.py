@@ -96,7 +96,8 @@ def test_members_beyond_the_properties_are_bounded_as_items_are() -> None:
     assert kvs.endswith('( "," space additional-kv ){0,9}'), kvs  # (llama.cpp takes it:
     # the server test of zod's record), and their names are bounded as strings are
     [key] = [line for line in gbnf.splitlines() if line.startswith("additional-key ::=")]
-    assert key.endswith('char{0,99} "\\"") space'), key
+    assert key.endswith('additional-key-tail) space'), key
+    assert 'additional-key-tail ::= [^"\\\\\\x7F\\x00-\\x1F]{0,100} "\\""' in gbnf, gbnf
     assert "additional-kv ::= additional-key " in gbnf
 
 
@@ -135,3 +136,14 @@ def test_counts_as_whole_floats_and_objects_the_converter_does_not_write() -> No
     with pytest.raises(InvalidRequest):
         sound({"type": "object", "propertyNames": False, "properties": {"a": {}},
                "required": ["a"]})
+
+
+def test_a_wide_open_object_stays_within_the_grammar_budget() -> None:
+    """40 properties of 15-character names beside ``additionalProperties`` (pydantic's
+    ``extra="allow"``): the names a member beyond them may not take are one trie, its
+    tails one rule (a tail per trie node came to 55,000 rules: refused)."""
+    from edgeinfer.prompt.budget import check_gbnf_budget
+    props = {f"field_number_{i:03d}": {"type": "string"} for i in range(40)}
+    gbnf = schema_to_gbnf({"type": "object", "properties": props,
+                           "additionalProperties": True}, "schema")
+    check_gbnf_budget(gbnf, "schema", generated=True)
