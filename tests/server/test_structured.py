@@ -488,19 +488,61 @@ def test_quotes_backslashes_and_lengths_in_schemas_hold_in_the_answer(
         {"const": 'say "hi"'}, {"enum": ["C:\\temp", 'x"y']}, {"enum": ["\u0000"]},
         {"type": "object", "properties": {'a"b': {"type": "string", "maxLength": 5}},
          "required": ['a"b'], "additionalProperties": False},
-        {"type": "string", "pattern": "^[a-z]+$", "maxLength": 3}]
+        {"type": "string", "pattern": "^[a-z]+$", "maxLength": 3},
+        # what a pattern asks for is written as JSON text: a quote, a backslash, a NUL
+        {"type": "string", "pattern": '^a"b\\\\c\\x00$'}, {"type": "string", "pattern": '^["]{2}$'}]
     for schema in schemas:
         _answer_validates(client, schema, "Reply with the word extraordinary", 40)
 
 
+def test_what_the_converter_wrote_wrong_holds_in_the_answer(client: openai.OpenAI) -> None:
+    """Schemas whose answers did not validate, or were a 400, through llama-cpp-python's
+    converter alone: pydantic's extra="allow" beside an optional field (members came
+    without a comma, or took the field's name), float bounds (ignored), a zod named model
+    ($ref at the root, its refs unresolved: a 400), a reused schema's pointer, zod's
+    optional member ({"not": {}}), dict[Literal] keys, an enum beside integer bounds, a
+    choice beside required properties, prefixItems beside items."""
+    schemas: list[dict[str, Any]] = [
+        {"type": "object", "properties": {"a": {"type": "integer"},
+                                          "b": {"type": "string", "maxLength": 8}},
+         "required": ["a"], "additionalProperties": {"type": "integer"}},
+        {"type": "object", "properties": {"p": {"type": "number", "minimum": -5,
+                                                "maximum": -4},
+                                          "q": {"type": "number", "exclusiveMinimum": 0,
+                                                "exclusiveMaximum": 1}},
+         "required": ["p", "q"]},
+        {"$ref": "#/definitions/M", "definitions": {
+            "M": {"type": "object", "properties": {"c": {"$ref": "#/definitions/C"}},
+                  "required": ["c"], "additionalProperties": False},
+            "C": {"type": "string", "enum": ["x", "y"]}}},
+        {"type": "object", "properties": {"a": {"type": "integer", "minimum": 3},
+                                          "b": {"$ref": "#/properties/a"},
+                                          "u": {"anyOf": [{"not": {}}, {"type": "boolean"}]}},
+         "required": ["a", "b", "u"]},
+        {"type": "object", "additionalProperties": {"type": "integer"},
+         "propertyNames": {"enum": ["left", "right"]}, "minProperties": 1},
+        {"type": "integer", "enum": [1, 2, 30], "minimum": 0, "maximum": 10},
+        {"type": "object", "properties": {"a": {"type": "integer"}}, "required": ["a"],
+         "anyOf": [{"properties": {"b": {"type": "string", "maxLength": 4}}, "required": ["b"]},
+                   {"properties": {"c": {"type": "boolean"}}, "required": ["c"]}]},
+        {"$schema": "https://json-schema.org/draft/2020-12/schema", "type": "array",
+         "prefixItems": [{"type": "integer"}], "items": {"type": "string", "maxLength": 4},
+         "minItems": 3, "maxItems": 3},
+    ]
+    for schema in schemas:
+        _answer_validates(client, schema, "Write an example with many fields", 120)
+
+
 def _answer_validates(client: openai.OpenAI, schema: dict[str, Any], ask: str,
                       max_tokens: int) -> None:
-    """The answer under ``schema`` as response_format validates against it (draft 7)."""
+    """The answer under ``schema`` as response_format validates against it (draft 7, or
+    the draft its ``$schema`` names)."""
     r = client.chat.completions.create(
         model="default", temperature=0, max_tokens=max_tokens,
         messages=[{"role": "user", "content": ask}],
         response_format={"type": "json_schema", "json_schema": {"name": "x", "schema": schema}})
-    jsonschema.Draft7Validator(schema).validate(json.loads(r.choices[0].message.content or ""))
+    validator = jsonschema.validators.validator_for(schema, default=jsonschema.Draft7Validator)
+    validator(schema).validate(json.loads(r.choices[0].message.content or ""))
 
 
 def test_keywords_zod_and_pydantic_write_are_taken_and_hold_in_the_answer(
