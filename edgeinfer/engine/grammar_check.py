@@ -31,6 +31,16 @@ class _Converter(SchemaConverter):
         super().__init__(*args, **kwargs)  # type: ignore[no-untyped-call]
         self._any: dict[str, str] | None = None  # the bounded any-value's rules, once written
         self._names: list[list[str]] = []  # the properties of the objects being written
+        self._visited = False  # (the root is visited first)
+
+    def visit(self, schema: Any, name: str) -> str:
+        """(a property named "" of the root object is written under a name of its own:
+        its rule took the name ``root``, and the whole answer was that property's value)"""
+        if not name and self._visited:
+            name = "empty-name"
+        self._visited = True
+        visited: str = super().visit(schema, name)  # type: ignore[no-untyped-call]
+        return visited
 
     def _build_object_rule(self, properties: list[tuple[str, Any]], *args: Any) -> str:
         """(the names of ``properties`` kept while the object is written: a member beyond

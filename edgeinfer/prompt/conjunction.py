@@ -73,7 +73,7 @@ MAX_PARTS = 512  # the parts all allOfs of one schema may hold, $refs resolved (
 TOO_LARGE = "grammar_too_large"
 _CHOICES = ("anyOf", "oneOf")
 _DEFS = ("$defs", "definitions")
-_NAMED = re.compile(r"#|#/(\$defs|definitions)/[^/]+")  # refs the converter shares a rule for
+_NAMED = re.compile(r"#|#/(\$defs|definitions)/[^/~%]+")  # refs the converter shares a rule for
 # an empty array (without items the converter writes any array, whatever maxItems says)
 _EMPTY = {"items": {"type": "null"}, "maxItems": 0}
 

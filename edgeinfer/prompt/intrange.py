@@ -9,6 +9,7 @@ force).
 from __future__ import annotations
 
 import math
+from decimal import ROUND_CEILING, ROUND_FLOOR, Decimal
 from typing import Any
 
 MAX_DIGITS = 16  # an unbounded side stops at 16 digits, as the converter's integers do
@@ -149,4 +150,38 @@ def range_gbnf(node: dict[str, Any]) -> str | None:
         alts.append(f"{int_range_gbnf(*down)} {fraction}")
     if (lo is None or lo <= -1) and (hi is None or hi >= 0):
         alts.append(f'"-0" {fraction}')
-    return "(" + " | ".join(alts) + ")" if alts else None
+    return "(" + " | ".join(alts) + ")" if alts else _decimals(lo, lo_x, hi, hi_x)
+
+
+MAX_PLACES = 6  # decimal places a narrow number range is written with, at most
+
+
+def _decimals(lo: Any, lo_x: bool, hi: Any, hi_x: bool) -> str | None:
+    """Numbers of a range too narrow for ``n.f`` (0.1 to 0.2): the decimals of the fewest
+    places (up to ``MAX_PLACES``) within it, ``m / 10**k`` for an integer ``m``, written
+    with exactly ``k`` places; None when none fits or a bound is open."""
+    if lo is None or hi is None:
+        return None
+    low, high = Decimal(repr(lo)), Decimal(repr(hi))
+    for places in range(1, MAX_PLACES + 1):
+        scale = Decimal(10) ** places
+        a, b = low * scale, high * scale
+        first = int(a.to_integral_value(ROUND_FLOOR)) + 1 if lo_x and a == a.to_integral_value() \
+            else int(a.to_integral_value(ROUND_CEILING))
+        last = int(b.to_integral_value(ROUND_CEILING)) - 1 if hi_x and b == b.to_integral_value() \
+            else int(b.to_integral_value(ROUND_FLOOR))
+        if first <= last:
+            try:
+                alts = int_range_alternatives(first, last)
+            except ValueError:
+                return None
+            return "(" + " | ".join(_placed(neg, p, places) for neg, p in alts) + ")"
+    return None
+
+
+def _placed(negative: bool, digits: Pattern, places: int) -> str:
+    """The digit pattern of an integer ``m`` as the text of ``m / 10**places``."""
+    digits = ["0"] * (places + 1 - len(digits)) + digits  # (0.05: "0" "." "0" "5")
+    whole, fraction = digits[:-places], digits[-places:]
+    parts = (['"-"'] if negative else []) + [f'"{c}"' if len(c) == 1 else c for c in whole]
+    return " ".join([*parts, '"."', *(f'"{c}"' if len(c) == 1 else c for c in fraction)])

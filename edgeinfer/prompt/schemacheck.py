@@ -4,6 +4,7 @@ bounded depth, local ``$ref``s without cycles (``check_schema``)."""
 from __future__ import annotations
 
 from typing import Any
+from urllib.parse import unquote
 
 from edgeinfer.errors import InvalidRequest
 from edgeinfer.prompt.budget import MAX_SCHEMA_DEPTH, check_schema_node
@@ -95,7 +96,7 @@ def local_refs(schema: dict[str, Any]) -> dict[str, Any]:
             if isinstance(ref, str) and ref.startswith("#/") and ref not in defs:
                 target: Any = schema
                 for part in ref[2:].split("/"):
-                    part = part.replace("~1", "/").replace("~0", "~")
+                    part = unquote(part).replace("~1", "/").replace("~0", "~")
                     if isinstance(target, dict) and part in target:
                         target = target[part]
                     elif isinstance(target, list) and part.isdigit() and \

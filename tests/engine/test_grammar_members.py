@@ -294,6 +294,18 @@ REVIEWED: list[tuple[dict[str, Any], str, bool]] = [
       "$defs": {"N": {"not": {}}}}, '{"a":1}', False),
     ({"type": "object", "properties": {"a": {"$ref": "#/$defs/N"}, "b": {"type": "integer"}},
       "$defs": {"N": {"not": {}}}}, '{"b":1}', True),
+    # a property named "" of the root took the root's rule: the answer was its value
+    ({"type": "object", "properties": {"": {"type": "integer"}}, "required": [""],
+      "additionalProperties": False}, '{"":1}', True),
+    ({"type": "object", "properties": {"": {"type": "integer"}}, "required": [""],
+      "additionalProperties": False}, "1", False),
+    # pointers with escapes into the definitions (~1 for "/", %20 for " ")
+    ({"type": "object", "properties": {"v": {"$ref": "#/$defs/a~1b"},
+                                       "w": {"$ref": "#/$defs/a%20b"}},
+      "required": ["v", "w"], "$defs": {"a/b": {"type": "integer"}, "a b": {"type": "boolean"}}},
+     '{"v":"x","w":true}', False),
+    ({"type": "number", "minimum": 0.1, "maximum": 0.2}, "1", False),  # (narrow: decimals)
+    ({"type": "number", "minimum": 0.1, "maximum": 0.2}, "0.2", True),
     # validators refuse an all-digit top-level domain (pydantic's HttpUrl)
     (fmt("uri", minLength=1, maxLength=2083), '"http://a.123"', False),
 ]

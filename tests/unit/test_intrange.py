@@ -75,8 +75,28 @@ def test_numbers_written_lie_within_the_bounds(node: dict[str, object]) -> None:
     assert len(taken) >= len(inside) // 4, (len(taken), len(inside))  # (a fair share)
 
 
+@pytest.mark.parametrize("node", [
+    {"minimum": 0.1, "maximum": 0.2}, {"minimum": 0.001, "exclusiveMaximum": 0.002},
+    {"exclusiveMinimum": 3.14159, "exclusiveMaximum": 3.1416},
+    {"exclusiveMinimum": 0, "exclusiveMaximum": 0.001}, {"exclusiveMinimum": 2.5, "maximum": 2.75},
+    {"minimum": -0.2, "maximum": -0.1},
+])
+def test_narrow_number_ranges_are_decimals_within_them(node: dict[str, object]) -> None:
+    """Ranges no ``n.f`` fits in (pydantic's ``confloat(ge=1e-3, lt=2e-3)``) are written
+    as decimals of a few places: every one taken lies within the bounds."""
+    node = {"type": "number", **node}
+    rx = number_regex(node)
+    texts = {f"{k / 10 ** 7:.{p}f}" for k in range(-40_000_000, 40_000_001, 997)
+             for p in (1, 2, 3, 6)}
+    texts |= {"0.1", "0.2", "0.0015", "3.141595", "0.0005", "2.6", "2.75", "-0.15"}
+    taken = [t for t in texts if rx.fullmatch(t)]
+    assert taken and all(within(float(t), node) for t in taken), taken
+
+
 def test_number_bounds_no_text_fits_are_none_and_empty_ones_refused() -> None:
-    assert range_gbnf({"type": "number", "minimum": 0.2, "maximum": 0.3}) is None
+    assert range_gbnf({"type": "number", "exclusiveMinimum": 0.2,
+                       "exclusiveMaximum": 0.2000001}) is None
+    assert range_gbnf({"type": "number", "minimum": 1e20}) is None
     with pytest.raises(ValueError):
         range_gbnf({"type": "number", "minimum": 2, "maximum": 1})
     with pytest.raises(ValueError):
