@@ -104,7 +104,7 @@ class _Converter(SchemaConverter):
             # and not those of the properties (a member beyond them took an optional one's
             # name, with another value: {"b": 5} where "b" is a string)
             tail = super()._add_rule(  # type: ignore[no-untyped-call]
-                "additional-key-tail", f'{_RAW}{{0,{MAX_KEY_CHARS}}} "\\""')
+                "additional-key-tail", f'{RAW_CHAR}{{0,{MAX_KEY_CHARS}}} "\\""')
             key = super()._add_rule(  # type: ignore[no-untyped-call]
                 "additional-key", other_names(self._names[-1] if self._names else [], tail))
             rule = f"{key}{rule[len('string'):]}"
@@ -126,7 +126,7 @@ def other_names(names: list[str], tail: str) -> str:
     another character and then ``tail`` (a rule: any characters and the closing quote;
     written once, it keeps the grammar small). A name holding a character JSON escapes
     cannot be written raw, so it needs no exclusion."""
-    raw = _RAW[:-1]
+    raw = RAW_CHAR[:-1]
     trie: dict[str, Any] = {}
     for name in names:
         if all(ch >= " " and ch not in '"\\\x7f' for ch in name):
@@ -138,18 +138,21 @@ def other_names(names: list[str], tail: str) -> str:
     def level(node: dict[str, Any]) -> str:
         kids = sorted(ch for ch in node if ch)
         alts = [] if "" in node else ['"\\""']
-        alts += [f"[{_code(ch)}] {level(node[ch])}" for ch in kids]
-        alts.append(f'{raw}{"".join(map(_code, kids))}] {tail}')
+        alts += [f"[{gbnf_code(ord(ch))}] {level(node[ch])}" for ch in kids]
+        alts.append(f'{raw}{"".join(gbnf_code(ord(ch)) for ch in kids)}] {tail}')
         return alts[0] if len(alts) == 1 else "(" + " | ".join(alts) + ")"
     return f'"\\"" {level(trie)} space'
 
 
-def _code(ch: str) -> str:
-    return f"\\x{ord(ch):02X}" if ord(ch) < 0x100 else f"\\u{ord(ch):04X}" if \
-        ord(ch) < 0x10000 else f"\\U{ord(ch):08X}"
+def gbnf_code(cp: int) -> str:
+    """A character by its code, as GBNF (and the converter's regexes) take it in and out
+    of classes."""
+    return f"\\x{cp:02X}" if cp < 0x100 else f"\\u{cp:04X}" if cp < 0x10000 else \
+        f"\\U{cp:08X}"
 
 
-_RAW = '[^"\\\\\\x7F\\x00-\\x1F]'  # a character a JSON string holds raw
+JSON_ESCAPED_ONLY = '"\\\\\\x7F\\x00-\\x1F'  # inside [^...]: what a raw JSON string char is not
+RAW_CHAR = f"[^{JSON_ESCAPED_ONLY}]"  # a character a JSON string holds raw
 _EXTRA_MEMBERS = re.compile(r"[A-Za-z0-9-]*additional-kvs[0-9]*")
 _LITERAL_ESCAPE = re.compile(r'[\r\n"\\]')
 _LITERAL_ESCAPES = {"\r": "\\r", "\n": "\\n", '"': '\\"', "\\": "\\\\"}

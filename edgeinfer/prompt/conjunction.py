@@ -361,4 +361,3 @@ class _Merger:
         if len(parts) > MAX_PARTS:  # (counted here too: a fan-out stops early)
             self.count(len(parts))
         return parts
-

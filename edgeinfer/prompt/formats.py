@@ -26,9 +26,11 @@ _HOST = f"({_LABEL}\\.){{1,3}}{_TLD}"
 _OCTET = "(25[0-5]|2[0-4][0-9]|1[0-9][0-9]|[1-9]?[0-9])"
 _URI = f"^https?://{_HOST}(/[a-zA-Z0-9._~-]{{1,30}}){{0,6}}/?$"
 
+_EMAIL = f"^[a-z0-9]{{1,20}}([._+-][a-z0-9]{{1,20}}){{0,2}}@{_HOST}$"
+
 PATTERNS = {
-    "email": f"^[a-z0-9]{{1,20}}([._+-][a-z0-9]{{1,20}}){{0,2}}@{_HOST}$",
-    "idn-email": "",  # (filled below: the same as email)
+    "email": _EMAIL,
+    "idn-email": _EMAIL,
     "hostname": f"^{_HOST}$",
     "idn-hostname": f"^{_HOST}$",
     "ipv4": f"^{_OCTET}(\\.{_OCTET}){{3}}$",
@@ -39,7 +41,6 @@ PATTERNS = {
     "iri-reference": _URI,
     "duration": "^P([0-9]{1,4}D)?T[0-9]{1,2}H[0-9]{1,2}M[0-9]{1,2}S$",  # (RFC 3339's)
 }
-PATTERNS["idn-email"] = PATTERNS["email"]
 # formats the converter writes itself (``uuid1`` .. ``uuid5`` too)
 CONVERTER_FORMATS = {"date", "time", "date-time", "uuid"}
 
@@ -55,7 +56,7 @@ def as_pattern(node: dict[str, Any]) -> dict[str, Any]:
         try:
             with_lengths(pattern, node.get("minLength") or 0, node.get("maxLength"))
         except (ValueError, TypeError):
-            pattern = None
+            pass  # (no string of the pattern has those lengths: the format is dropped)
         else:
             return {**{k: v for k, v in node.items() if k != "format"}, "pattern": pattern}
     log.warning("a JSON schema format is not enforced: %r", fmt[:100])

@@ -15,7 +15,7 @@ import re
 from functools import lru_cache
 from typing import Any
 
-from edgeinfer.engine.grammar_check import grammar_parses, json_schema_to_gbnf
+from edgeinfer.engine.grammar_check import RAW_CHAR, grammar_parses, json_schema_to_gbnf
 from edgeinfer.errors import InvalidRequest
 from edgeinfer.prompt.budget import (
     MAX_SCHEMA_BYTES,
@@ -43,7 +43,6 @@ DEFAULT_MAX_LENGTH = 200
 # The converter's string character class admits raw control characters (a newline
 # inside a string), which JSON forbids and strict parsers (json, pydantic) reject.
 _LOOSE_CHAR = re.compile(r'^(char ::= )\[\^"\\\\\]', re.MULTILINE)
-_STRICT_CHAR = r'[^"\\\x7F\x00-\x1F]'
 
 
 @lru_cache(maxsize=256)
@@ -51,7 +50,7 @@ def _schema_gbnf(schema_text: str, prop_order: tuple[str, ...]) -> str:
     ints: dict[str, str] = {}
     tight = _bound(merged(json.loads(schema_text)), ints)
     gbnf = json_schema_to_gbnf(json.dumps(tight), list(prop_order))
-    gbnf = _LOOSE_CHAR.sub(lambda m: m.group(1) + _STRICT_CHAR, gbnf)
+    gbnf = _LOOSE_CHAR.sub(lambda m: m.group(1) + RAW_CHAR, gbnf)
     for key, expr in ints.items():
         gbnf = gbnf.replace(f'"\\"{key}\\""', expr)
     return gbnf

@@ -12,6 +12,8 @@ import math
 from decimal import ROUND_CEILING, ROUND_FLOOR, Decimal
 from typing import Any
 
+from edgeinfer.prompt.intersection import exclusive_numbers, numbers
+
 MAX_DIGITS = 16  # an unbounded side stops at 16 digits, as the converter's integers do
 
 Pattern = list[str]  # one digit class per position: "7", "[3-5]" or "[0-9]"
@@ -95,18 +97,17 @@ def _fraction(lo: Any, lo_x: bool, hi: Any, hi_x: bool) -> str:
 
 
 def _limits(node: dict[str, Any]) -> tuple[Any, bool, Any, bool]:
-    """(lower bound, whether it is exclusive, upper bound, whether it is exclusive);
-    None where unbounded. Draft 4's boolean ``exclusiveMinimum`` applies to ``minimum``."""
-    def num(v: Any) -> bool:
-        return isinstance(v, int | float) and not isinstance(v, bool)
+    """(lower bound, whether it is exclusive, upper bound, whether it is exclusive), the
+    tighter of each pair; None where unbounded."""
+    node = exclusive_numbers(node)  # (draft 4's boolean form as the number one)
     lo, lo_x, hi, hi_x = None, False, None, False
-    if num(node.get("minimum")):
-        lo, lo_x = node["minimum"], node.get("exclusiveMinimum") is True
-    if num(x := node.get("exclusiveMinimum")) and (lo is None or x >= lo):
+    if numbers(node.get("minimum"), 0):
+        lo = node["minimum"]
+    if numbers(x := node.get("exclusiveMinimum"), 0) and (lo is None or x >= lo):
         lo, lo_x = x, True
-    if num(node.get("maximum")):
-        hi, hi_x = node["maximum"], node.get("exclusiveMaximum") is True
-    if num(x := node.get("exclusiveMaximum")) and (hi is None or x <= hi):
+    if numbers(node.get("maximum"), 0):
+        hi = node["maximum"]
+    if numbers(x := node.get("exclusiveMaximum"), 0) and (hi is None or x <= hi):
         hi, hi_x = x, True
     return lo, lo_x, hi, hi_x
 

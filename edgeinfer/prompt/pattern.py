@@ -37,8 +37,9 @@ import math
 import re
 import string
 
-JSON_CHAR = '"\\\\\\x7F\\x00-\\x1F'  # inside [^...]: what a raw JSON string char is not
-ANY = f"[^{JSON_CHAR}]"
+from edgeinfer.engine.grammar_check import JSON_ESCAPED_ONLY, RAW_CHAR, gbnf_code
+
+ANY = RAW_CHAR
 PAD = 64  # characters an unanchored side may add
 MAX_REPEAT = 200  # what ``*``, ``+`` and ``{m,}`` may repeat (as grammar.DEFAULT_MAX_LENGTH)
 _SHORT = {"d": [(0x30, 0x39)], "w": [(0x61, 0x7A), (0x41, 0x5A), (0x30, 0x39), (0x5F, 0x5F)],
@@ -47,19 +48,13 @@ _UNSUPPORTED_ESCAPES = set("bBAZzG0123456789kpPQE")
 _CONTROL = {"t": 0x09, "n": 0x0A, "r": 0x0D, "f": 0x0C, "v": 0x0B}
 
 
-def _code(cp: int) -> str:
-    """A character by its code, as GBNF (and the converter) take it in and out of classes."""
-    return f"\\x{cp:02X}" if cp < 0x100 else f"\\u{cp:04X}" if cp < 0x10000 else \
-        f"\\U{cp:08X}"
-
-
 def _literal(ch: str) -> str:
     """One character of the decoded string, as the JSON text that holds it: itself, or
     its escape (``"`` is ``\\"``, a backslash ``\\\\``, a newline ``\\n``) as a group."""
     text = json.dumps(ch, ensure_ascii=False)[1:-1]
     if text == ch:
-        return f"[{_code(ord(ch))}]"
-    return "(" + "".join(f"[{_code(ord(c))}]" for c in text) + ")"
+        return f"[{gbnf_code(ord(ch))}]"
+    return "(" + "".join(f"[{gbnf_code(ord(c))}]" for c in text) + ")"
 
 
 def _escape_ranges(pattern: str, i: int) -> tuple[list[tuple[int, int]], bool, int] | None:
@@ -154,12 +149,12 @@ def _positive(ranges: list[tuple[int, int]]) -> str:
 
 
 def _ranges_text(ranges: list[tuple[int, int]]) -> str:
-    return "".join(_code(a) if a == b else f"{_code(a)}-{_code(b)}" for a, b in ranges)
+    return "".join(gbnf_code(a) if a == b else f"{gbnf_code(a)}-{gbnf_code(b)}" for a, b in ranges)
 
 
 def _negated(ranges: list[tuple[int, int]]) -> str:
     """A class of the characters not in ``ranges`` and not what JSON holds only escaped."""
-    return f"[^{_ranges_text(ranges)}{JSON_CHAR}]"
+    return f"[^{_ranges_text(ranges)}{JSON_ESCAPED_ONLY}]"
 
 
 def _bracket(pattern: str, i: int) -> tuple[str, int] | None:
