@@ -39,7 +39,7 @@ _MODEL_KEYS = {
     "reasoning_format", "chat_template_file", "tool_format", "cache_disk_mb",
     "cache_ram_mb", "swa_full", "prefill_batch", "step_target_ms", "cache_mode",
     "checkpoint_every", "cache_disk_hot", "speculative", "draft_max", "cache_type_k",
-    "cache_type_v", "deterministic", "draft_model", "draft_min",
+    "cache_type_v", "deterministic", "draft_model", "draft_min", "flash_attn",
 }
 TOOL_FORMATS = tuple("""auto hermes llama3 mistral granite nemotron firefunction mistral_args
 deepseek_v3 deepseek_r1 qwen3_coder seed_oss glm minimax gemma4 harmony lfm2 kimi_k2 dsml
@@ -48,6 +48,7 @@ minimax_m3 functionary_v32 command_r_plus kimi_k3 muse_glimmer generic""".split(
 REASONING_FORMATS = ("auto", "deepseek", "none")  # see edgeinfer.prompt.reasoning
 TAGS = {"chat", "completion", "code", "tools", "reasoning"}
 KV_CACHE_TYPES = ("f16", "bf16", "f32", "q8_0", "q4_0")  # engine.kv sizes them
+FLASH_ATTN = {"auto": -1, "off": 0, "on": 1}  # llama.cpp's llama_flash_attn_type
 QUANT_TYPES = ("f16", "q4_0", "q4_1", "q8_0", "q4_k_m", "q5_k_m", "q6_k")  # source.quantize
 
 
@@ -119,6 +120,7 @@ class ModelConfig:
     # the KV cache's types: f16 (default), bf16, f32, q8_0 (about half of f16), q4_0
     cache_type_k: str = "f16"
     cache_type_v: str = "f16"
+    flash_attn: str = "auto"  # "auto" (llama.cpp's: on where it can be), "on" or "off"
     # every request's output independent of the others' (a request's "deterministic"
     # overrides it): its tokens go in llama_decode calls of their own (engine.invariance)
     deterministic: bool = False
@@ -178,6 +180,8 @@ class ModelConfig:
         if not {self.cache_type_k, self.cache_type_v} <= set(KV_CACHE_TYPES):
             raise ConfigError(f"model {self.id!r}: cache_type_k and cache_type_v must be one "
                               f"of {', '.join(KV_CACHE_TYPES)}")
+        if (self.flash_attn, self.cache_type_v[0]) == ("off", "q"):
+            raise ConfigError(f"model {self.id!r}: a quantized cache_type_v needs flash_attn")
         if self.speculative not in ("ngram", "draft", "off") or not 1 <= self.draft_max <= 32:
             raise ConfigError(f"model {self.id!r}: speculative must be \"ngram\", \"draft\" "
                               "or \"off\" and draft_max between 1 and 32")
@@ -190,12 +194,10 @@ class ModelConfig:
             raise ConfigError(f"model {self.id!r}: checkpoint_every must be >= 0")
         if self.context < 16:
             raise ConfigError(f"model {self.id!r}: context must be >= 16")
-        if self.tool_format not in TOOL_FORMATS:
-            raise ConfigError(f"model {self.id!r}: tool_format must be one of "
-                              f"{', '.join(TOOL_FORMATS)}")
-        if self.reasoning_format not in REASONING_FORMATS:
-            raise ConfigError(f"model {self.id!r}: reasoning_format must be one of "
-                              f"{', '.join(REASONING_FORMATS)}")
+        for key, allowed in (("tool_format", TOOL_FORMATS), ("flash_attn", tuple(FLASH_ATTN)),
+                             ("reasoning_format", REASONING_FORMATS)):
+            if getattr(self, key) not in allowed:
+                raise ConfigError(f"model {self.id!r}: {key} must be one of {', '.join(allowed)}")
 
     @property
     def names(self) -> tuple[str, ...]:
@@ -216,9 +218,7 @@ class ServerConfig:
     # answer HTTP while the start-up models load (/ready says 503 until they are loaded)
     serve_while_loading: bool = False
     open_metrics: bool = False  # /metrics answers without an API key (Prometheus, an EPP)
-    # every configured model, served or not (``serve --model`` serves some): what derived
-    # sources and draft models name
-    library: tuple[ModelConfig, ...] = ()
+    library: tuple[ModelConfig, ...] = ()  # every model, served or not (for drafts, bases)
 
 
 def _source(src: Any, model_id: str) -> PackageSource | DerivedSource:
@@ -369,8 +369,7 @@ def load_config(path: Path | None = None) -> ServerConfig:
 
 
 def _routing(table: Any, names: dict[str, str]) -> tuple[tuple[str, str], ...]:
-    """[routing] when = "model" (an id or alias; kept as the id): which model answers
-    requests for model "auto"."""
+    """[routing] when = "model" (an id or alias): who answers requests for model "auto"."""
     if not isinstance(table, dict):
         raise ConfigError("[routing] must be a table of when = model")
     rules = []

@@ -8,7 +8,10 @@ measures each server in turn (the order alternates between rounds, the machine i
 
 - 1, 4 and 8 concurrent streamed chats of 128 tokens (end of generation suppressed):
   tokens/s;
-- a cold ~1,500-token prompt (a new one every time): time to first token;
+- a cold ~1,500-token prompt (a new one every time): time to first token, and the
+  tokens/s of its 64-token answer after it (one stream generating 1,500 tokens deep);
+- 4 streams on new ~800-token prompts at once: tokens/s from the moment all four
+  generate (streams deep in a context, as a long chat is);
 - 16 mixed arrivals, one every 0.5 s, prompts of about 20 to 150 tokens, answers of 64
   to 160 tokens (the load of the issue's table: about 130-180 tokens/s, every request
   admitted soon after it arrives): makespan, tokens/s and first-token p95;
@@ -20,7 +23,7 @@ measures each server in turn (the order alternates between rounds, the machine i
 Printed: the medians, the rounds, and edgeinfer / llama-server ratios.
 
 Usage: LLAMA_SERVER_BIN=/path/to/llama-server .venv/bin/python scripts/bench_llama_server.py
-       [--rounds 3] [--threads 2]
+       [--rounds 3] [--threads 2] [--edgeinfer-arg=--flash-attn=off ...]
 The binary: build tools/server of the llama.cpp that the pinned llama-cpp-python vendors
 (README "Benchmarks" says how).
 """
@@ -50,9 +53,10 @@ def long_prompt(seed: str, clauses: int = 95) -> str:
     return f"Document {seed}. " + " ".join(CLAUSE.format(k=k) for k in range(clauses))
 
 
-async def chat(client: httpx.AsyncClient, url: str, model: str, prompt: str, tokens: int
-               ) -> tuple[int, float]:
-    """(tokens received, time to the first one) of one streamed chat."""
+async def chat(client: httpx.AsyncClient, url: str, model: str, prompt: str, tokens: int,
+               times: list[float] | None = None) -> tuple[int, float]:
+    """(tokens received, time to the first one) of one streamed chat; each token's arrival
+    (perf_counter) is appended to ``times``."""
     t0 = time.perf_counter()
     first, n = 0.0, 0
     async with client.stream("POST", f"{url}/v1/chat/completions", json={
@@ -65,6 +69,8 @@ async def chat(client: httpx.AsyncClient, url: str, model: str, prompt: str, tok
                 if (choice.get("delta") or {}).get("content"):
                     n += 1
                     first = first or time.perf_counter() - t0
+                    if times is not None:
+                        times.append(time.perf_counter())
     return n, first
 
 
@@ -76,9 +82,25 @@ async def streams(url: str, model: str, level: int) -> float:
         return sum(n for n, _ in outs) / (time.perf_counter() - t0)
 
 
-async def cold(url: str, model: str, seed: str) -> float:
+async def cold(url: str, model: str, seed: str) -> tuple[float, float]:
+    """(time to the first token, tokens/s after it) of a new ~1,500-token prompt and a
+    64-token answer: a stream generating 1,500 tokens deep."""
     async with httpx.AsyncClient(timeout=600) as c:
-        return (await chat(c, url, model, long_prompt(seed), 1))[1]
+        times: list[float] = []
+        _, first = await chat(c, url, model, long_prompt(seed), 64, times)
+        return first, (len(times) - 1) / (times[-1] - times[0])
+
+
+async def deep(url: str, model: str, seed: str, level: int = 4) -> float:
+    """Tokens/s of ``level`` streams generating together about 800 tokens deep: from the
+    moment the last of them has its first token (each has a new ~800-token prompt)."""
+    async with httpx.AsyncClient(timeout=600) as c:
+        lists: list[list[float]] = [[] for _ in range(level)]
+        await asyncio.gather(*(chat(c, url, model, long_prompt(f"{seed}-{i}", clauses=42), 96,
+                                    lists[i]) for i in range(level)))
+    start = max(ts[0] for ts in lists)
+    after = [t for ts in lists for t in ts if t > start]
+    return len(after) / (max(after) - start)
 
 
 # workload: (seconds between arrivals, clauses of the 4 kinds of prompt, their max_tokens)
@@ -105,7 +127,9 @@ async def mixed(url: str, model: str, seed: str, workload: str
 
 def measure(url: str, model: str, r: int) -> dict[str, float]:
     out = {f"x{level} tok/s": asyncio.run(streams(url, model, level)) for level in (1, 4, 8)}
-    out["cold TTFT s"] = asyncio.run(cold(url, model, f"cold-{r}-{model[-8:]}"))
+    out["cold TTFT s"], out["x1 deep tok/s"] = asyncio.run(cold(url, model,
+                                                                 f"cold-{r}-{model[-8:]}"))
+    out["x4 deep tok/s"] = asyncio.run(deep(url, model, f"deep-{r}-{model[-8:]}"))
     for name in WORKLOADS:
         span, tps, p95 = asyncio.run(mixed(url, model, f"{name}-{r}-{model[-8:]}", name))
         out.update({f"{name} makespan s": span, f"{name} tok/s": tps,
@@ -118,6 +142,8 @@ def main() -> int:
                                  formatter_class=argparse.RawTextHelpFormatter)
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--edgeinfer-arg", action="append", default=[],
+                    help="a flag for edgeinfer serve (repeat it), e.g. --edgeinfer-arg=-fa=off")
     args = ap.parse_args()
     binary = os.environ.get("LLAMA_SERVER_BIN")
     if not binary:
@@ -128,7 +154,8 @@ def main() -> int:
     servers = {
         "edgeinfer": (Server("edgeinfer", [
             sys.executable, "-m", "edgeinfer", "serve", "--port", str(p1), "--threads",
-            str(args.threads), "--slots", "8", "--context", "8192", "--log-level", "warning"],
+            str(args.threads), "--slots", "8", "--context", "8192", "--log-level", "warning",
+            *args.edgeinfer_arg],
             p1, logs), "default"),
         "llama-server": (Server("llama-server", [
             binary, "-m", str(gguf), "-t", str(args.threads), "-np", "8", "-c", "8192", "-kvu",

@@ -9,6 +9,17 @@ import math
 from edgeinfer.errors import ConfigError
 
 
+def port(text: str) -> int:
+    """A TCP port for argparse: 0 (a free one) to 65535."""
+    try:
+        port = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a port number: {text!r}") from None
+    if not 0 <= port <= 65535:
+        raise argparse.ArgumentTypeError(f"a port is 0 to 65535, not {port}")
+    return port
+
+
 def gpu_layers(text: str) -> int | str:
     """``--gpu-layers``: a count, or "auto" (what fits the GPU's free memory), as in
     models.toml."""

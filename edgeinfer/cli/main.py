@@ -29,17 +29,6 @@ if TYPE_CHECKING:
     Sub = argparse._SubParsersAction[argparse.ArgumentParser]
 
 
-def _port(text: str) -> int:
-    """A TCP port for argparse: 0 (a free one) to 65535."""
-    try:
-        port = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"not a port number: {text!r}") from None
-    if not 0 <= port <= 65535:
-        raise argparse.ArgumentTypeError(f"a port is 0 to 65535, not {port}")
-    return port
-
-
 def _common(p: argparse.ArgumentParser) -> None:
     p.add_argument("--config", type=Path, default=None,
                    help="models.toml to read (default: the one beside the package)")
@@ -66,7 +55,7 @@ def _serve_parser(sub: Sub) -> None:
                    help="serve only this model: an id or alias from the config, or a .gguf path")
     _speculation_args(p)
     p.add_argument("--host", default=None, help="address to bind (default 127.0.0.1)")
-    p.add_argument("--port", type=_port, default=None,
+    p.add_argument("--port", type=flags.port, default=None,
                    help="port to listen on (default 8080; 0 picks a free one)")
     p.add_argument("--slots", type=int, default=None, help="requests decoded together per model")
     p.add_argument("--context", "-c", type=int, default=None,
@@ -75,6 +64,8 @@ def _serve_parser(sub: Sub) -> None:
     p.add_argument("--batch", type=int, default=None,
                    help="token budget of one engine step (chunked prefill)")
     p.add_argument("--gpu-layers", type=flags.gpu_layers, help="GPU layers, or auto (what fits)")
+    p.add_argument("--flash-attn", "-fa", choices=("auto", "on", "off"), default=None,
+                   help="flash attention (models.toml flash_attn; default auto: llama.cpp's)")
     p.add_argument("--max-queue", type=int, default=None,
                    help="requests waiting for a slot per model before new ones get 429")
     p.add_argument("--request-timeout", type=float, default=None,
@@ -232,7 +223,7 @@ def _select(config: ServerConfig, args: argparse.Namespace) -> ServerConfig:
         override_model(m, slots=args.slots, context=args.context, threads=args.threads,
                        batch=args.batch, gpu_layers=args.gpu_layers, max_queue=args.max_queue,
                        request_timeout=args.request_timeout, draft_max=args.draft_max,
-                       draft_min=args.draft_min)
+                       draft_min=args.draft_min, flash_attn=args.flash_attn)
         for m in models
     )
     library = config.library

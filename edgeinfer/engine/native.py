@@ -22,7 +22,7 @@ import llama_cpp
 import numpy as np
 import numpy.typing as npt
 
-from edgeinfer.config import ModelConfig
+from edgeinfer.config import FLASH_ATTN, ModelConfig
 from edgeinfer.engine.batch import Decoded, Run, fill_batch, logits_row
 from edgeinfer.engine.handles import (
     Batch,
@@ -186,7 +186,7 @@ class LlamaRuntime:
         cparams.swa_full = cfg.swa_full
         cparams.type_k = KV_TYPES[cfg.cache_type_k][0]
         cparams.type_v = KV_TYPES[cfg.cache_type_v][0]
-        cparams.flash_attn_type = -1  # LLAMA_FLASH_ATTN_TYPE_AUTO, as llama-server
+        cparams.flash_attn_type = FLASH_ATTN[cfg.flash_attn]  # "auto": as llama-server
         cparams.no_perf = True
         return cparams
 

@@ -109,6 +109,18 @@ def test_kv_cache_types_are_checked_and_sized() -> None:
     assert kv_scale("q8_0", "f16") == (34 / 32 + 2) / 4
 
 
+def test_flash_attention_is_auto_on_or_off_and_on_for_a_quantized_v_cache() -> None:
+    from edgeinfer.config import ConfigError, ModelConfig
+
+    assert ModelConfig(id="m", path=Path("m.gguf")).flash_attn == "auto"
+    assert ModelConfig(id="m", path=Path("m.gguf"), flash_attn="off").flash_attn == "off"
+    with pytest.raises(ConfigError, match="flash_attn must be one of auto, off, on"):
+        ModelConfig(id="m", path=Path("m.gguf"), flash_attn="yes")
+    with pytest.raises(ConfigError, match="quantized cache_type_v needs flash_attn"):
+        ModelConfig(id="m", path=Path("m.gguf"), flash_attn="off", cache_type_v="q8_0")
+    ModelConfig(id="m", path=Path("m.gguf"), flash_attn="off", cache_type_k="q8_0")
+
+
 def test_values_of_the_right_kind_pass(tmp_path: Path) -> None:
     body = ("[server]\nport=0\nmemory_budget_mb=300\nsend_timeout=5\napi_keys=['k1']\n"
             "[[models]]\nid='a'\npath='x'\ngpu_layers='auto'\nstep_target_ms=40\nttl=2\n"

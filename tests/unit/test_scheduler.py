@@ -257,3 +257,31 @@ def test_one_deterministic_sequence_runs_at_a_time() -> None:
     assert sched.admit() == [] and list(sched.waiting) == [d2]
     sched.finish(d1, SequenceStatus.FINISHED_STOPPED)
     assert sched.admit() == [d2]
+
+
+@pytest.mark.parametrize(("n_prompt", "pieces"), [
+    (1829, [256] * 6 + [229, 64]),  # not 7 x 256 and 37
+    (1799, [256] * 6 + [199, 64]),  # not 7 x 256 and 7
+    (1856, [256] * 7 + [64]),  # a tile already
+    (300, [236, 64]),
+    (100, [100]),  # one piece: nothing to leave
+])
+def test_a_prompt_never_ends_in_a_piece_smaller_than_the_attention_tile(
+        n_prompt: int, pieces: list[int]) -> None:
+    sched = Scheduler(num_slots=2, token_budget=256)
+    eng = FakeEngine(sched)
+    sched.add(make_seq("cold", n_prompt, max_tokens=1))
+    eng.run()
+    assert [sum(len(c.tokens) for c in b) for b in eng.batches] == pieces
+
+
+def test_a_prompt_piece_beside_streams_leaves_a_tile_too() -> None:
+    sched = Scheduler(num_slots=4, token_budget=256)
+    eng = FakeEngine(sched)
+    for i in range(3):
+        sched.add(make_seq(f"g{i}", 4, max_tokens=100))
+    eng.step()  # their prompts; they generate from now on
+    sched.add(make_seq("long", 290, max_tokens=1))
+    first, second = eng.step(), eng.step()
+    assert [len(c.tokens) for c in first] == [1, 1, 1, 226]  # not 253, leaving 37
+    assert [len(c.tokens) for c in second] == [1, 1, 1, 64]
