@@ -48,7 +48,7 @@ minimax_m3 functionary_v32 command_r_plus kimi_k3 muse_glimmer generic""".split(
 REASONING_FORMATS = ("auto", "deepseek", "none")  # see edgeinfer.prompt.reasoning
 TAGS = {"chat", "completion", "code", "tools", "reasoning"}
 KV_CACHE_TYPES = ("f16", "bf16", "f32", "q8_0", "q4_0")  # engine.kv sizes them
-FLASH_ATTN = {"auto": -1, "off": 0, "on": 1}  # llama.cpp's llama_flash_attn_type
+FLASH_ATTN = ("auto", "on", "off")  # engine.kv.flash_attn_type: what llama.cpp is told
 QUANT_TYPES = ("f16", "q4_0", "q4_1", "q8_0", "q4_k_m", "q5_k_m", "q6_k")  # source.quantize
 
 
@@ -120,7 +120,7 @@ class ModelConfig:
     # the KV cache's types: f16 (default), bf16, f32, q8_0 (about half of f16), q4_0
     cache_type_k: str = "f16"
     cache_type_v: str = "f16"
-    flash_attn: str = "auto"  # "auto" (llama.cpp's: on where it can be), "on" or "off"
+    flash_attn: str = "auto"  # "auto" (off on a CPU alone: engine.kv), "on" or "off"
     # every request's output independent of the others' (a request's "deterministic"
     # overrides it): its tokens go in llama_decode calls of their own (engine.invariance)
     deterministic: bool = False
@@ -194,7 +194,7 @@ class ModelConfig:
             raise ConfigError(f"model {self.id!r}: checkpoint_every must be >= 0")
         if self.context < 16:
             raise ConfigError(f"model {self.id!r}: context must be >= 16")
-        for key, allowed in (("tool_format", TOOL_FORMATS), ("flash_attn", tuple(FLASH_ATTN)),
+        for key, allowed in (("tool_format", TOOL_FORMATS), ("flash_attn", FLASH_ATTN),
                              ("reasoning_format", REASONING_FORMATS)):
             if getattr(self, key) not in allowed:
                 raise ConfigError(f"model {self.id!r}: {key} must be one of {', '.join(allowed)}")

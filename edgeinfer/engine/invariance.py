@@ -25,10 +25,9 @@ smaller pieces, and a second KV cache (scripts/bench_determinism.py measures the
 from __future__ import annotations
 
 from edgeinfer.engine.batch import Run
-from edgeinfer.engine.scheduler import Chunk
+from edgeinfer.engine.scheduler import ATTENTION_TILE, Chunk
 
-# below ggml's tiled flash-attention threshold (GGML_FA_TILE_Q = 64 query rows)
-MAX_ROWS = 63
+MAX_ROWS = ATTENTION_TILE - 1  # below ggml's tiled flash-attention threshold
 # ggml's KV-split path takes one query row over a view of this many cells or more;
 # llama.cpp pads the view to a multiple of VIEW_PAD cells
 SPLIT_VIEW, VIEW_PAD = 512, 256

@@ -55,6 +55,8 @@ class Lane:
         cparams = runtime.context_params()
         cparams.n_seq_max = 2
         cparams.n_batch = cparams.n_ubatch = MAX_ROWS + 1
+        # flash attention's plain path keeps rows apart (whatever the shared context uses)
+        cparams.flash_attn_type = 1
         try:
             self._ctx = self._handles.enter_context(contextlib.closing(Context(
                 runtime.model, cparams,

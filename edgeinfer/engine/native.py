@@ -22,7 +22,7 @@ import llama_cpp
 import numpy as np
 import numpy.typing as npt
 
-from edgeinfer.config import FLASH_ATTN, ModelConfig
+from edgeinfer.config import ModelConfig
 from edgeinfer.engine.batch import Decoded, Run, fill_batch, logits_row
 from edgeinfer.engine.handles import (
     Batch,
@@ -35,7 +35,7 @@ from edgeinfer.engine.handles import (
     model_params,
 )
 from edgeinfer.engine.host_memory import State, host_buffer
-from edgeinfer.engine.kv import KV_TYPES, kv_bytes_per_token, serving_bytes
+from edgeinfer.engine.kv import KV_TYPES, flash_attn_type, kv_bytes_per_token, serving_bytes
 from edgeinfer.errors import ModelLoadError
 
 log = logging.getLogger("edgeinfer.llama")
@@ -186,7 +186,8 @@ class LlamaRuntime:
         cparams.swa_full = cfg.swa_full
         cparams.type_k = KV_TYPES[cfg.cache_type_k][0]
         cparams.type_v = KV_TYPES[cfg.cache_type_v][0]
-        cparams.flash_attn_type = FLASH_ATTN[cfg.flash_attn]  # "auto": as llama-server
+        cparams.flash_attn_type = flash_attn_type(cfg.flash_attn, cfg.gpu_layers,
+                                                  cfg.cache_type_v)
         cparams.no_perf = True
         return cparams
 

@@ -23,6 +23,7 @@ from edgeinfer.engine.delta import Delta, FailureCode
 from edgeinfer.engine.draft_model import DraftModel
 from edgeinfer.engine.embedding import Embedder
 from edgeinfer.engine.host_memory import State
+from edgeinfer.engine.kv import flash_attn_type
 from edgeinfer.engine.loop import Engine
 from edgeinfer.engine.native import LlamaRuntime, gpu_offload_supported
 from edgeinfer.engine.sequence import SamplingParams
@@ -389,10 +390,11 @@ def _draft_model(runtime: LlamaRuntime,
 
 
 def _prefix_store(cfg: ModelConfig, path: Path) -> PrefixStore | None:
-    """The disk tier of a model's pinned prefixes (None: ``cache_disk_mb = 0``)."""
+    """The disk tier of pinned prefixes (None: cache_disk_mb = 0), keyed by what shapes a state."""
     if not cfg.cache_disk_mb:
         return None
     params = {"llama_cpp": version("llama-cpp-python"), "context": cfg.context,
               "slots": cfg.slots, "cache_entries": cfg.cache_entries, "batch": cfg.batch,
-              "gpu_layers": cfg.gpu_layers}
+              "gpu_layers": cfg.gpu_layers, "cache_types": (cfg.cache_type_k, cfg.cache_type_v),
+              "flash_attn": flash_attn_type(cfg.flash_attn, cfg.gpu_layers, cfg.cache_type_v)}
     return PrefixStore(folder_of(cfg.id), model_identity(path, params), cfg.cache_disk_mb << 20)

@@ -114,7 +114,7 @@ def test_flash_attention_is_auto_on_or_off_and_on_for_a_quantized_v_cache() -> N
 
     assert ModelConfig(id="m", path=Path("m.gguf")).flash_attn == "auto"
     assert ModelConfig(id="m", path=Path("m.gguf"), flash_attn="off").flash_attn == "off"
-    with pytest.raises(ConfigError, match="flash_attn must be one of auto, off, on"):
+    with pytest.raises(ConfigError, match="flash_attn must be one of auto, on, off"):
         ModelConfig(id="m", path=Path("m.gguf"), flash_attn="yes")
     with pytest.raises(ConfigError, match="quantized cache_type_v needs flash_attn"):
         ModelConfig(id="m", path=Path("m.gguf"), flash_attn="off", cache_type_v="q8_0")
@@ -156,3 +156,13 @@ def test_the_in_process_server_keeps_the_configs_server_settings() -> None:
 def test_an_unknown_top_level_name_is_an_error(tmp_path: Path, text: str, named: str) -> None:
     with pytest.raises(ConfigError, match=f"unknown top-level {named}.*routing"):
         load_config(write(tmp_path, text + "[[models]]\nid='a'\npath='x'\n"))
+
+
+def test_flash_attention_auto_is_off_on_a_cpu_alone() -> None:
+    from edgeinfer.engine.kv import flash_attn_type
+
+    assert flash_attn_type("auto", 0, "f16") == 0  # CPU: off (decoding deep is faster)
+    assert flash_attn_type("auto", 12, "f16") == -1  # offloaded: llama.cpp's auto
+    assert flash_attn_type("auto", 0, "q8_0") == -1  # a quantized V cache needs it
+    assert flash_attn_type("on", 0, "f16") == 1
+    assert flash_attn_type("off", 99, "f16") == 0
