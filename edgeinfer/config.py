@@ -120,7 +120,7 @@ class ModelConfig:
     # the KV cache's types: f16 (default), bf16, f32, q8_0 (about half of f16), q4_0
     cache_type_k: str = "f16"
     cache_type_v: str = "f16"
-    flash_attn: str = "auto"  # "auto" (off on a CPU alone: engine.kv), "on" or "off"
+    flash_attn: str = "auto"  # "auto" (llama.cpp's: on), "on" or "off" (engine.kv says when)
     # every request's output independent of the others' (a request's "deterministic"
     # overrides it): its tokens go in llama_decode calls of their own (engine.invariance)
     deterministic: bool = False

@@ -17,20 +17,20 @@ KV_TYPES: dict[str, tuple[int, float]] = {
     "q4_0": (2, 18 / 32)}
 
 
-def flash_attn_type(flash_attn: str, gpu_layers: int | str, type_v: str) -> int:
-    """llama.cpp's flash-attention setting (-1 auto, 0 off, 1 on) for models.toml's
-    ``flash_attn``. Its "auto" is off for a model computed on the CPU alone whose V cache
-    is not quantized (a quantized one needs it), llama.cpp's own auto elsewhere.
+def flash_attn_type(flash_attn: str) -> int:
+    """llama.cpp's flash-attention setting (-1 auto: on where it runs, 0 off, 1 on) for
+    models.toml's ``flash_attn``.
 
-    ggml's CPU flash attention takes a step of fewer than 64 query rows one row at a time,
-    each over the whole context: measured on a 2-core CPU with SmolLM2, one stream 1,500
-    tokens deep decoded at 43 ms a token with it and 23 ms without, eight streams' step
-    took 186 ms against 56, and a 30-token follow-up to a cached conversation 0.8 s
-    against 0.2 s; with it a long prompt's 256-token pieces were 7-9 % faster, which
-    "on" keeps (``scripts/bench_llama_server.py`` measures both: README)."""
-    if flash_attn != "auto":
-        return FLASH_ATTN[flash_attn]
-    return -1 if gpu_layers or type_v in ("q8_0", "q4_0") else 0
+    The trade-off on a CPU: ggml's CPU flash attention takes a step of fewer than 64
+    query rows one row at a time, each over the whole context. Measured on a 2-core CPU
+    with SmolLM2: one stream 1,500 tokens deep decoded at 43 ms a token with it and 23 ms
+    without, a step of eight such rows took 186 ms against 56, a 30-token follow-up to a
+    cached conversation 0.8 s against 0.2 s; with it, a long prompt's pieces were 7-9 %
+    faster, and a sequence's rows come out bit for bit the same decoded one per call or
+    several in one (below 512 cells), which speculative decoding's exact output rests on.
+    Without it, drafts verified together give the same text up to rounding (a near tie
+    can go the other way). "auto" keeps llama.cpp's choice: on."""
+    return FLASH_ATTN[flash_attn]
 
 
 def kv_scale(type_k: str = "f16", type_v: str = "f16") -> float:

@@ -186,8 +186,7 @@ class LlamaRuntime:
         cparams.swa_full = cfg.swa_full
         cparams.type_k = KV_TYPES[cfg.cache_type_k][0]
         cparams.type_v = KV_TYPES[cfg.cache_type_v][0]
-        cparams.flash_attn_type = flash_attn_type(cfg.flash_attn, cfg.gpu_layers,
-                                                  cfg.cache_type_v)
+        cparams.flash_attn_type = flash_attn_type(cfg.flash_attn)  # "auto": llama-server's
         cparams.no_perf = True
         return cparams
 

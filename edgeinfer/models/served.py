@@ -396,5 +396,5 @@ def _prefix_store(cfg: ModelConfig, path: Path) -> PrefixStore | None:
     params = {"llama_cpp": version("llama-cpp-python"), "context": cfg.context,
               "slots": cfg.slots, "cache_entries": cfg.cache_entries, "batch": cfg.batch,
               "gpu_layers": cfg.gpu_layers, "cache_types": (cfg.cache_type_k, cfg.cache_type_v),
-              "flash_attn": flash_attn_type(cfg.flash_attn, cfg.gpu_layers, cfg.cache_type_v)}
+              "flash_attn": flash_attn_type(cfg.flash_attn)}
     return PrefixStore(folder_of(cfg.id), model_identity(path, params), cfg.cache_disk_mb << 20)
