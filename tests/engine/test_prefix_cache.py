@@ -247,8 +247,10 @@ def test_a_sliding_window_model_shares_prefixes_exactly() -> None:
     try:
         rt = fresh.served.runtime
         assert rt.sliding_window and fresh.served.engine.cache.enabled
-        prompt = rt.tokenize(TEXT * 6, add_special=True, parse_special=False)[:700]
-        reference, _ = first(fresh, "fresh", prompt, use_cache=False)  # pieces 128 x 5 + 60
+        prompt = rt.tokenize(TEXT * 7, add_special=True, parse_special=False)[:704]
+        assert len(prompt) == 704
+        # pieces 128 x 5 + 64 (a tail under 64 would take tokens from the piece before)
+        reference, _ = first(fresh, "fresh", prompt, use_cache=False)
     finally:
         fresh.close()
     lp = Loop(load_model(cfg))
