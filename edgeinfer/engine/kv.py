@@ -24,8 +24,8 @@ def flash_attn_type(flash_attn: str) -> int:
     The trade-off on a CPU: ggml's CPU flash attention takes a step of fewer than 64
     query rows one row at a time, each over the whole context. Measured on a 2-core CPU
     with SmolLM2: one stream 1,500 tokens deep decoded at 43 ms a token with it and 23 ms
-    without, a step of eight such rows took 186 ms against 56, a 30-token follow-up to a
-    cached conversation 0.8 s against 0.2 s; with it, a long prompt's pieces were 7-9 %
+    without, a step of eight such rows took 186 ms against 56, a 28-token follow-up to a
+    cached conversation 0.72 s against 0.16 s; with it, a long prompt's pieces were 7-9 %
     faster, and a sequence's rows come out bit for bit the same decoded one per call or
     several in one (below 512 cells), which speculative decoding's exact output rests on.
     Without it, drafts verified together give the same text up to rounding (a near tie

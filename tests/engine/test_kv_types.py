@@ -25,18 +25,20 @@ PROMPT = ("<|im_start|>user\nWhat does a lighthouse keeper do in winter, when th
           "come from the west?<|im_end|>\n<|im_start|>assistant\n")
 
 
-def _cfg(kind: str, context: int = 4096) -> ModelConfig:
+def _cfg(kind: str, context: int = 4096, flash_attn: str = "auto") -> ModelConfig:
     return override_model(load_config().models[0], context=context, slots=2, threads=2,
-                          cache_type_k=kind, cache_type_v=kind)
+                          cache_type_k=kind, cache_type_v=kind, flash_attn=flash_attn)
 
 
-def _first(kind: str) -> tuple[int, int, TokenLogprob]:
-    """(KV bytes edgeinfer reports, KV bytes llama.cpp logged, first-token logprobs)."""
-    lines: list[str] = []
+def _first(kind: str, flash_attn: str = "auto", lines: list[str] | None = None
+           ) -> tuple[int, int, TokenLogprob]:
+    """(KV bytes edgeinfer reports, KV bytes llama.cpp logged, first-token logprobs);
+    llama.cpp's log lines go to ``lines``."""
+    lines = [] if lines is None else lines
     native.init_backend()
     native.log_listener = lines.append
     try:
-        served = load_model(_cfg(kind))
+        served = load_model(_cfg(kind, flash_attn=flash_attn))
     finally:
         native.log_listener = None
     logged = next(float(m.group(1)) for line in lines
@@ -83,3 +85,27 @@ def test_a_context_too_large_in_f16_fits_a_budget_in_q8_0(kind: str) -> None:
         assert loaded <= budget
     finally:
         served.engine.stop()
+
+
+def _kl(p: TokenLogprob, q: TokenLogprob) -> float:
+    """KL(p || q) over p's top tokens."""
+    o = dict(q.top)
+    floor = min(o.values())
+    return sum(math.exp(lp) * (lp - o.get(t, floor)) for t, lp in p.top)
+
+
+def test_flash_attention_off_reaches_llama_cpp_and_keeps_the_first_token_close() -> None:
+    on_lines: list[str] = []
+    off_lines: list[str] = []
+    on_kv, _, on = _first("f16", "auto", on_lines)
+    off_kv, _, off = _first("f16", "off", off_lines)
+    assert any("Flash Attention enabled" in line for line in on_lines)  # llama.cpp's auto
+    assert any(re.search(r"flash_attn\s+= disabled", line) for line in off_lines)
+    assert not any("Flash Attention enabled" in line for line in off_lines)
+    assert off_kv == on_kv  # the same cells, V laid out another way
+    assert on != off  # another kernel: not bit for bit the same numbers
+    # both as close to attention in f32 (no f16 rounding of its products): this small
+    # model's first-token KL between the two was 0.03, each about 0.006-0.008 from it
+    _, _, f32 = _first("f32", "off")
+    assert off.top[0][0] == on.top[0][0] == f32.top[0][0]
+    assert _kl(f32, on) < 0.02 and _kl(f32, off) < 0.02, (_kl(f32, on), _kl(f32, off))
