@@ -218,3 +218,20 @@ def test_a_deterministic_model_still_pins_prefixes() -> None:
                 if e.pinned] == [tokens]
     finally:
         lp.close()
+
+
+def test_the_mode_holds_beside_a_context_without_flash_attention() -> None:
+    """The mode holds for a model whose own context has no flash attention (flash_attn
+    "off"): the lane keeps it on, the path whose kernels were checked row by row."""
+    cfg = override_model(load_config().models[0], context=4096, slots=8, batch=256,
+                         threads=2, flash_attn="off")
+    other = Loop(load_model(cfg))
+    try:
+        prompt = other.tokens("Explain, step by step, how a lighthouse lens focuses light, "
+                              "and why it matters on a stormy night. " * 8)
+        params = replace(GREEDY, deterministic=True)
+        alone = other.alone("f-alone", prompt, params, use_cache=True)
+        busy = other.among_others("f-busy", prompt, params)
+        assert len(alone[1]) == 128 and _same(busy, alone)
+    finally:
+        other.close()
