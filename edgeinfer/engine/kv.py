@@ -28,8 +28,9 @@ def flash_attn_type(flash_attn: str) -> int:
     cached conversation 0.72 s against 0.16 s; with it, a long prompt's pieces were 7-9 %
     faster, and a sequence's rows come out bit for bit the same decoded one per call or
     several in one (below 512 cells), which speculative decoding's exact output rests on.
-    Without it, drafts verified together give the same text up to rounding (a near tie
-    can go the other way). "auto" keeps llama.cpp's choice: on."""
+    Without it, a row's last bits depend on the rows beside it: drafts verified together,
+    or a prompt continued from a running request's cells, give the same text only up to
+    rounding (a near tie can go the other way). "auto" keeps llama.cpp's choice: on."""
     return FLASH_ATTN[flash_attn]
 
 
