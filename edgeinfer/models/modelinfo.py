@@ -184,7 +184,8 @@ def describe(cfg: ModelConfig, models: dict[str, ModelConfig] | None = None) -> 
             "tool_format": choose(cfg.tool_format, source).name,
             "reasoning": "split" if splits(cfg.reasoning_format, source) else "none",
             "kv_mib": round(kv / 2**20, 1), "memory_mib": round(memory / 2**20, 1),
-            "gpu_layers": cfg.gpu_layers, "cache": cache_tiers(cfg, facts)}
+            "gpu_layers": cfg.gpu_layers, "flash_attn": cfg.flash_attn,
+            "cache": cache_tiers(cfg, facts)}
 
 
 def _draft_facts(cfg: ModelConfig, models: dict[str, ModelConfig] | None

@@ -114,6 +114,7 @@ id = "small"
 {SMOL}
 context = 2048
 slots = 2
+flash_attn = "off"
 """)
     out = subprocess.run([sys.executable, "-m", "edgeinfer", "models", "--json", "--config",
                           str(cfg)], capture_output=True, text=True, timeout=120, check=True)
@@ -122,6 +123,7 @@ slots = 2
     assert "draft_mib" not in rows["small"] and rows["target"]["draft_mib"] == alone
     assert abs(rows["target"]["memory_mib"] - 2 * alone) <= 0.1
     assert rows["target"]["kv_mib"] == rows["small"]["kv_mib"]
+    assert (rows["target"]["flash_attn"], rows["small"]["flash_attn"]) == ("auto", "off")
     cfg.write_text(cfg.read_text().replace('draft_model = "small"', 'draft_model = "gone"'))
     refused = subprocess.run([sys.executable, "-m", "edgeinfer", "models", "--json",
                               "--config", str(cfg)], capture_output=True, text=True, timeout=120)
