@@ -23,7 +23,6 @@ from edgeinfer.engine.delta import Delta, FailureCode
 from edgeinfer.engine.draft_model import DraftModel
 from edgeinfer.engine.embedding import Embedder
 from edgeinfer.engine.host_memory import State
-from edgeinfer.engine.kv import flash_attn_type
 from edgeinfer.engine.loop import Engine
 from edgeinfer.engine.native import LlamaRuntime, gpu_offload_supported
 from edgeinfer.engine.sequence import SamplingParams
@@ -396,5 +395,5 @@ def _prefix_store(cfg: ModelConfig, path: Path) -> PrefixStore | None:
     params = {"llama_cpp": version("llama-cpp-python"), "context": cfg.context,
               "slots": cfg.slots, "cache_entries": cfg.cache_entries, "batch": cfg.batch,
               "gpu_layers": cfg.gpu_layers, "cache_types": (cfg.cache_type_k, cfg.cache_type_v),
-              "flash_attn": flash_attn_type(cfg.flash_attn)}
+              "flash_attn": cfg.flash_attn}
     return PrefixStore(folder_of(cfg.id), model_identity(path, params), cfg.cache_disk_mb << 20)

@@ -60,16 +60,20 @@ def _first(kind: str, flash_attn: str = "auto", lines: list[str] | None = None
     return kv, round(logged * 2**20), out[0].logprob
 
 
+def _kl(p: TokenLogprob, q: TokenLogprob) -> float:
+    """KL(p || q) over p's top tokens."""
+    o = dict(q.top)
+    floor = min(o.values())
+    return sum(math.exp(lp) * (lp - o.get(t, floor)) for t, lp in p.top)
+
+
 def test_q8_0_halves_the_kv_cache_and_keeps_the_first_token_close() -> None:
     f16_kv, f16_logged, f16 = _first("f16")
     q8_kv, q8_logged, q8 = _first("q8_0")
     assert abs(f16_kv - f16_logged) < 2**14 and abs(q8_kv - q8_logged) < 2**14  # as allocated
     assert 0.5 < q8_kv / f16_kv < 0.56  # 34 bytes per 32 values against 64
     assert q8.top[0][0] == f16.top[0][0]
-    q = dict(q8.top)
-    floor = min(q.values())
-    kl = sum(math.exp(lp) * (lp - q.get(t, floor)) for t, lp in f16.top)
-    assert kl < 0.02, kl  # KL(f16 || q8_0) over the top 20
+    assert _kl(f16, q8) < 0.02, _kl(f16, q8)  # KL(f16 || q8_0) over the top 20
 
 
 @pytest.mark.parametrize("kind", ["q8_0"])
@@ -85,13 +89,6 @@ def test_a_context_too_large_in_f16_fits_a_budget_in_q8_0(kind: str) -> None:
         assert loaded <= budget
     finally:
         served.engine.stop()
-
-
-def _kl(p: TokenLogprob, q: TokenLogprob) -> float:
-    """KL(p || q) over p's top tokens."""
-    o = dict(q.top)
-    floor = min(o.values())
-    return sum(math.exp(lp) * (lp - o.get(t, floor)) for t, lp in p.top)
 
 
 def test_flash_attention_off_reaches_llama_cpp_and_keeps_the_first_token_close() -> None:
