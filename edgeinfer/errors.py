@@ -115,6 +115,14 @@ class ServerError(APIError):
     type = "server_error"
 
 
+class NotSupported(APIError):
+    """The model cannot do what was asked (llama-server's 501, such as /infill without
+    fill-in-the-middle tokens)."""
+
+    status = 501
+    type = "not_supported_error"
+
+
 class EngineError(ServerError):
     """The engine failed to compute a request (llama_decode error, engine stopped)."""
 

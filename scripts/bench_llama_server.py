@@ -4,17 +4,25 @@
 Both servers run at once on 127.0.0.1 with the same SmolLM2 Q4_1 file, 2 threads, 8
 slots, an 8,192-token context shared by the slots (llama-server ``-kvu``, as edgeinfer's
 unified cache; each idles while the other is measured); every round
-measures each server in turn (the order alternates between rounds, the machine is noisy):
+runs each measure on both servers back to back, the order alternating from one measure
+to the next and between rounds, and the short measures (streams, the cold prompt, deep
+streams) twice, A B B A, so neither server is always the one measured second (this
+machine drifts by 10 % within minutes):
 
 - 1, 4 and 8 concurrent streamed chats of 128 tokens (end of generation suppressed):
-  tokens/s;
+  tokens/s (one stream: the median of 3 chats);
 - a cold ~1,500-token prompt (a new one every time): time to first token, and the
   tokens/s of its 64-token answer after it (one stream generating 1,500 tokens deep);
 - 4 streams on new ~800-token prompts at once: tokens/s from the moment all four
   generate (streams deep in a context, as a long chat is);
 - 16 mixed arrivals, one every 0.5 s, prompts of about 20 to 150 tokens, answers of 64
   to 160 tokens (the load of the issue's table: about 130-180 tokens/s, every request
-  admitted soon after it arrives): makespan, tokens/s and first-token p95;
+  admitted soon after it arrives on the CPU it was set for; on a slower one, such as a
+  2-core Xeon that computes 8 streams at ~135 tokens/s, they queue for the 8 slots): makespan,
+  tokens/s and first-token p95;
+- the same 16 arrivals paced to such a CPU, one every 1.0 s (each request holds a slot for
+  ~7 s there, so fewer than 8 run at once and each is admitted on arrival, as the issue's
+  load was where it was measured): makespan, tokens/s and first-token p95;
 - 16 arrivals in overload, one every 0.25 s, prompts of about 20 to 430 tokens, answers of
   16 to 128 tokens: prompts arrive twice as fast as this CPU computes them, so the
   first-token p95 is time spent queued behind earlier prompts and for a slot, on any
@@ -37,6 +45,7 @@ import statistics
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import httpx
@@ -105,6 +114,7 @@ async def deep(url: str, model: str, seed: str, level: int = 4) -> float:
 
 # workload: (seconds between arrivals, clauses of the 4 kinds of prompt, their max_tokens)
 WORKLOADS = {"mixed": (0.5, (1, 2, 4, 8), (64, 128, 96, 160)),
+             "paced": (1.0, (1, 2, 4, 8), (64, 128, 96, 160)),
              "overload": (0.25, (1, 4, 10, 25), (16, 48, 128, 64))}
 
 
@@ -125,16 +135,46 @@ async def mixed(url: str, model: str, seed: str, workload: str
     return span, sum(n for n, _ in outs) / span, firsts[round(0.95 * (len(firsts) - 1))]
 
 
-def measure(url: str, model: str, r: int) -> dict[str, float]:
-    out = {f"x{level} tok/s": asyncio.run(streams(url, model, level)) for level in (1, 4, 8)}
-    out["cold TTFT s"], out["x1 deep tok/s"] = asyncio.run(cold(url, model,
-                                                                 f"cold-{r}-{model[-8:]}"))
-    out["x4 deep tok/s"] = asyncio.run(deep(url, model, f"deep-{r}-{model[-8:]}"))
-    for name in WORKLOADS:
-        span, tps, p95 = asyncio.run(mixed(url, model, f"{name}-{r}-{model[-8:]}", name))
-        out.update({f"{name} makespan s": span, f"{name} tok/s": tps,
-                    f"{name} TTFT p95 s": p95})
+Measure = Callable[[str, str], dict[str, float]]
+
+
+def measures(r: int) -> dict[str, tuple[Measure, bool]]:
+    """Round ``r``'s measures: each a function of (url, model) that returns its numbers,
+    and whether it runs twice a round (A B B A: the short ones, whose rounds swing most)."""
+    def cold_m(url: str, model: str) -> dict[str, float]:
+        first, tps = asyncio.run(cold(url, model, f"cold-{r}-{time.monotonic()}"))
+        return {"cold TTFT s": first, "x1 deep tok/s": tps}
+
+    def workload(name: str) -> Measure:
+        def run(url: str, model: str) -> dict[str, float]:
+            span, tps, p95 = asyncio.run(mixed(url, model, f"{name}-{r}-{model[-8:]}", name))
+            return {f"{name} makespan s": span, f"{name} tok/s": tps,
+                    f"{name} TTFT p95 s": p95}
+        return run
+    out: dict[str, tuple[Measure, bool]] = {
+        f"x{level}": ((lambda url, model, level=level: {f"x{level} tok/s": statistics.median(
+            asyncio.run(streams(url, model, level)) for _ in range(3 if level == 1 else 1))}),
+            True) for level in (1, 4, 8)}
+    out["cold"] = cold_m, True
+    out["deep"] = (lambda url, model: {
+        "x4 deep tok/s": asyncio.run(deep(url, model, f"deep-{r}-{time.monotonic()}"))}), True
+    out.update({name: (workload(name), False) for name in WORKLOADS})
     return out
+
+
+def run_round(servers: dict[str, tuple[Server, str]], r: int) -> dict[str, dict[str, float]]:
+    """One round: each measure on both servers back to back, the order alternating from
+    one measure to the next and between rounds; a measure run twice is the mean of both."""
+    rows: dict[str, dict[str, float]] = {name: {} for name in servers}
+    for k, (fn, twice) in enumerate(measures(r).values()):
+        order = list(servers) if (r + k) % 2 == 0 else list(reversed(servers))
+        runs: dict[str, list[dict[str, float]]] = {name: [] for name in servers}
+        for name in order + order[::-1] if twice else order:
+            srv, model = servers[name]
+            runs[name].append(fn(srv.url, model))
+        for name, got in runs.items():
+            rows[name].update({key: statistics.mean(g[key] for g in got) for key in got[0]})
+    return rows
 
 
 def main() -> int:
@@ -168,12 +208,11 @@ def main() -> int:
             srv.wait_ready()
             asyncio.run(streams(srv.url, model, 1))  # warm-up
         for r in range(args.rounds):
-            order = list(servers) if r % 2 == 0 else list(reversed(servers))
-            for name in order:
-                srv, model = servers[name]
-                results[name].append(measure(srv.url, model, r))
+            rows = run_round(servers, r)
+            for name in servers:
+                results[name].append(rows[name])
                 print(f"round {r + 1} {name}: " + ", ".join(
-                    f"{k} {v:.2f}" for k, v in results[name][-1].items()), flush=True)
+                    f"{k} {v:.2f}" for k, v in rows[name].items()), flush=True)
     finally:
         for srv, _ in servers.values():
             srv.stop()

@@ -23,6 +23,7 @@ from starlette.routing import Route
 from edgeinfer.api import (
     anthropic_messages,
     cache_routes,
+    infill,
     llama_native,
     models_routes,
     ollama_api,
@@ -69,6 +70,7 @@ ROUTES = [
     Route("/v1/health", ops.health, methods=["GET"]),
     Route("/completion", llama_native.completion, methods=["POST"]),
     Route("/completions", llama_native.completion, methods=["POST"]),
+    Route("/infill", infill.infill, methods=["POST"]),
     Route("/props", llama_native.props, methods=["GET"]),
     Route("/tokenize", tokens.tokenize, methods=["POST"]),
     Route("/detokenize", tokens.detokenize, methods=["POST"]),

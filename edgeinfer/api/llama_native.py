@@ -16,9 +16,11 @@ it). GET /props describes the model.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import uuid
 from collections.abc import AsyncIterator, Callable
+from dataclasses import replace
 from typing import Any
 
 from starlette.requests import Request
@@ -51,9 +53,12 @@ FIELDS = {
 STOP_TYPES = {"stop": "eos", "length": "limit"}
 
 
-def parse(body: Any, default_model: str) -> tuple[GenerateRequest, bool, int]:
-    """(request, stream, n_probs) from a /completion body."""
+def parse(body: Any, default_model: str) -> tuple[GenerateRequest, bool, int, bool]:
+    """(request, stream, n_probs, warm) from a /completion body; ``warm``: ``n_predict`` 0,
+    the prompt is evaluated into the cache and no token is returned (as llama-server)."""
     b = Body(body, FIELDS)
+    n = b.body.get("n_predict")
+    warm = type(n) is int and n == 0
     for name, why in (("post_sampling_probs", "probabilities are given before sampling"),
                       ("return_tokens", "token ids are not returned"),
                       ("lora", "LoRA adapters are not served")):
@@ -61,8 +66,8 @@ def parse(body: Any, default_model: str) -> tuple[GenerateRequest, bool, int]:
             raise InvalidRequest(f"'{name}' is not supported: {why}", param=name)
     prompts = fields.prompts(b.body.get("prompt"), "prompt", MAX_PROMPTS)
     n_probs = int(b.integer("n_probs", 0, 20, 0) or 0)
-    max_tokens = (samplers.n_predict(b, None) if b.present("n_predict")  # llama-server's own
-                  else b.integer("max_tokens", 1, MAX_TOKENS_LIMIT, None))
+    max_tokens = (1 if warm else samplers.n_predict(b, None) if b.present("n_predict")
+                  else b.integer("max_tokens", 1, MAX_TOKENS_LIMIT, None))  # (llama-server's)
     schema = b.body.get("json_schema")
     if schema is not None and not isinstance(schema, dict):
         raise InvalidRequest("'json_schema' must be a JSON schema object", param="json_schema")
@@ -75,7 +80,22 @@ def parse(body: Any, default_model: str) -> tuple[GenerateRequest, bool, int]:
         priority=fields.priority(b.body.get("priority"), None),
         constraint=Constraint(grammar=grammar, json_schema=schema, schema_param="json_schema"),
         cache_prompt=b.boolean("cache_prompt", True))
-    return req, b.boolean("stream", False), n_probs
+    return req, b.boolean("stream", False), 0 if warm else n_probs, warm
+
+
+async def _warm(events: AsyncIterator[ev.Event]) -> AsyncIterator[ev.Event]:
+    """``n_predict`` 0: the prompt is in the cache once its first token is sampled; that
+    token is not returned (no text, no count, stopped by the limit)."""
+    async with contextlib.aclosing(events) as inner:  # type: ignore[type-var]
+        async for e in inner:
+            if isinstance(e, ev.Finish):
+                yield replace(e, reason="length", completion_tokens=0, stop_word=None,
+                              stopped=False, raw="", timings=e.timings and {
+                                  **e.timings, "predicted_n": 0})
+            elif isinstance(e, ev.UsageReport):
+                yield replace(e, completion_tokens=0)
+            elif not isinstance(e, ev.TextDelta):
+                yield e
 
 
 def _probs(piece: Callable[[int], bytes], items: list[TokenLogprob]) -> list[dict[str, Any]]:
@@ -133,10 +153,18 @@ async def _stream(model: str, piece: Callable[[int], bytes], events: AsyncIterat
 async def completion(request: Request) -> Response:
     """One prompt: one object (streamed: its pieces); several: an array of them, in the
     prompts' order (streamed: the pieces of all, each with its prompt's ``index``)."""
-    p = pool(request)
-    req, stream, n_probs = parse(await read_json_any(request), p.config.models[0].id)
+    return await answer(request, await read_json_any(request))
+
+
+async def answer(request: Request, body: Any) -> Response:
+    """The answer to a /completion ``body`` (also /infill's, its prompt made of tokens)."""
+    req, stream, n_probs, warm = parse(body, pool(request).config.models[0].id)
+    fields = _response_fields(body)  # (a whole answer's: a stream's are all sent)
     gen = await start(request, req, f"cmpl-{uuid.uuid4().hex[:24]}")
-    settings = {"n_predict": req.params.max_tokens or -1, "temperature": req.params.temperature,
+    if warm:
+        gen.events = _warm(gen.events)
+    settings = {"n_predict": 0 if warm else req.params.max_tokens or -1,
+                "temperature": req.params.temperature,
                 "top_k": req.params.top_k, "top_p": req.params.top_p,
                 "min_p": req.params.min_p,
                 "seed": -1 if req.params.seed is None else req.params.seed,
@@ -155,8 +183,34 @@ async def completion(request: Request) -> Response:
         if n_probs:
             kept = within(gen.piece, c.logprobs, c.text) if c.stopped else c.logprobs
             body["completion_probabilities"] = _probs(gen.piece, kept)
-        bodies.append(body)
+        bodies.append(_only(fields, body))
     return JSONResponse(bodies[0] if len(bodies) == 1 else bodies)
+
+
+def _response_fields(body: dict[str, Any]) -> list[str] | None:
+    fields = body.get("response_fields")
+    if fields is not None and (not isinstance(fields, list) or len(fields) > 64 or not all(
+            isinstance(f, str) for f in fields)):
+        raise InvalidRequest("'response_fields' must be a list of field names",
+                             param="response_fields")
+    return fields or None
+
+
+def _only(fields: list[str] | None, body: dict[str, Any]) -> dict[str, Any]:
+    """llama-server's ``response_fields``: only those (``a/b``: ``b`` of ``a``, under the
+    key "a/b"); a field the answer lacks is left out."""
+    if fields is None:
+        return body
+    out = {}
+    for name in fields:
+        value: Any = body
+        for key in name.split("/"):
+            if not isinstance(value, dict) or key not in value:
+                break
+            value = value[key]
+        else:
+            out[name] = value
+    return out
 
 
 async def props(request: Request) -> Response:

@@ -142,7 +142,19 @@ def openapi_spec() -> dict[str, Any]:
                                   if m in ("get", "post")}
                           for alias, path in ALIASES.items()})
     spec["paths"]["/chat/completions"].pop("get")  # (stored chats: /v1 only)
+    spec["paths"]["/infill"] = _infill(spec["paths"]["/completion"])
     return spec
+
+
+def _infill(completion: dict[str, Any]) -> dict[str, Any]:
+    """/infill: /completion's fields, with a text ``prompt`` and the code around it."""
+    body = completion["post"]["requestBody"]["content"]["application/json"]["schema"]
+    fields = {**body["properties"], "prompt": _STR, "input_prefix": _STR,
+              "input_suffix": _STR, "input_extra": {"type": "array", "items": {
+                  "type": "object", "properties": {"filename": _STR, "text": _STR},
+                  "required": ["text"]}}}
+    return _post("llama-server's fill-in-the-middle (the model's FIM tokens)",
+                 _body(fields, ["input_prefix", "input_suffix"]), stream=True)
 
 
 def _spec() -> dict[str, Any]:

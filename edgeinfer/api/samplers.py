@@ -44,7 +44,8 @@ MAX_BREAKER_LEN = 16  # a long breaker costs its sampler seconds to build (llama
 HINTS: dict[str, tuple[type, ...]] = {
     "timings_per_token": (bool,), "return_progress": (bool,), "post_sampling_probs": (bool,),
     "return_tokens": (bool,), "include_reasoning": (bool,), "id_slot": (int,),
-    "t_max_predict_ms": (int,), "n_probs": (int,), "samplers": (list, str),
+    "t_max_predict_ms": (int,), "t_max_prompt_ms": (int,), "n_probs": (int,),
+    "samplers": (list, str),
     # llama.cpp's web UI: typ_p (llama-server reads typical_p), backend_sampling
     "typ_p": (float, int), "backend_sampling": (bool,),
 }

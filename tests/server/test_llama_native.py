@@ -150,3 +150,28 @@ def test_logit_bias_as_llama_servers_pairs(server: ServerProcess) -> None:
         assert other.json()["completion_probabilities"][0]["id"] != top, bias
     bad = httpx.post(url, json={**ask, "logit_bias": [[" the ", -100]]}, timeout=60)
     assert bad.status_code == 400 and "token id" in bad.json()["error"]["message"]
+
+
+def test_n_predict_zero_evaluates_the_prompt_into_the_cache(server: ServerProcess) -> None:
+    """llama-server's cache warming: ``n_predict`` 0 returns no token (whole or streamed),
+    and the next request on that prompt finds it cached."""
+    prompt = "Warm me: " + " ".join(f"word{i}" for i in range(40))
+    body = {"prompt": prompt, "n_predict": 0, "temperature": 0}
+    r = _post(server, body)
+    assert r.status_code == 200, r.text
+    warm = r.json()
+    assert warm["content"] == "" and warm["tokens_predicted"] == 0 and warm["stop"] is True
+    assert warm["stop_type"] == "limit" and warm["tokens_evaluated"] > 40
+    assert warm["generation_settings"]["n_predict"] == 0
+    assert warm["timings"]["predicted_n"] == 0
+    after = _post(server, {**body, "n_predict": 2}).json()
+    assert after["tokens_predicted"] == 2 and after["content"]
+    assert after["tokens_cached"] >= warm["tokens_evaluated"] - 1
+    with httpx.stream("POST", f"{server.base_url}/completion", json={
+            **body, "prompt": prompt + " more", "stream": True}, timeout=60) as s:
+        events = [json.loads(ln[6:]) for ln in s.iter_lines() if ln.startswith("data: ")]
+    assert len(events) == 1 and events[0]["stop"] is True and events[0]["content"] == ""
+    assert events[0]["tokens_predicted"] == 0
+    for bad in (-3, 1.5, "0"):
+        r = _post(server, {**body, "n_predict": bad})
+        assert r.status_code == 400 and r.json()["error"]["param"] == "n_predict", bad
