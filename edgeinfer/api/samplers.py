@@ -45,7 +45,7 @@ HINTS: dict[str, tuple[type, ...]] = {
     "timings_per_token": (bool,), "return_progress": (bool,), "post_sampling_probs": (bool,),
     "return_tokens": (bool,), "include_reasoning": (bool,), "id_slot": (int,),
     "t_max_predict_ms": (int,), "t_max_prompt_ms": (int,), "n_probs": (int,),
-    "samplers": (list, str),
+    "samplers": (list, str), "n_cache_reuse": (int,),  # (llama.vim, llama.nvim, ...)
     # llama.cpp's web UI: typ_p (llama-server reads typical_p), backend_sampling
     "typ_p": (float, int), "backend_sampling": (bool,),
 }

@@ -110,6 +110,10 @@ def test_llama_vim_warms_its_extra_context_then_infills(server: ServerProcess) -
     assert set(got) == {"content", "tokens_predicted", "timings/prompt_n", "tokens_cached"}
     assert got["content"] == "" and got["tokens_predicted"] == 0
     assert got["timings/prompt_n"] > 60
+    nvim = {"id_slot": 0, "samplers": [], "temperature": 0.0, "t_max_prompt_ms": 1,
+            "n_cache_reuse": 256, "response_fields": [""]}  # llama.nvim's warm-up
+    assert _post(server, {**nvim, "input_prefix": "", "input_suffix": "",
+                          "input_extra": extra, "n_predict": 0}).json() == {}
     r = _post(server, {**vim, **BODY, "n_predict": 8})
     assert r.status_code == 200, r.text
     assert r.json()["tokens_cached"] > 60 and r.json()["tokens_predicted"] > 0
