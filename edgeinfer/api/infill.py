@@ -65,7 +65,8 @@ async def infill(request: Request) -> Response:
         raise NotSupported(f"infill is not supported by model '{served.cfg.id}': it has no "
                            "fill-in-the-middle tokens")
     limit = rest.get("n_predict", rest.get("max_tokens"))
-    tokens = await served.run(infill_prompt, served.runtime, fim, given,
-                              limit if type(limit) is int and limit > 0 else None)
+    tokens = await served.run(lambda: infill_prompt(
+        served.runtime, fim, given, limit if type(limit) is int and limit > 0 else None,
+        served.bos_head()))
     return await llama_native.answer(request, {**rest, "model": served.cfg.id,
                                                "prompt": tokens})

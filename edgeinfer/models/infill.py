@@ -52,10 +52,12 @@ def fim_tokens(runtime: LlamaRuntime) -> FimTokens | None:
 
 
 def infill_prompt(runtime: LlamaRuntime, fim: FimTokens, given: InfillInput,
-                  max_tokens: int | None) -> list[int]:
-    """The prompt's tokens. As llama-server: the prefix's last 3/4 of ``WINDOW`` tokens,
-    the suffix's first quarter less the prompt's, the extra chunks' last tokens in what
-    the context leaves besides ``WINDOW`` and twice ``max_tokens``."""
+                  max_tokens: int | None, bos: list[int]) -> list[int]:
+    """The prompt's tokens (``bos``: what the model puts first, ``ServedModel.bos_head``;
+    after the extra chunks, as llama-server puts it). As llama-server: the prefix's last
+    3/4 of ``WINDOW`` tokens, the suffix's first quarter less the prompt's, the extra
+    chunks' last tokens in what the context leaves besides ``WINDOW`` and twice
+    ``max_tokens``."""
     def tok(text: str) -> list[int]:
         return runtime.tokenize(text, add_special=False, parse_special=False)
     extra: list[int] = []
@@ -71,7 +73,5 @@ def infill_prompt(runtime: LlamaRuntime, fim: FimTokens, given: InfillInput,
     prefix = tok(given.prefix)[-(3 * WINDOW // 4):]
     suffix = tok(given.suffix)[:max(0, WINDOW // 4 - 2 - len(prompt))]
     n_extra = min(max(0, runtime.info.n_ctx - WINDOW - 2 * (max_tokens or 0)), len(extra))
-    bos = runtime.tokenize("", add_special=True, parse_special=False)[:1] if (
-        runtime.info.add_bos) else []
     return [*extra[len(extra) - n_extra:], *bos, fim.pre, *prefix, *prompt, fim.suf, *suffix,
             fim.mid]

@@ -14,25 +14,24 @@ PRE, SUF, MID, REP, SEP, BOS = -10, -11, -12, -13, -14, -1
 @dataclass
 class _Info:
     n_ctx: int
-    add_bos: bool
 
 
 class _Runtime:
-    def __init__(self, n_ctx: int = 8192, add_bos: bool = False) -> None:
-        self.info = _Info(n_ctx, add_bos)
+    def __init__(self, n_ctx: int = 8192) -> None:
+        self.info = _Info(n_ctx)
 
     def tokenize(self, text: str, *, add_special: bool, parse_special: bool) -> list[int]:
-        assert not parse_special  # the request's text is never read as markers
-        return ([BOS] if add_special else []) + [ord(c) for c in text]
+        assert not parse_special and not add_special  # the request's text is only text
+        return [ord(c) for c in text]
 
 
 def _text(tokens: list[int]) -> str:
     return "".join(chr(t) if t >= 0 else f"<{t}>" for t in tokens)
 
 
-def _prompt(fim: FimTokens, given: InfillInput, **kw: Any) -> str:
-    rt = _Runtime(**{k: v for k, v in kw.items() if k in ("n_ctx", "add_bos")})
-    return _text(infill_prompt(cast(Any, rt), fim, given, kw.get("max_tokens")))
+def _prompt(fim: FimTokens, given: InfillInput, n_ctx: int = 8192,
+            max_tokens: int | None = None, bos: tuple[int, ...] = ()) -> str:
+    return _text(infill_prompt(cast(Any, _Runtime(n_ctx)), fim, given, max_tokens, [*bos]))
 
 
 def test_repo_level_layout_with_file_separators() -> None:
@@ -41,13 +40,15 @@ def test_repo_level_layout_with_file_separators() -> None:
     assert _prompt(fim, given) == (
         "<-13>myproject\n<-14>a.py\nA = 1\n<-14>tmp\nB\n<-14>filename\n"
         "<-10>def f():\n  ret<-11>\nf()\n<-12>")
+    assert _prompt(fim, given, bos=(BOS,)).startswith(  # BOS after the chunks, as there
+        "<-13>myproject\n<-14>a.py\nA = 1\n<-14>tmp\nB\n<-14>filename\n<-1><-10>def")
 
 
 def test_without_repo_and_separator_tokens_chunks_get_a_text_separator() -> None:
     fim = FimTokens(PRE, SUF, MID, None, None)
     given = InfillInput("p", "s", (("a.py", "A"), ("b.py", "B")), "")
     assert _prompt(fim, given) == f"{CHUNK_SEPARATOR}A{CHUNK_SEPARATOR}B<-10>p<-11>s<-12>"
-    assert _prompt(fim, InfillInput("p", "s", (), "x"), add_bos=True) == "<-1><-10>px<-11>s<-12>"
+    assert _prompt(fim, InfillInput("p", "s", (), "x"), bos=(BOS,)) == "<-1><-10>px<-11>s<-12>"
 
 
 def test_prefix_keeps_its_end_suffix_its_start_extra_its_end() -> None:
@@ -61,5 +62,5 @@ def test_prefix_keeps_its_end_suffix_its_start_extra_its_end() -> None:
     assert len(tail) == WINDOW // 4 - 2 - 2 and tail.startswith("START")
     extra = out[:out.index("<-10>")]  # the context less WINDOW and twice max_tokens
     assert len(infill_prompt(cast(Any, _Runtime(WINDOW + 600)), fim, InfillInput(
-        "", "", (("f", "x" * 9000 + "LAST"),), ""), 100)) - 3 == 400
+        "", "", (("f", "x" * 9000 + "LAST"),), ""), 100, [])) - 3 == 400
     assert extra.endswith("LAST<-14>filename\n")
