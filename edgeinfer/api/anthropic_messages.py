@@ -327,6 +327,10 @@ def parse(body: Any, headers: dict[str, str], allowed: set[str] = FIELDS
     tools = _tools(b.body.get("tools"))
     choice, parallel = _tool_choice(b.body.get("tool_choice"), tools)
     schema = _output_schema(b.body.get("output_config"))
+    if schema is not None and msgs[-1]["role"] == "assistant" and "max_tokens" in allowed:
+        raise _bad("a prefilled assistant message cannot be combined with "  # (its JSON
+                   "'output_config.format': the answer is a whole JSON value",  # would
+                   "output_config.format")  # follow the prefill, which then does not parse)
     req = GenerateRequest(
         model, ChatPrompt(msgs), _sampling(b, max_tokens),
         priority=fields.priority(None, headers.get("x-priority")),

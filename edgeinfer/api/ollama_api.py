@@ -75,8 +75,6 @@ IGNORED_OPTIONS = {
     "num_ctx", "num_batch", "num_gpu", "main_gpu", "num_thread", "num_keep", "numa",
     "low_vram", "f16_kv", "logits_all", "vocab_only", "use_mmap", "use_mlock",
     "embedding_only", "penalize_newline", "tfs_z"}
-MESSAGE_KEYS = {"role", "content", "images", "tool_calls", "tool_name", "thinking",
-                "tool_call_id"}
 
 
 def model_name(p: ModelPool, name: str) -> str:
@@ -166,13 +164,13 @@ def _past_calls(calls: Any, i: int) -> list[dict[str, Any]]:
     for j, call in enumerate(calls if isinstance(calls, list) else [None]):
         fn = call.get("function") if isinstance(call, dict) else None
         if not isinstance(fn, dict) or not isinstance(fn.get("name"), str) or not isinstance(
-                fn.get("arguments", {}), dict):
+                fn.get("arguments") or {}, dict):
             raise InvalidRequest(f"'{where}' must be a list of {{'function': {{'name': ..., "
                                  "'arguments': {...}}}}", param=f"{where}[{j}]")
         assert isinstance(call, dict)
         call_id = call["id"] if isinstance(call.get("id"), str) else f"call_{i}_{j}"
         out.append({"id": call_id, "type": "function", "function": {
-            "name": fn["name"], "arguments": json.dumps(fn.get("arguments", {}))}})
+            "name": fn["name"], "arguments": json.dumps(fn.get("arguments") or {})}})
     return out
 
 
@@ -181,11 +179,9 @@ def _message(m: Any, i: int, open_calls: list[dict[str, Any]]) -> dict[str, Any]
     where = f"messages[{i}]"
     if not isinstance(m, dict):
         raise InvalidRequest(f"'{where}' must be an object", param=where)
-    unknown = [key for key in m if key not in MESSAGE_KEYS]
-    if unknown or m.get("images"):
-        key = unknown[0] if unknown else "images"
-        raise InvalidRequest(f"'{where}.{key}' is not supported" + (
-            "" if unknown else ": no model here sees images"), param=f"{where}.{key}")
+    if m.get("images"):  # (other fields Ollama does not know it ignores, as here)
+        raise InvalidRequest(f"'{where}.images' is not supported: no model here sees images",
+                             param=f"{where}.images")
     if not isinstance(m.get("content", ""), str | None):
         raise InvalidRequest(f"'{where}.content' must be a string", param=f"{where}.content")
     out: dict[str, Any] = {"role": m.get("role"), "content": m.get("content") or ""}

@@ -11,10 +11,11 @@ Pure Python, no llama calls. The engine calls, once per step::
 The rule is one: every running sequence that is generating contributes its one
 uncomputed token first; the rest of the token budget (``prefill_budget`` when no
 sequence generates, so that a lone prompt goes in large pieces) goes to prompt chunks of
-sequences still prefilling, oldest first (chunked prefill). Waiting sequences
-take free slots by priority, then fairness between requests (the request with
-the fewest running sequences first: one request's ``n`` choices alternate with
-other requests instead of going first), then arrival. One request never holds
+sequences still prefilling (chunked prefill): those with little left first (at most a
+quarter of the budget: a short chat is not held back by a long document), then oldest
+first. Waiting sequences take free slots by priority, then fairness between requests
+(the request with the fewest running sequences first: one request's ``n`` choices
+alternate with other requests instead of going first), then arrival. One request never holds
 more than ``max_per_request`` slots at once. A long prompt therefore never
 stalls the streams already generating, and requests join and leave at any step.
 """
@@ -180,20 +181,28 @@ class Scheduler:
                 chunks.append(Chunk(seq, seq.num_computed, [seq.tokens[-1]], True))
         budget = (self.streaming_budget() if chunks else self.prefill_budget) - len(chunks)
         budget -= self._add_drafts(chunks, min(budget, self.draft_budget))
-        for seq in self.running:
+        for seq in self._prefill_order(budget):
             if budget <= 0:
                 break
-            if seq.is_prefilling and seq.waiting_on is None:
-                n = min(budget, seq.prefill_stop - seq.num_computed)
-                if seq.deterministic:  # pieces that keep its calls small (``invariance``)
-                    n = min(n, DETERMINISTIC_PIECE)
-                else:
-                    n = _leaving_a_tile(n, seq.prefill_stop - seq.num_computed)
-                start = seq.num_computed
-                done = start + n == seq.num_prompt
-                chunks.append(Chunk(seq, start, seq.tokens[start : start + n], done))
-                budget -= n
+            n = min(budget, seq.prefill_stop - seq.num_computed)
+            if seq.deterministic:  # pieces that keep its calls small (``invariance``)
+                n = min(n, DETERMINISTIC_PIECE)
+            else:
+                n = _leaving_a_tile(n, seq.prefill_stop - seq.num_computed)
+            start = seq.num_computed
+            done = start + n == seq.num_prompt
+            chunks.append(Chunk(seq, start, seq.tokens[start : start + n], done))
+            budget -= n
         return chunks
+
+    def _prefill_order(self, budget: int) -> list[Sequence]:
+        """The prompts to compute (not waiting on a shared prefix), in the order they take
+        the step's budget: those whose rest takes at most a quarter of it first (a short
+        chat's first token is not held back by a long document that came before it: it
+        comes after one step), then the others oldest first."""
+        ready = [s for s in self.running if s.is_prefilling and s.waiting_on is None]
+        quick = [s for s in ready if s.prefill_stop - s.num_computed <= budget // 4]
+        return quick + [s for s in ready if s not in quick]
 
     def _add_drafts(self, chunks: list[Chunk], spare: int) -> int:
         """Append draft tokens to generating sequences' chunks, up to ``spare`` in all

@@ -349,6 +349,7 @@ def tool_calls_gbnf(tools: list[tuple[str, dict[str, Any]]], max_calls: int,
     object's format too: Llama 3's ``<|python_tag|>``; forced, the object alone)."""
     alts, parts = [], []
     for i, (name, parameters) in enumerate(tools):
+        check_schema(parameters, param)  # (its own refs, as the client wrote them)
         schema, order = _call_schema(name, parameters, fmt)
         rules = _rename_rules(schema_to_gbnf(schema, param, order), f"t{i}-")
         if fmt.indented:  # (Command R+) a line break and indentation where a space may go

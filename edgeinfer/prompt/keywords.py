@@ -21,9 +21,10 @@ valid JSON that a client reads the same way (as a pattern with lookarounds is):
   that cannot: dropped with a warning); an object with no ``properties`` (any members)
   cannot be bounded so and the count is dropped with a warning, as beside another type,
   ``anyOf`` / ``oneOf`` / ``allOf`` / ``$ref``, an ``enum`` or a ``const``.
-- ``multipleOf``: on an integer with both bounds and at most ``MAX_MULTIPLES`` multiples
-  between them, the enum of those multiples (of its own ``enum``'s, where it has one);
-  ``multipleOf: 1`` on an integer holds; otherwise dropped with a warning.
+- ``multipleOf``: on an integer or a number with both bounds (inclusive or exclusive)
+  and at most ``MAX_MULTIPLES`` multiples between them, the enum of those multiples (of
+  its own ``enum``'s, where it has one), exact for decimal steps (0.1); ``multipleOf: 1``
+  on an integer holds; otherwise dropped with a warning.
 - ``uniqueItems``: dropped with a warning (true with at most one item holds).
 """
 
@@ -31,6 +32,7 @@ from __future__ import annotations
 
 import logging
 import math
+from fractions import Fraction
 from typing import Any
 
 from edgeinfer.errors import InvalidRequest
@@ -124,29 +126,59 @@ def _whole(count: Any) -> int | None:
 
 
 def _multiples(node: dict[str, Any], step: Any) -> dict[str, Any]:
-    if not isinstance(step, int | float) or isinstance(step, bool) or step <= 0:
+    if not _number(step) or step <= 0:
         raise InvalidRequest("'multipleOf' must be a number greater than 0", param="schema")
-    if node.get("type") != "integer" or step != int(step):
+    kind = node.get("type")
+    if kind == "integer" and step == int(step) == 1:
+        return node
+    bounds = _bounds(node)
+    if kind not in ("integer", "number") or bounds is None:
         _unenforced("multipleOf", step)
         return node
-    step = int(step)
-    if step == 1:
-        return node
-    lo, hi = node.get("minimum"), node.get("maximum")
-    if "exclusiveMinimum" in node or "exclusiveMaximum" in node or not isinstance(
-            lo, int | float) or not isinstance(hi, int | float) or isinstance(
-            lo, bool) or isinstance(hi, bool) or (hi - lo) / step > MAX_MULTIPLES:
+    (lo, lo_out), (hi, hi_out), unit = *bounds, _exact(step)
+    first, last = math.ceil(lo / unit), math.floor(hi / unit)
+    first += lo_out and first * unit == lo
+    last -= hi_out and last * unit == hi
+    if last - first >= MAX_MULTIPLES:
         _unenforced("multipleOf", step)
         return node
-    low, high = math.ceil(lo), math.floor(hi)  # (integers: no float rounding below)
-    values = list(range(-(-low // step) * step, high + 1, step))
+    values = [k * unit for k in range(first, last + 1)]
+    if kind == "integer":
+        values = [v for v in values if v.denominator == 1]
     if isinstance(node.get("enum"), list):  # an enum stays: its multiples in range
-        values = [v for v in node["enum"] if v in values]
+        values = [v for v in values if v in {_exact(e) for e in node["enum"] if _number(e)}]
     if not values:
-        raise InvalidRequest(f"no multiple of {step} lies between {lo} and {hi}: nothing "
+        raise InvalidRequest(f"no multiple of {step} lies within the bounds: nothing "
                              "satisfies the schema", param="schema")
-    rest = {k: v for k, v in node.items() if k not in ("type", "minimum", "maximum")}
-    return {**rest, "enum": values}
+    rest = {k: v for k, v in node.items() if k not in (
+        "type", "minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum")}
+    return {**rest, "enum": [int(v) if v.denominator == 1 else float(v) for v in values]}
+
+
+def _number(value: Any) -> bool:
+    return isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(
+        value)
+
+
+def _exact(value: int | float) -> Fraction:
+    """A number as the decimal it is written as (0.1 is 1/10, not the nearest double)."""
+    return Fraction(value) if isinstance(value, int) else Fraction(repr(value))
+
+
+def _bounds(node: dict[str, Any]) -> tuple[tuple[Fraction, bool], tuple[Fraction, bool]] | None:
+    """((least, exclusive), (most, exclusive)) of a number's bounds (draft 4's boolean
+    ``exclusiveMinimum`` too); None without both."""
+    def side(key: str, out_key: str, low: bool) -> tuple[Fraction, bool] | None:
+        bound: Any = node.get(key)
+        out: Any = node.get(out_key)
+        found = ([(_exact(bound), out is True)] if _number(bound) else []) + (
+            [(_exact(out), True)] if _number(out) else [])
+        if not found:
+            return None
+        return (max if low else min)(found, key=lambda b: (b[0], b[1] == low))
+    lower, upper = side("minimum", "exclusiveMinimum", True), side(
+        "maximum", "exclusiveMaximum", False)
+    return None if lower is None or upper is None else (lower, upper)
 
 
 def _counted(node: dict[str, Any], least: int | None, most: int | None) -> dict[str, Any]:

@@ -27,7 +27,8 @@ and keeps the rest of the schema.
 
 ``with_lengths`` folds a string's ``minLength`` / ``maxLength`` into its pattern (the
 converter ignores them beside one): kept as it is where the pattern's own lengths lie
-within them, else its counts bounded to fit.
+within them, else its counts bounded to fit (a pattern with groups or alternatives: its
+repeats, ``repeatcaps``).
 """
 
 from __future__ import annotations
@@ -38,13 +39,13 @@ import re
 import string
 
 from edgeinfer.engine.grammar_check import JSON_ESCAPED_ONLY, RAW_CHAR, gbnf_code
+from edgeinfer.prompt.repeatcaps import UNSUPPORTED_ESCAPES, atom_at, capped, count_at
 
 ANY = RAW_CHAR
 PAD = 64  # characters an unanchored side may add
 MAX_REPEAT = 200  # what ``*``, ``+`` and ``{m,}`` may repeat (as grammar.DEFAULT_MAX_LENGTH)
 _SHORT = {"d": [(0x30, 0x39)], "w": [(0x61, 0x7A), (0x41, 0x5A), (0x30, 0x39), (0x5F, 0x5F)],
           "s": [(0x20, 0x20)]}
-_UNSUPPORTED_ESCAPES = set("bBAZzG0123456789kpPQE")
 _CONTROL = {"t": 0x09, "n": 0x0A, "r": 0x0D, "f": 0x0C, "v": 0x0B}
 
 
@@ -74,7 +75,7 @@ def _escape_ranges(pattern: str, i: int) -> tuple[list[tuple[int, int]], bool, i
             return [(cp, cp)], True, i + 2 + digits
     if c in _CONTROL:
         return [(_CONTROL[c], _CONTROL[c])], True, i + 2
-    if c in _UNSUPPORTED_ESCAPES or c.isalnum():
+    if c in UNSUPPORTED_ESCAPES or c.isalnum():
         return None
     return [(ord(c), ord(c))], True, i + 2  # punctuation (``\.``): that character
 
@@ -229,9 +230,6 @@ def json_pattern(pattern: str) -> str | None:
     return f"^{'' if start else pad}({body}){'' if end else pad}$"
 
 
-_ATOM = re.compile(r"\[\^?\]?(?:\\.|[^\]\\])*\]|\\u[0-9a-fA-F]{4}|\\x[0-9a-fA-F]{2}|\\."
-                   r"|[^\\^$()|*+?{}\[]")
-_COUNT = re.compile(r"(\*|\+|\?|\{(\d+)(,(\d*))?\})\??")
 
 
 def _anchors(pattern: str) -> tuple[bool, bool, str]:
@@ -248,16 +246,12 @@ def _pieces(body: str) -> list[tuple[str, int, float]] | None:
     out: list[tuple[str, int, float]] = []
     i = 0
     while i < len(body):
-        atom = _ATOM.match(body, i)
-        if atom is None or atom.group()[0] == "\\" and atom.group()[1] in _UNSUPPORTED_ESCAPES:
+        atom = atom_at(body, i)
+        if atom is None:
             return None  # (\b is no character; back-references, \A, ...)
         i, lo, hi = atom.end(), 1, 1.0
-        if count := _COUNT.match(body, i):
-            i, q = count.end(), count.group(1)
-            lo = {"*": 0, "+": 1, "?": 0}.get(q[0], 0) if q[0] != "{" else int(count.group(2))
-            hi = (1.0 if q[0] == "?" else math.inf if q[0] in "*+" else
-                  lo if count.group(3) is None else
-                  int(count.group(4)) if count.group(4) else math.inf)
+        if count := count_at(body, i):
+            i, lo, hi = count
         out.append((atom.group(), lo, hi))
     return out
 
@@ -276,8 +270,8 @@ def _width(body: str, pieces: list[tuple[str, int, float]] | None) -> tuple[int,
 
 def with_lengths(pattern: str, min_length: int = 0, max_length: int | None = None) -> str:
     """``pattern``, made to hold a string's length bounds too; ValueError when no string
-    satisfies both, or when this cannot be done (a pattern with groups or alternatives
-    whose own lengths are not within the bounds). Otherwise the result is anchored (it
+    satisfies both, or when this cannot be done (a ``minLength`` beyond what a pattern
+    with groups or alternatives holds, ``repeatcaps``). Otherwise the result is anchored (it
     matches whole strings, which also match the pattern: a side without an anchor gets a
     count of any characters) and its counts are bounded: what ``minLength`` asks goes to
     the widest counts first, the room ``maxLength`` leaves is shared as equally as the
@@ -291,9 +285,8 @@ def with_lengths(pattern: str, min_length: int = 0, max_length: int | None = Non
                          f"'minLength' {min_length} and 'maxLength' {max_length}")
     if start and end and lo >= min_length and hi <= top:
         return pattern
-    if pieces is None:
-        raise ValueError(f"'minLength' / 'maxLength' beside the 'pattern' {pattern[:100]!r} "
-                         "cannot be enforced: put the length in the pattern ({m,n})")
+    if pieces is None:  # groups or alternatives: their repeats bounded
+        return capped(start, end, body, min_length, top)
     pads = [(".", 0, math.inf)]  # the pattern's own counts come first, then these
     pieces = [*([] if start else pads), *pieces, *([] if end else pads)]
     lows = [p[1] for p in pieces]

@@ -3,6 +3,7 @@ bounded depth, local ``$ref``s without cycles (``check_schema``)."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 from urllib.parse import unquote
 
@@ -18,6 +19,18 @@ _SUPPORTED = {
 }  # and what keywords.accepted says: annotations, and keywords keywords.sound rewrites
 SCHEMA_MAPS = {"properties", "$defs", "definitions"}
 SCHEMA_LISTS = {"anyOf", "oneOf", "allOf", "prefixItems"}
+_TYPES = {"string", "number", "integer", "boolean", "object", "array", "null"}
+_SHAPES: dict[str, tuple[Callable[[Any], bool], str]] = {  # what a keyword's value must be
+    "type": (lambda v: bool(v) and all(isinstance(t, str) and t.strip() in _TYPES for t in (
+        v.split(",") if isinstance(v, str) else v if isinstance(v, list) else [v])),
+             f"one of {', '.join(sorted(_TYPES))}, or a non-empty list of them"),  # ("a, b":
+    # the Ollama client's union)
+    "required": (lambda v: isinstance(v, list) and all(isinstance(n, str) for n in v),
+                 "a list of property names"),
+    "items": (lambda v: isinstance(v, dict | bool | list), "a schema"),
+    "additionalProperties": (lambda v: isinstance(v, dict | bool), "a schema or a boolean"),
+    "enum": (lambda v: isinstance(v, list), "a list of values"),
+}
 
 
 def check_schema(schema: Any, param: str) -> None:
@@ -46,6 +59,8 @@ def check_schema(schema: Any, param: str) -> None:
                                      "'not': {} is taken: nothing)", param=param)
             if key not in _SUPPORTED and not accepted(key):
                 raise InvalidRequest(f"unsupported JSON schema keyword: {key!r}", param=param)
+            if key in _SHAPES and value is not None and not _SHAPES[key][0](value):
+                raise InvalidRequest(f"'{key}' must be {_SHAPES[key][1]}", param=param)
             if key in SCHEMA_MAPS:
                 if not isinstance(value, dict):
                     raise InvalidRequest(f"'{key}' must be an object", param=param)
@@ -56,6 +71,8 @@ def check_schema(schema: Any, param: str) -> None:
                 subs += value
             elif key in ("items", "additionalProperties") and isinstance(value, dict):
                 subs.append(value)
+            elif key == "items" and isinstance(value, list):  # (draft 7's tuple)
+                subs += value
         height = max((1 + walk(sub, depth + 1, refs) for sub in subs), default=0)
         ref = node.get("$ref")
         if ref is None:

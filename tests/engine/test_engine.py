@@ -179,6 +179,31 @@ def test_a_lone_prompt_is_computed_in_prefill_sized_pieces() -> None:
     assert steps[64] == 8 + 1 and steps[256] == 2 + 1  # 500 prompt tokens, then 1 decode
 
 
+def test_a_short_prompt_is_answered_before_a_long_one_that_came_first() -> None:
+    """A short chat arriving while a long document is computed gets its first token after
+    a step, not after the whole document (the scheduler's prefill order)."""
+    with _model(context=2048, slots=2, batch=64, threads=2) as served:
+        tokens = served.runtime.tokenize("The lighthouse keeper wrote in his log. " * 150,
+                                         add_special=False, parse_special=False)[:1200]
+        first: list[str] = []
+
+        async def one(rid: str, prompt: list[int]) -> None:
+            async for _ in served.engine.generate(rid, prompt, SamplingParams(
+                    temperature=0, max_tokens=2)):
+                if rid not in first:
+                    first.append(rid)
+
+        async def main() -> None:
+            served.engine.start(asyncio.get_running_loop())
+            long = asyncio.ensure_future(one("long", tokens))
+            while served.engine.stats.steps < 2:  # the document is being computed
+                await asyncio.sleep(0.005)
+            await asyncio.gather(long, one("short", tokens[:12]))
+
+        asyncio.run(main())
+        assert first == ["short", "long"]
+
+
 def test_a_dry_sampler_is_made_off_the_engine_thread_then_cloned(
         monkeypatch: pytest.MonkeyPatch) -> None:
     """DRY scans the vocabulary for each breaker when it is made (160 ms for long ones):

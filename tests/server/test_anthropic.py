@@ -285,6 +285,12 @@ def test_output_config_json_schema(ac: anthropic.Anthropic) -> None:
                                     "format": {"type": "json_schema", "schema": schema}}})
     assert m.stop_reason == "end_turn"
     jsonschema.validate(json.loads(text_of(m)), schema)
+    # a prefill would come before the whole JSON value: the two together do not parse
+    with pytest.raises(anthropic.BadRequestError) as info:
+        ac.messages.create(model="default", max_tokens=60, messages=[
+            *HI, {"role": "assistant", "content": '{"n": '}], extra_body={
+            "output_config": {"format": {"type": "json_schema", "schema": schema}}})
+    assert "prefilled" in info.value.message
 
 
 # -- count_tokens ---------------------------------------------------------------------------

@@ -283,7 +283,9 @@ def test_lengths_beside_a_pattern_are_folded_into_it(pattern: str, low: int | No
 
 @pytest.mark.parametrize(("pattern", "low", "high"), [
     ("^[a-z]+$", 0, 3), ("[a-z]+", 2, 4), (r"^\d{2}-?\d*$", 3, 6), ("^a?b*c?$", 2, 3),
-    ("x[0-9]{1,3}", 4, 6), ("^[^]x]*y$", 0, 3), ("[ab]{2}", 3, None)])
+    ("x[0-9]{1,3}", 4, 6), ("^[^]x]*y$", 0, 3), ("[ab]{2}", 3, None),
+    ("^[a-z0-9]+(?:-[a-z0-9]+)*$", 3, 5), ("^(ab)+$", 0, 5), ("(a|bb)+", 2, 4),
+    ("^(x|y1)*a-?b$", 3, 5)])
 def test_folded_patterns_only_match_what_both_bounds_allow(pattern: str, low: int,
                                                           high: int | None) -> None:
     """Every short string over a small alphabet that the folded pattern matches also
@@ -304,7 +306,9 @@ def test_folded_patterns_only_match_what_both_bounds_allow(pattern: str, low: in
     {"type": "array", "items": {"type": "integer"}, "minItems": 5, "maxItems": 2},
     {"type": "number", "minimum": 2.5, "maximum": 1},
     {"type": "string", "pattern": r"^\d{3}-\d{4}$", "maxLength": 7},
-    {"type": "string", "pattern": "^(ab)+$", "maxLength": 5},  # a group: cannot be folded
+    {"type": "string", "pattern": "^(ab)+$", "maxLength": 1},
+    {"type": "string", "pattern": "^(a|bb)$", "minLength": 3},
+    {"type": "string", "pattern": "^a|(bc)+$", "minLength": 5},  # (alternatives: not raised)
     {"type": "object", "properties": {"a": {}}, "required": ["b"],
      "additionalProperties": False},
 ])
@@ -313,6 +317,20 @@ def test_schemas_nothing_satisfies_or_that_cannot_be_enforced_are_400(
     with pytest.raises(InvalidRequest) as info:
         schema_to_gbnf({"type": "object", "properties": {"x": schema}}, "response_format")
     assert info.value.param == "response_format"
+
+
+@pytest.mark.parametrize(("schema", "key"), [
+    ({"type": "object", "properties": {"ab": {"type": "integer"}}, "required": "ab"},
+     "required"),  # (was taken, and the requirement dropped)
+    ({"type": []}, "type"), ({"type": "foo"}, "type"), ({"type": ["string", 5]}, "type"),
+    ({"type": "array", "items": 5}, "items"),  # (was "'int' object has no attribute")
+    ({"type": "object", "additionalProperties": 5}, "additionalProperties"),
+    ({"enum": 5}, "enum"), ({"required": [1]}, "required"),
+])
+def test_keywords_of_the_wrong_shape_are_400_naming_them(schema: dict[str, Any],
+                                                       key: str) -> None:
+    with pytest.raises(InvalidRequest, match=f"^'{key}' must be "):
+        schema_to_gbnf(schema, "response_format")
 
 
 @pytest.mark.parametrize("pattern", [r"^\bab$", r"^(?=.*\d).+$"])

@@ -132,6 +132,23 @@ def test_oldest_prefill_goes_first() -> None:
     assert [(c.seq.request_id, len(c.tokens)) for c in chunks] == [("a", 6)]
 
 
+def test_a_short_prompt_goes_before_a_long_one_that_came_first() -> None:
+    """A 5-token chat behind a new 5,000-token document waited for all of it (37 s)."""
+    sched = Scheduler(num_slots=3, token_budget=64, prefill_budget=512)
+    eng = FakeEngine(sched)
+    long, short = make_seq("long", 5000), make_seq("short", 5)
+    sched.add(long)
+    eng.step()
+    sched.add(short)
+    chunks = eng.step()
+    assert [(c.seq.request_id, len(c.tokens)) for c in chunks] == [("short", 5),
+                                                                    ("long", 507)]
+    assert short.num_generated == 1  # its first token: after one step
+    # the long one is still computed beside it, in the room the short one leaves
+    assert [(c.seq.request_id, len(c.tokens)) for c in eng.step()] == [("short", 1),
+                                                                        ("long", 63)]
+
+
 def test_finish_running_frees_slot_for_waiting() -> None:
     sched = Scheduler(num_slots=1, token_budget=8)
     a, b = make_seq("a", 2, max_tokens=100), make_seq("b", 2)

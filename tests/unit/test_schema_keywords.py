@@ -34,6 +34,7 @@ def test_property_counts_become_required_and_left_out_properties() -> None:
     {"type": "integer", "minimum": 1, "maximum": 4, "multipleOf": 5},
     {"type": "integer", "multipleOf": 0},
     {"type": "number", "multipleOf": -1.5},
+    {"type": "integer", "exclusiveMinimum": 5, "exclusiveMaximum": 10, "multipleOf": 5},
 ])
 def test_counts_and_multiples_nothing_satisfies_are_400(schema: dict[str, Any]) -> None:
     with pytest.raises(InvalidRequest):
@@ -45,6 +46,24 @@ def test_a_bounded_integer_multiple_is_the_enum_of_its_multiples() -> None:
                  "description": "d"})
     assert got == {"enum": [-5, 0, 5, 10, 15, 20], "description": "d"}
     assert sound({"type": "integer", "multipleOf": 1}) == {"type": "integer"}
+
+
+@pytest.mark.parametrize(("schema", "values"), [
+    # pydantic's conint(gt=0, lt=100, multiple_of=7): exclusive bounds (any integer came)
+    ({"type": "integer", "exclusiveMinimum": 0, "exclusiveMaximum": 100, "multipleOf": 7},
+     list(range(7, 99, 7))),
+    ({"type": "integer", "minimum": 0, "exclusiveMinimum": True, "maximum": 10,
+      "multipleOf": 5}, [5, 10]),  # draft 4's boolean form
+    ({"type": "integer", "minimum": 2, "exclusiveMinimum": 1, "maximum": 9, "multipleOf": 2},
+     [2, 4, 6, 8]),  # both: the narrower holds
+    ({"type": "number", "minimum": 0, "maximum": 2, "multipleOf": 0.5}, [0, 0.5, 1, 1.5, 2]),
+    ({"type": "number", "minimum": 0, "exclusiveMaximum": 0.5, "multipleOf": 0.1},
+     [0, 0.1, 0.2, 0.3, 0.4]),  # decimal steps stay exact (not 0.30000000000000004)
+    ({"type": "integer", "minimum": 0, "maximum": 10, "multipleOf": 2.5}, [0, 5, 10]),
+])
+def test_multiples_within_any_bounds_are_an_enum(schema: dict[str, Any],
+                                                 values: list[float]) -> None:
+    assert sound(schema) == {"enum": values}
 
 
 @pytest.mark.parametrize("schema", [
