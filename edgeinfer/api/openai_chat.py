@@ -66,9 +66,12 @@ def parse_tools(b: Body) -> tuple[tuple[ToolSpec, ...], str, bool]:
             if not isinstance(params, dict):
                 raise InvalidRequest(f"'tools[{j}].function.parameters' must be a JSON schema "
                                      "object", param=f"tools[{j}].function.parameters")
-            desc = fn.get("description", "")
+            desc, strict = fn.get("description", ""), fn.get("strict")
+            if not isinstance(strict, bool | None):
+                raise InvalidRequest(f"'tools[{j}].function.strict' must be a boolean",
+                                     param=f"tools[{j}].function.strict")
             tools.append(ToolSpec(name, desc if isinstance(desc, str) else "", params,
-                                  bool(fn.get("strict", False))))
+                                  strict is True))
         if len({t.name for t in tools}) != len(tools):
             raise InvalidRequest("tool names must be unique", param="tools")
     choice_raw = b.body.get("tool_choice")

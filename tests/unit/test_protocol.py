@@ -74,6 +74,13 @@ def test_bad_fields_are_named(field: str, value: object) -> None:
     assert info.value.status == 400
 
 
+def test_a_tool_strict_that_is_no_boolean_is_named() -> None:
+    tools = [{"type": "function", "function": {"name": "f", "strict": "yes"}}]
+    with pytest.raises(InvalidRequest) as info:
+        parse_chat(chat(tools=tools), V)
+    assert info.value.param == "tools[0].function.strict"
+
+
 @pytest.mark.parametrize("messages", [[], "hi", [{"role": "robot", "content": "x"}],
                                       [{"role": "user"}], [{"role": "user", "content": 5}],
                                       [{"role": "user", "content": [{"type": "image_url"}]}]])
