@@ -5,7 +5,8 @@ max_length=20)`` is a common one with a group).
 
 Every repeat gets an upper count such that the longest string the pattern then matches
 is within ``maxLength``: first one cap for all (the largest that fits), then each repeat,
-in order, as far above it as still fits. ``minLength`` raises the lower count of repeats
+in order, as far above it as still fits (in a pattern of at most ``MAX_RAISED`` repeats:
+a hostile one of hundreds would take seconds). ``minLength`` raises the lower count of repeats
 of one character outside any group, when the pattern has no alternatives there. The
 strings the result matches are some of those the pattern and both bounds allow (not all:
 ``(-[a-z]{1,3}){0,3}`` leaves out a word of four letters after a hyphen).
@@ -18,6 +19,7 @@ import re
 from collections.abc import Callable
 from dataclasses import dataclass
 
+MAX_RAISED = 12  # repeats raised one by one above the common cap (each: ~10 parses)
 UNSUPPORTED_ESCAPES = set("bBAZzG0123456789kpPQE")  # no character: \\b, back-references...
 _GROUP = re.compile(r"\((?:\?(?::|P?<[A-Za-z_]\w*>))?")
 _COUNT = re.compile(r"(\*|\+|\?|\{(\d+)(,(\d*))?\})\??")
@@ -138,7 +140,7 @@ def capped(start: bool, end: bool, body: str, min_length: int, max_length: float
                          f"'minLength' {min_length} and 'maxLength' {max_length}")
     caps: list[float] = [_largest(lambda c: fits([c] * len(repeats)), 0, int(max_length))]
     caps *= len(repeats)  # one cap for all, then each repeat as far as it still fits
-    for k in range(len(repeats)):
+    for k in range(len(repeats) if len(repeats) <= MAX_RAISED else 0):
         def alone(cap: int, k: int = k) -> bool:
             return fits([*caps[:k], cap, *caps[k + 1:]])
         caps[k] = _largest(alone, int(caps[k]), int(min(repeats[k].high, max_length)))

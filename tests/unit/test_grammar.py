@@ -319,6 +319,13 @@ def test_schemas_nothing_satisfies_or_that_cannot_be_enforced_are_400(
     assert info.value.param == "response_format"
 
 
+def test_many_repeats_share_one_cap_and_few_are_raised_one_by_one() -> None:
+    """Raising each repeat re-reads the pattern ~10 times: for hundreds of them (a hostile
+    pattern) that took seconds, so past ``MAX_RAISED`` they keep the common cap."""
+    assert with_lengths("^" + "(a+)" * 13 + "$", 0, 26) == "^(" + "(a{1,2})" * 13 + ")$"
+    assert with_lengths("^" + "(a+)" * 3 + "$", 0, 26) == "^((a{1,10})(a{1,8})(a{1,8}))$"
+
+
 @pytest.mark.parametrize(("schema", "key"), [
     ({"type": "object", "properties": {"ab": {"type": "integer"}}, "required": "ab"},
      "required"),  # (was taken, and the requirement dropped)
