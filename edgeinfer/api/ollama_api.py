@@ -164,13 +164,13 @@ def _past_calls(calls: Any, i: int) -> list[dict[str, Any]]:
     for j, call in enumerate(calls if isinstance(calls, list) else [None]):
         fn = call.get("function") if isinstance(call, dict) else None
         if not isinstance(fn, dict) or not isinstance(fn.get("name"), str) or not isinstance(
-                fn.get("arguments") or {}, dict):
+                {} if fn.get("arguments") is None else fn["arguments"], dict):
             raise InvalidRequest(f"'{where}' must be a list of {{'function': {{'name': ..., "
                                  "'arguments': {...}}}}", param=f"{where}[{j}]")
         assert isinstance(call, dict)
         call_id = call["id"] if isinstance(call.get("id"), str) else f"call_{i}_{j}"
         out.append({"id": call_id, "type": "function", "function": {
-            "name": fn["name"], "arguments": json.dumps(fn.get("arguments") or {})}})
+            "name": fn["name"], "arguments": json.dumps(fn.get("arguments") or {})}})  # (None)
     return out
 
 

@@ -197,11 +197,17 @@ class Scheduler:
 
     def _prefill_order(self, budget: int) -> list[Sequence]:
         """The prompts to compute (not waiting on a shared prefix), in the order they take
-        the step's budget: those whose rest takes at most a quarter of it first (a short
-        chat's first token is not held back by a long document that came before it: it
-        comes after one step), then the others oldest first."""
+        the step's budget: those whose rest takes at most a quarter of it first, up to half
+        of it in all (a short chat's first token is not held back by a long document that
+        came before it: it comes after one step), then the others oldest first."""
         ready = [s for s in self.running if s.is_prefilling and s.waiting_on is None]
-        quick = [s for s in ready if s.prefill_stop - s.num_computed <= budget // 4]
+        quick: list[Sequence] = []
+        room = budget // 2  # the others keep at least half: a steady run of short prompts
+        for s in ready:  # does not starve a long one
+            rest = s.prefill_stop - s.num_computed
+            if rest <= min(budget // 4, room):
+                quick.append(s)
+                room -= rest
         return quick + [s for s in ready if s not in quick]
 
     def _add_drafts(self, chunks: list[Chunk], spare: int) -> int:

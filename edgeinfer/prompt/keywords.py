@@ -146,7 +146,8 @@ def _multiples(node: dict[str, Any], step: Any) -> dict[str, Any]:
     if kind == "integer":
         values = [v for v in values if v.denominator == 1]
     if isinstance(node.get("enum"), list):  # an enum stays: its multiples in range
-        values = [v for v in values if v in {_exact(e) for e in node["enum"] if _number(e)}]
+        listed = {_exact(e) for e in node["enum"] if _number(e)}
+        values = [v for v in values if v in listed]
     if not values:
         raise InvalidRequest(f"no multiple of {step} lies within the bounds: nothing "
                              "satisfies the schema", param="schema")

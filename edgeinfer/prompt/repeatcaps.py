@@ -20,6 +20,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 MAX_RAISED = 12  # repeats raised one by one above the common cap (each: ~10 parses)
+MAX_DEPTH = 16  # groups within groups
 UNSUPPORTED_ESCAPES = set("bBAZzG0123456789kpPQE")  # no character: \\b, back-references...
 _GROUP = re.compile(r"\((?:\?(?::|P?<[A-Za-z_]\w*>))?")
 _COUNT = re.compile(r"(\*|\+|\?|\{(\d+)(,(\d*))?\})\??")
@@ -66,8 +67,8 @@ def _read(body: str) -> tuple[list[str], list[_Repeat]] | None:
     while i < len(body):
         if body[i] == "(":
             group = _GROUP.match(body, i)
-            if group is None:  # (lookarounds and the like)
-                return None
+            if group is None or depth >= MAX_DEPTH:  # (lookarounds and the like; nesting
+                return None  # that makes each of the ~100 re-reads below slow)
             texts[-1] += "("
             depth, i = depth + 1, group.end()
             continue

@@ -149,6 +149,18 @@ def test_a_short_prompt_goes_before_a_long_one_that_came_first() -> None:
                                                                         ("long", 63)]
 
 
+def test_a_steady_run_of_short_prompts_does_not_starve_a_long_one() -> None:
+    sched = Scheduler(num_slots=6, token_budget=64, prefill_budget=512)
+    eng = FakeEngine(sched)
+    long = make_seq("long", 3000)
+    sched.add(long)
+    for step in range(120):
+        for j in range(4):
+            sched.add(make_seq(f"s{step}_{j}", 128, max_tokens=1))  # 4 x 128: a budget
+        eng.step()
+    assert not long.is_prefilling  # (short ones first took every step's budget)
+
+
 def test_finish_running_frees_slot_for_waiting() -> None:
     sched = Scheduler(num_slots=1, token_budget=8)
     a, b = make_seq("a", 2, max_tokens=100), make_seq("b", 2)
