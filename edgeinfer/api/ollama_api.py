@@ -163,14 +163,16 @@ def _past_calls(calls: Any, i: int) -> list[dict[str, Any]]:
     where, out = f"messages[{i}].tool_calls", []
     for j, call in enumerate(calls if isinstance(calls, list) else [None]):
         fn = call.get("function") if isinstance(call, dict) else None
+        args = fn.get("arguments") if isinstance(fn, dict) else None
+        args = {} if args is None else args  # (null: none)
         if not isinstance(fn, dict) or not isinstance(fn.get("name"), str) or not isinstance(
-                {} if fn.get("arguments") is None else fn["arguments"], dict):
+                args, dict):
             raise InvalidRequest(f"'{where}' must be a list of {{'function': {{'name': ..., "
                                  "'arguments': {...}}}}", param=f"{where}[{j}]")
         assert isinstance(call, dict)
         call_id = call["id"] if isinstance(call.get("id"), str) else f"call_{i}_{j}"
         out.append({"id": call_id, "type": "function", "function": {
-            "name": fn["name"], "arguments": json.dumps(fn.get("arguments") or {})}})  # (None)
+            "name": fn["name"], "arguments": json.dumps(args)}})
     return out
 
 

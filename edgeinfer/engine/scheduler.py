@@ -12,12 +12,13 @@ The rule is one: every running sequence that is generating contributes its one
 uncomputed token first; the rest of the token budget (``prefill_budget`` when no
 sequence generates, so that a lone prompt goes in large pieces) goes to prompt chunks of
 sequences still prefilling (chunked prefill): those with little left first (at most a
-quarter of the budget: a short chat is not held back by a long document), then oldest
-first. Waiting sequences take free slots by priority, then fairness between requests
-(the request with the fewest running sequences first: one request's ``n`` choices
-alternate with other requests instead of going first), then arrival. One request never holds
-more than ``max_per_request`` slots at once. A long prompt therefore never
-stalls the streams already generating, and requests join and leave at any step.
+quarter of the budget each, half in all: a short chat is not held back by a long
+document), then oldest first. Waiting sequences take free slots by priority, then
+fairness between requests (the request with the fewest running sequences first: one
+request's ``n`` choices alternate with other requests instead of going first), then
+arrival. One request never holds more than ``max_per_request`` slots at once. A long
+prompt therefore never stalls the streams already generating, and requests join and
+leave at any step.
 """
 
 from __future__ import annotations

@@ -129,7 +129,7 @@ def _multiples(node: dict[str, Any], step: Any) -> dict[str, Any]:
     if not _number(step) or step <= 0:
         raise InvalidRequest("'multipleOf' must be a number greater than 0", param="schema")
     kind = node.get("type")
-    if kind == "integer" and step == int(step) == 1:
+    if kind == "integer" and step == 1:
         return node
     bounds = _bounds(node)
     if kind not in ("integer", "number") or bounds is None:

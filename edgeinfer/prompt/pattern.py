@@ -35,11 +35,16 @@ from __future__ import annotations
 
 import json
 import math
-import re
 import string
 
 from edgeinfer.engine.grammar_check import JSON_ESCAPED_ONLY, RAW_CHAR, gbnf_code
-from edgeinfer.prompt.repeatcaps import UNSUPPORTED_ESCAPES, atom_at, capped, count_at
+from edgeinfer.prompt.repeatcaps import (
+    UNSUPPORTED_ESCAPES,
+    atom_at,
+    capped,
+    count_at,
+    regex_width,
+)
 
 ANY = RAW_CHAR
 PAD = 64  # characters an unanchored side may add
@@ -230,8 +235,6 @@ def json_pattern(pattern: str) -> str | None:
     return f"^{'' if start else pad}({body}){'' if end else pad}$"
 
 
-
-
 def _anchors(pattern: str) -> tuple[bool, bool, str]:
     """(anchored at the start, at the end, the pattern between)."""
     start = pattern.startswith("^")
@@ -261,11 +264,7 @@ def _width(body: str, pieces: list[tuple[str, int, float]] | None) -> tuple[int,
     bound when unknown)."""
     if pieces is not None:
         return sum(p[1] for p in pieces), sum(p[2] for p in pieces)
-    try:  # groups and alternatives: Python's regex parser knows (ECMA-only syntax: unknown)
-        lo, hi = re._parser.parse(body).getwidth()  # type: ignore[attr-defined]
-    except (re.error, AttributeError, RecursionError, OverflowError):
-        return 0, math.inf
-    return lo, math.inf if hi >= 1 << 30 else hi
+    return regex_width(body)  # groups and alternatives
 
 
 def with_lengths(pattern: str, min_length: int = 0, max_length: int | None = None) -> str:

@@ -107,7 +107,9 @@ def _text(texts: list[str], repeats: list[_Repeat], caps: list[float]) -> str:
     return out
 
 
-def _width(pattern: str) -> tuple[int, float]:
+def regex_width(pattern: str) -> tuple[int, float]:
+    """The fewest and most characters a regular expression matches, as Python's regex
+    parser reads it (0 and no bound when it cannot: ECMA-only syntax)."""
     try:
         lo, hi = re._parser.parse(pattern).getwidth()  # type: ignore[attr-defined]
     except (re.error, AttributeError, RecursionError, OverflowError):
@@ -123,7 +125,7 @@ def capped(start: bool, end: bool, body: str, min_length: int, max_length: float
         raise ValueError(f"'minLength' / 'maxLength' beside the 'pattern' {body[:100]!r} "
                          "cannot be enforced: put the length in the pattern ({m,n})")
     texts, repeats = read
-    need = min_length - _width(_text(texts, repeats, [math.inf] * len(repeats)))[0]
+    need = min_length - regex_width(_text(texts, repeats, [math.inf] * len(repeats)))[0]
     for r in repeats:  # (the one-character repeats outside any group: in order)
         if need > 0 and r.raisable:
             more = int(min(need, r.high - r.low))
@@ -135,7 +137,7 @@ def capped(start: bool, end: bool, body: str, min_length: int, max_length: float
         return "^" + _text(texts, repeats, [math.inf] * len(repeats)) + "$"
 
     def fits(caps: list[float]) -> bool:
-        return _width(_text(texts, repeats, caps))[1] <= max_length
+        return regex_width(_text(texts, repeats, caps))[1] <= max_length
     if not fits([0] * len(repeats)):
         raise ValueError(f"no string matches the 'pattern' {body[:100]!r} with "
                          f"'minLength' {min_length} and 'maxLength' {max_length}")
