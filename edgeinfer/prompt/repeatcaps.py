@@ -138,9 +138,14 @@ def capped(start: bool, end: bool, body: str, min_length: int, max_length: float
 
     def fits(caps: list[float]) -> bool:
         return regex_width(_text(texts, repeats, caps))[1] <= max_length
-    if not fits([0] * len(repeats)):
+    if not fits([0] * len(repeats)):  # (no string, or an alternative longer than the bound)
+        shortest = regex_width(_text(texts, repeats, [0] * len(repeats)))[0]
         raise ValueError(f"no string matches the 'pattern' {body[:100]!r} with "
-                         f"'minLength' {min_length} and 'maxLength' {max_length}")
+                         f"'minLength' {min_length} and 'maxLength' {max_length}"
+                         if shortest > max_length else
+                         f"'maxLength' {max_length} beside the 'pattern' {body[:100]!r} "
+                         "cannot be enforced (an alternative in it is longer): put the "
+                         "length in the pattern ({m,n})")
     caps: list[float] = [_largest(lambda c: fits([c] * len(repeats)), 0, int(max_length))]
     caps *= len(repeats)  # one cap for all, then each repeat as far as it still fits
     for k in range(len(repeats) if len(repeats) <= MAX_RAISED else 0):

@@ -364,6 +364,16 @@ def test_lengths_that_cannot_be_folded_raise(pattern: str, low: int, high: int |
         with_lengths(pattern, low, high)
 
 
+@pytest.mark.parametrize(("pattern", "high", "says"), [
+    ("^(a|bbbbbb)$", 3, "an alternative in it is longer"),  # "a" matches: not "no string"
+    ("^(aaaa|bbbbbb)$", 3, "no string matches"),
+])
+def test_a_length_refused_beside_alternatives_says_why(pattern: str, high: int, says: str
+                                                       ) -> None:
+    with pytest.raises(ValueError, match=says):
+        with_lengths(pattern, 0, high)
+
+
 def test_rules_that_branch_into_each_other_before_any_text_are_counted() -> None:
     """llama.cpp's left-recursion check walks leading rule references unmemoized:
     a chain of rules of 4 alternatives each leading to the next is 4 ** levels walks."""
