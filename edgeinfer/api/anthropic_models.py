@@ -2,7 +2,7 @@
 
 ``GET /v1/models`` and ``GET /v1/models/{id}`` serve both dialects: the ``anthropic``
 SDK's ``models.list()`` / ``models.retrieve()`` send the ``anthropic-version`` header and
-get ``{"type": "model", "id", "display_name", "created_at"}`` objects in a page of
+get ``{"type": "model", "id", "display_name", "created_at", "lifecycle"}`` objects in a page of
 ``{"data", "has_more", "first_id", "last_id"}`` (``limit`` 1-1000, default 20;
 ``after_id`` / ``before_id``), and errors in Anthropic's shape; every other client gets
 OpenAI's.
@@ -27,9 +27,15 @@ def wanted(request: Request) -> bool:
 
 
 def model_object(entry: PoolEntry) -> dict[str, Any]:
-    return {"type": "model", "id": entry.cfg.id, "display_name": entry.cfg.id,
-            "created_at": datetime.datetime.fromtimestamp(entry.created, datetime.UTC)
-            .strftime("%Y-%m-%dT%H:%M:%SZ")}
+    """One model: ``lifecycle`` is required by the SDK's type; ``max_input_tokens`` (the
+    context's cells) is known once the model is loaded."""
+    out: dict[str, Any] = {
+        "type": "model", "id": entry.cfg.id, "display_name": entry.cfg.id,
+        "created_at": datetime.datetime.fromtimestamp(entry.created, datetime.UTC)
+        .strftime("%Y-%m-%dT%H:%M:%SZ"), "lifecycle": "active"}
+    if entry.served is not None:
+        out["max_input_tokens"] = entry.served.runtime.info.n_ctx
+    return out
 
 
 def models_page(entries: list[PoolEntry], query: Any) -> dict[str, Any]:

@@ -17,7 +17,7 @@ import anthropic
 import httpx
 import jsonschema
 import pytest
-from anthropic.types import Message
+from anthropic.types import Message, ModelInfo
 from serverproc import ServerProcess, start_server, stop_server
 
 from edgeinfer.api.anthropic_render import MessageMeta, sse_events
@@ -334,6 +334,10 @@ def test_models_list_and_retrieve_in_anthropic_shape(ac: anthropic.Anthropic,
     assert [m.id for m in before.data] == ids[:-1] and not before.has_more
     one = ac.models.retrieve("default")  # an alias names its model
     assert (one.type, one.id) == ("model", "smollm2-135m-instruct")
+    raw = httpx.get(f"{server.base_url}/v1/models/default",
+                    headers={"anthropic-version": "2023-06-01"}).json()
+    held = ModelInfo.model_validate(raw)  # validated: the SDK only constructs (lifecycle)
+    assert held.lifecycle == "active" and held.max_input_tokens == 8192, raw
     with pytest.raises(anthropic.NotFoundError) as err:
         ac.models.retrieve("no-such-model")
     assert err.value.body["error"]["type"] == "not_found_error"  # type: ignore[index]
