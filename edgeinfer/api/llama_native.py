@@ -21,6 +21,7 @@ import json
 import uuid
 from collections.abc import AsyncIterator, Callable
 from dataclasses import replace
+from pathlib import Path
 from typing import Any
 
 from starlette.requests import Request
@@ -37,6 +38,7 @@ from edgeinfer.config import ModelConfig
 from edgeinfer.engine.logprobs import TokenLogprob
 from edgeinfer.engine.sequence import SamplingParams
 from edgeinfer.errors import InvalidRequest
+from edgeinfer.models.modelinfo import gguf_metadata
 from edgeinfer.models.pool import PoolEntry
 from edgeinfer.service import events as ev
 from edgeinfer.service.outcome import gather
@@ -233,7 +235,8 @@ def _props(entry: PoolEntry, configs: dict[str, ModelConfig]) -> dict[str, Any]:
         bos, eos = served.template.bos_token, served.template.eos_token
     else:
         n_ctx = cfg.context or meta.get(f"{facts.arch}.context_length") or 0
-        source, bos, eos = cfg.chat_template or meta.get("tokenizer.chat_template"), "", ""
+        source = cfg.chat_template or meta.get("tokenizer.chat_template")
+        bos, eos = _special_texts(facts.path, meta)
     params = {"n_predict": cfg.max_tokens or -1, "temperature": d.temperature,
               "top_k": d.top_k, "top_p": d.top_p, "min_p": d.min_p, "seed": -1}
     return {
@@ -244,3 +247,19 @@ def _props(entry: PoolEntry, configs: dict[str, ModelConfig]) -> dict[str, Any]:
         "endpoint_slots": True, "endpoint_props": False, "endpoint_metrics": True,
         "chat_template": source or "", "bos_token": bos, "eos_token": eos,
         "build_info": f"edgeinfer {__version__}", "is_sleeping": served is None}
+
+
+def _special_texts(path: Path | None, meta: dict[str, Any]) -> tuple[str, str]:
+    """The BOS and EOS tokens' texts, from the GGUF header of a model not loaded ("" for
+    one the file does not name, or a file that cannot be read)."""
+    ids = [meta.get(f"tokenizer.ggml.{name}_token_id") for name in ("bos", "eos")]
+    if path is None:
+        return "", ""
+    try:
+        texts = gguf_metadata(path, [i for i in ids if isinstance(i, int)])
+    except (OSError, ValueError):
+        return "", ""
+    found = texts.get("tokenizer.ggml.tokens")
+    bos, eos = (found.get(i, "") if isinstance(found, dict) and isinstance(i, int) else ""
+                for i in ids)
+    return bos, eos

@@ -24,7 +24,8 @@ answer 501: models come from models.toml (``edgeinfer pull`` installs their file
   after its last request, instead of its models.toml ``ttl``, until it is unloaded
   (``ModelPool.keep``); a request without it changes nothing. No messages / an empty prompt loads
   the model, or with keep_alive 0 unloads it (while it serves requests: once they end).
-- /api/generate: ``system``; ``raw`` skips the template; a non-empty ``template``,
+- /api/generate: ``system``; ``raw`` skips the template (and ``system`` and ``context``,
+  ignored as Ollama ignores them); a non-empty ``template``,
   ``suffix`` or ``images`` is refused. ``context`` (token ids, deprecated by Ollama) comes
   before the rendered prompt, after its BOS; the last line of an answer that is not
   ``raw`` gives ``context``: the prompt's tokens (BOS left out) and the answer's, so that
@@ -277,9 +278,10 @@ def parse_generate(body: Any, headers: dict[str, str]) -> Parsed:
                 raise InvalidRequest(f"'{name}' is not supported: {why}", param=name)
     prompt, system, raw = b.string("prompt") or "", b.string("system"), b.boolean("raw")
     context = fields.token_ids(b.body.get("context"), "context")
-    for name, given in (("system", system), ("context", context)):
-        if raw and given:
-            raise InvalidRequest(f"'{name}' has no effect with 'raw'", param=name)
+    if raw and (system or context):  # as Ollama: the prompt is taken as it is
+        log.info("ignored with 'raw': %s", ", ".join(
+            name for name, given in (("system", system), ("context", context)) if given))
+        system, context = None, ()
     msgs = ({"role": "system", "content": system},) if system else ()
     shaped = TextPrompts((prompt,)) if raw else ChatPrompt(
         (*msgs, {"role": "user", "content": prompt}), plain_without_template=True)

@@ -87,7 +87,9 @@ def _summary(app: Any, url: str) -> str:
     for mid, entry in pool.entries.items():
         if entry.state is ModelState.LOADING:  # --serve-while-loading: /ready says when
             lines.append(f"  {mid}: loading")
-    lines.append(f"  try: curl {url}/v1/chat/completions -H 'content-type: application/json' "
+    key = " -H 'authorization: Bearer <your key>'" if pool.config.api_keys else ""
+    lines.append(f"  try: curl {url}/v1/chat/completions{key} "
+                 "-H 'content-type: application/json' "
                  """-d '{"model": "default", "messages": [{"role": "user", "content": "Hi"}]}'""")
     return "\n".join(lines)
 

@@ -248,10 +248,11 @@ class ModelPool:
 
     def keep(self, model_id: str, seconds: float) -> None:
         """Keep a loaded model ``seconds`` after its last request (inf: for good) instead of
-        its ttl, until it is unloaded (Ollama's ``keep_alive``)."""
+        its ttl, until it is unloaded (Ollama's ``keep_alive``). The asking request counts as
+        one, a load request too: the time runs from now at the earliest."""
         entry = self.entries[self.resolve(model_id)]
         if entry.state is ModelState.LOADED:
-            entry.keep_alive = seconds
+            entry.keep_alive, entry.last_used = seconds, time.monotonic()
 
     def _configs(self) -> dict[str, ModelConfig]:
         """Every configured model by id, served or not (as served where it is)."""

@@ -186,6 +186,10 @@ def test_generate_whole_streamed_raw_and_system(oc: ollama.Client) -> None:
     raw = oc.generate(model="default", prompt="1, 2, 3, 4,", raw=True, options=opts)
     assert raw.prompt_eval_count is not None and raw.prompt_eval_count < 15  # no template
     assert raw.context is None  # as Ollama: a raw prompt has no conversation to continue
+    # as Ollama: with raw, system and context are ignored (they were a 400)
+    same = oc.generate(model="default", prompt="1, 2, 3, 4,", raw=True, options=opts,
+                       system="Be brief. " * 12, context=[1, 2, 3])
+    assert same.prompt_eval_count == raw.prompt_eval_count and same.response == raw.response
     short, long = (oc.generate(model="default", prompt="Name a color.", system=system,
                                options=opts) for system in ("Be brief.", "Be brief. " * 12))
     assert short.prompt_eval_count and long.prompt_eval_count
@@ -340,8 +344,6 @@ BAD: list[tuple[str, dict[str, Any], str]] = [
     ("/api/generate", {"model": "default", "prompt": "x", "context": "1 2"}, "context"),
     ("/api/generate", {"model": "default", "prompt": "x", "context": [1, -2]}, "context"),
     ("/api/generate", {"model": "default", "prompt": "x", "context": [1.5]}, "context"),
-    ("/api/generate", {"model": "default", "prompt": "x", "context": [1], "raw": True},
-     "context"),
     ("/api/generate", {"model": "default", "prompt": 5}, "prompt"),
     ("/api/embed", {"model": "default", "input": [1, 2]}, "input"),
     ("/api/embed", {"model": "default", "input": ["ok", ""]}, "input"),
@@ -450,6 +452,11 @@ def test_load_unload_and_keep_alive_zero(oc: ollama.Client, server: ServerProces
         assert card.expires_at is not None
         left = card.expires_at.timestamp() - time.time()
         assert 240 < left <= 301, left
+        time.sleep(3)  # a load request's keep_alive runs from it, not from the last answer
+        assert oc.chat(model="default", messages=[], keep_alive="10s").done_reason == "load"
+        (card,) = [m for m in oc.ps().models if m.model == MODEL]
+        assert card.expires_at is not None
+        assert 8.5 < card.expires_at.timestamp() - time.time() <= 10.5
         oc.chat(model="default", messages=HELLO, keep_alive="1s", options={"num_predict": 2})
         deadline = time.monotonic() + 15
         while loaded() and time.monotonic() < deadline:
