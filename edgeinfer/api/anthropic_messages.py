@@ -43,7 +43,13 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
 from edgeinfer.api import fields
-from edgeinfer.api.anthropic_render import MessageMeta, collect, openapi_paths, sse_events
+from edgeinfer.api.anthropic_render import (
+    MessageMeta,
+    collect,
+    openapi_paths,
+    ping_event,
+    sse_events,
+)
 from edgeinfer.api.body import read_json
 from edgeinfer.api.fields import MAX_STOP, MAX_STOP_LEN, MAX_TOKENS_LIMIT, Body
 from edgeinfer.api.messages import MAX_MESSAGES, messages
@@ -58,7 +64,7 @@ from edgeinfer.service.selection import model_named
 IGNORED: dict[str, type] = {
     "metadata": dict, "service_tier": str, "thinking": dict, "cache_control": dict,
     "inference_geo": str, "speed": str, "diagnostics": dict, "user_profile_id": str,
-    "workspace_id": str}
+    "workspace_id": str, "context_management": dict, "compaction": dict}
 FIELDS = set(IGNORED) | {"model", "messages", "system", "tools", "tool_choice",
                          "output_config", "max_tokens", "stop_sequences", "temperature",
                          "top_p", "top_k", "stream", "container", "thread"}
@@ -365,7 +371,8 @@ async def create_message(request: Request) -> Response:
     gen = await start(request, req, meta.id)
     meta.model = gen.model
     if stream:
-        return sse(request, sse_events(meta, gen.events, gen.prompt_tokens, request.url.path))
+        return sse(request, sse_events(meta, gen.events, gen.prompt_tokens, request.url.path),
+                   ping=ping_event)
     body = await unless_disconnected(request, collect(meta, gen.events))
     if body is None:
         return Response(status_code=CLIENT_GONE)

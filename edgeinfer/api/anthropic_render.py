@@ -11,8 +11,9 @@ object, the tool grammar makes one).
 The stream, as Anthropic sends it: ``message_start`` (content empty), then per block
 ``content_block_start`` / ``content_block_delta`` (``thinking_delta``, ``text_delta`` or
 ``input_json_delta``) / ``content_block_stop``, with one ``ping`` after the first block
-starts, then ``message_delta`` (stop reason and stop sequence, the final usage) and
-``message_stop``. Whitespace-only text is held back until text follows (it is dropped if a
+starts (and one every 10 s while nothing else is sent: ``ping_event``), then
+``message_delta`` (stop reason and stop sequence, the final usage) and ``message_stop``.
+Whitespace-only text is held back until text follows (it is dropped if a
 tool call or the end comes first, as in the whole body: an answer of blanks alone has no
 block at all, as Anthropic's empty answers, since it refuses such a block sent back). A
 failure mid-stream is one ``error`` event in Anthropic's error shape
@@ -37,6 +38,8 @@ import uuid
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from typing import Any
+
+from sse_starlette import ServerSentEvent
 
 from edgeinfer.api.errors import shape
 from edgeinfer.service.events import (
@@ -111,6 +114,13 @@ async def collect(meta: MessageMeta, events: AsyncIterator[Event]) -> dict[str, 
                  "input": _input(k.arguments)} for k in c.calls]
     return message_body(meta, content, stop_reason(c.finish, c.stop_word),
                         usage_body(out.usage))
+
+
+def ping_event() -> ServerSentEvent:
+    """The keep-alive every 10 s of an idle stream (a long prompt being computed), as
+    Anthropic's: a ``ping`` event, which clients that watch for idle streams see (a
+    comment, which the others' keep-alives are, is read by no client)."""
+    return ServerSentEvent(event="ping", data=json.dumps({"type": "ping"}), sep="\n")
 
 
 def sse(kind: str, data: dict[str, Any]) -> dict[str, str]:

@@ -12,6 +12,7 @@ import contextlib
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from typing import Any, TypeVar
 
+from sse_starlette import ServerSentEvent
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
@@ -25,6 +26,7 @@ from edgeinfer.service.request import GenerateRequest
 
 LEASES = "edgeinfer.leases"
 CLIENT_GONE = 499  # nginx's status for a request whose client closed the connection
+PING_SECONDS = 10  # a stream that sends nothing for this long gets a keep-alive
 T = TypeVar("T")
 Save = Callable[[dict[str, Any]], Awaitable[None]]
 
@@ -88,10 +90,13 @@ async def start_fitting(request: Request, cuts: list[int],
     raise AssertionError("unreachable")
 
 
-def sse(request: Request, events: AsyncIterator[dict[str, str]]) -> Stream:
-    """Server-sent events (``{"event": ..., "data": ...}`` dicts), pinged every 10 s and
-    closed when the client stops reading for the server's ``send_timeout``."""
-    return Stream(events, ping=10, sep="\n", send_timeout=request.app.state.send_timeout)
+def sse(request: Request, events: AsyncIterator[dict[str, str]],
+        ping: Callable[[], ServerSentEvent] | None = None) -> Stream:
+    """Server-sent events (``{"event": ..., "data": ...}`` dicts), pinged every 10 s (a
+    comment, or ``ping()``'s event) and closed when the client stops reading for the
+    server's ``send_timeout``."""
+    return Stream(events, ping=PING_SECONDS, sep="\n",
+                  send_timeout=request.app.state.send_timeout, ping_message_factory=ping)
 
 
 async def unless_disconnected(request: Request, work: Awaitable[T]) -> T | None:

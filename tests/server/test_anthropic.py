@@ -19,8 +19,11 @@ import jsonschema
 import pytest
 from anthropic.types import Message, ModelInfo
 from serverproc import ServerProcess, start_server, stop_server
+from starlette.applications import Starlette
+from starlette.routing import Route
 
-from edgeinfer.api.anthropic_render import MessageMeta, sse_events
+from edgeinfer.api import respond
+from edgeinfer.api.anthropic_render import MessageMeta, ping_event, sse_events
 from edgeinfer.errors import Timeout
 from edgeinfer.service.events import (
     ErrorEvent,
@@ -314,6 +317,15 @@ def test_count_tokens(ac: anthropic.Anthropic, server: ServerProcess) -> None:
                       "temperature": 0.5, "stop_sequences": ["x"], "metadata": {"user_id": "u"}},
              "/v1/messages/count_tokens")
     assert r.status_code == 200 and r.json() == {"input_tokens": short.input_tokens}
+    # Claude Code's beta fields (context editing, compaction) are taken and ignored
+    managed = {"context_management": {"edits": [{"type": "clear_thinking_20251015",
+                                                 "keep": "all"}]},
+               "compaction": {"enabled": True}}
+    r = post(server, {"model": "default", "messages": HI, "system": "Be brief.", **managed},
+             "/v1/messages/count_tokens")
+    assert r.status_code == 200 and r.json() == {"input_tokens": short.input_tokens}, r.text
+    r = post(server, {"model": "default", "max_tokens": 2, "messages": HI, **managed})
+    assert r.status_code == 200 and r.json()["type"] == "message", r.text
 
 
 # -- models ---------------------------------------------------------------------------------
@@ -498,6 +510,30 @@ def _fake_client(payload: bytes) -> anthropic.Anthropic:
 
     return anthropic.Anthropic(base_url="http://fake", api_key="k", max_retries=0,
                                http_client=httpx2.Client(transport=httpx2.MockTransport(handler)))
+
+
+def test_an_idle_stream_is_kept_alive_with_ping_events(monkeypatch: pytest.MonkeyPatch
+                                                       ) -> None:
+    """While a long prompt is computed nothing else is sent: a ``ping`` event comes every
+    PING_SECONDS, as from Anthropic's API (Claude Code's idle watch counts events, not the
+    comments other dialects' keep-alives are, and gave up on such a stream)."""
+    monkeypatch.setattr(respond, "PING_SECONDS", 1)
+
+    async def events() -> AsyncIterator[dict[str, str]]:
+        yield {"event": "message_start", "data": json.dumps({"type": "message_start"})}
+        await asyncio.sleep(2.6)
+        yield {"event": "message_stop", "data": json.dumps({"type": "message_stop"})}
+
+    app = Starlette(routes=[Route("/s", lambda r: respond.sse(r, events(), ping=ping_event))])
+    app.state.send_timeout = 30.0
+
+    async def fetch() -> str:
+        async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app),
+                                     base_url="http://test") as c:
+            return (await c.get("/s")).text
+    pairs = sse_pairs(asyncio.run(fetch()))
+    assert pairs[0][0] == "message_start" and pairs[-1][0] == "message_stop", pairs
+    assert pairs[1:-1] and all(p == ("ping", {"type": "ping"}) for p in pairs[1:-1]), pairs
 
 
 def test_error_mid_stream_is_an_error_event_the_sdk_raises() -> None:
