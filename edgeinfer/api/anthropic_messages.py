@@ -42,14 +42,8 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
-from edgeinfer.api import fields
-from edgeinfer.api.anthropic_render import (
-    MessageMeta,
-    collect,
-    openapi_paths,
-    ping_event,
-    sse_events,
-)
+from edgeinfer.api import anthropic_render, fields
+from edgeinfer.api.anthropic_render import MessageMeta, collect, openapi_paths, sse_events
 from edgeinfer.api.body import read_json
 from edgeinfer.api.fields import MAX_STOP, MAX_STOP_LEN, MAX_TOKENS_LIMIT, Body
 from edgeinfer.api.messages import MAX_MESSAGES, messages
@@ -372,7 +366,7 @@ async def create_message(request: Request) -> Response:
     meta.model = gen.model
     if stream:
         return sse(request, sse_events(meta, gen.events, gen.prompt_tokens, request.url.path),
-                   ping=ping_event)
+                   ping=anthropic_render.ping_event)
     body = await unless_disconnected(request, collect(meta, gen.events))
     if body is None:
         return Response(status_code=CLIENT_GONE)
