@@ -358,9 +358,10 @@ async def show(request: Request) -> Response:
 
 
 # The Ollama release whose documented API this dialect follows. Clients gate features on
-# it (VS Code's Copilot Chat refuses servers older than 0.6.4), so /api/version gives it,
-# and edgeinfer's own version beside it.
-OLLAMA_API_VERSION = "0.12.6"
+# it (VS Code's Copilot Chat refuses servers older than 0.6.4; Codex's --oss, which speaks
+# the Responses API that Ollama serves from 0.13.4 and edgeinfer at /v1 too, older than
+# 0.13.4), so /api/version gives it, and edgeinfer's own version beside it.
+OLLAMA_API_VERSION = "0.13.5"
 
 
 async def version(request: Request) -> Response:

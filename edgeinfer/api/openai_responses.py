@@ -8,11 +8,13 @@ of a stored response of the same API key, 400 ``not_found`` when none has it) be
 OpenAI chat messages (calls: assistant ``tool_calls``; outputs: ``tool`` messages) checked
 by ``api.messages``. Earlier turns
 render the same way each time, so a continued conversation's prompt is a prefix-cache hit.
-Function ``tools``, ``tool_choice``, ``parallel_tool_calls`` and ``text.format`` (text,
-json_object, json_schema) become the ``Constraint``.
+Function ``tools`` (also inside ``namespace`` tools), ``tool_choice``,
+``parallel_tool_calls`` and ``text.format`` (text, json_object, json_schema) become the
+``Constraint``.
 
-400 naming the field: unknown fields, non-function tools (web_search, file_search,
-computer_use ...), other input items, non-text content, set ``UNSUPPORTED`` fields.
+400 naming the field: unknown fields, hosted tools (file_search, computer_use ...; a
+``web_search`` tool is left out, logged), other input items, non-text content, set
+``UNSUPPORTED`` fields.
 Accepted, ignored: ``IGNORED`` (``reasoning``: no reasoning output), known ``include``s.
 ``truncation: "auto"``: a conversation over the context loses its oldest turns (up to a
 user message; instructions stay) until it fits; "disabled" (default): 400
@@ -22,6 +24,7 @@ user message; instructions stay) until it fits; "disabled" (default): 400
 
 from __future__ import annotations
 
+import logging
 import re
 from dataclasses import dataclass, field
 from typing import Any
@@ -34,6 +37,7 @@ from edgeinfer.api import fields, openai_chat
 from edgeinfer.api.body import read_json
 from edgeinfer.api.fields import MAX_TOKENS_LIMIT, Body
 from edgeinfer.api.guard import key_owner
+from edgeinfer.api.listing import input_items_page
 from edgeinfer.api.messages import messages
 from edgeinfer.api.respond import (
     CLIENT_GONE,
@@ -50,7 +54,6 @@ from edgeinfer.api.responses_render import (
     ResponseMeta,
     chat_messages,
     collect,
-    input_items_page,
     openapi_paths,
     sse_events,
 )
@@ -62,11 +65,12 @@ from edgeinfer.service.request import ChatPrompt, Constraint, GenerateRequest
 from edgeinfer.service.response_store import StoredResponse, kept_on
 from edgeinfer.service.selection import model_named
 
+log = logging.getLogger("edgeinfer.api")
 TOKEN_FIELDS = {"model", "input", "instructions", "tools", "tool_choice", "parallel_tool_calls",
                 "previous_response_id", "reasoning", "text", "truncation"}
 IGNORED = {"user": str, "service_tier": str, "safety_identifier": str, "prompt_cache_key": str,
            "prompt_cache_retention": str, "prompt_cache_options": dict, "stream_options": dict,
-           "reasoning": dict}
+           "reasoning": dict, "client_metadata": dict}
 UNSUPPORTED = ("background", "conversation", "prompt", "max_tool_calls", "context_management")
 FIELDS = TOKEN_FIELDS | set(IGNORED) | set(UNSUPPORTED) | {
     "stream", "store", "metadata", "max_output_tokens", "temperature", "top_p", "include",
@@ -113,34 +117,59 @@ class Draft:
 
 
 def _tools(b: Body) -> tuple[tuple[ToolSpec, ...], list[dict[str, Any]]]:
+    """Function tools, and those of ``namespace`` tools (each called by its own name; the
+    call's item names its namespace); a ``web_search`` tool is left out (no web here)."""
     raw = b.body["tools"] if b.present("tools") else []
     if not isinstance(raw, list) or len(raw) > MAX_TOOLS:
         raise _bad("tools", f"must be a list of at most {MAX_TOOLS} tools")
     specs, echo = [], []
     for j, t in enumerate(raw):
         kind = t.get("type") if isinstance(t, dict) else None
-        if kind != "function":
-            raise _bad(f"tools[{j}].type", f"{kind!r} is not supported: only 'function' tools "
-                       "(web_search, file_search, computer_use and other hosted tools are not)")
-        extra = sorted(set(t) - TOOL_KEYS)
-        if extra:
-            raise _bad(f"tools[{j}].{extra[0]}", "is not a recognized field of a function tool")
-        name, desc = t.get("name"), t.get("description") or ""
-        params = t.get("parameters")
-        params = {"type": "object", "properties": {}} if params is None else params
-        if not isinstance(name, str) or not _NAME.match(name):
-            raise _bad(f"tools[{j}].name", "must be 1-64 letters, digits, _ or -")
-        strict = t.get("strict")
-        if not isinstance(params, dict) or not isinstance(desc, str) or not isinstance(
-                strict, bool | None):
-            raise _bad(f"tools[{j}]", "needs a JSON schema object 'parameters', a string "
-                       "'description' and a boolean 'strict'")
-        specs.append(ToolSpec(name, desc, params, strict is not False))
-        echo.append({"type": "function", "name": name, "description": desc or None,
-                     "parameters": params, "strict": strict is not False})
+        if isinstance(kind, str) and kind.startswith("web_search"):
+            log.info("left out the hosted tool %r (no web access here)", kind)
+            continue
+        if kind == "namespace":
+            ns, desc, inner = t.get("name"), t.get("description"), t.get("tools")
+            if set(t) - {"type", "name", "description", "tools"} or not isinstance(
+                    ns, str) or not _NAME.match(ns) or not isinstance(desc, str) or not (
+                    isinstance(inner, list) and 0 < len(inner) <= MAX_TOOLS):
+                raise _bad(f"tools[{j}]", "a namespace needs a 'name' (1-64 letters, digits, _ "
+                           "or -), a string 'description' and a list of function 'tools'")
+            pairs = [_function(f, f"tools[{j}].tools[{k}]") for k, f in enumerate(inner)]
+            specs += [spec for spec, _ in pairs]
+            echo.append({"type": "namespace", "name": ns, "description": desc,
+                         "tools": [e for _, e in pairs]})
+            continue
+        spec, one = _function(t, f"tools[{j}]")
+        specs.append(spec)
+        echo.append(one)
     if len({s.name for s in specs}) != len(specs):
-        raise _bad("tools", "must have unique names")
+        raise _bad("tools", "must have unique names (a namespace's too)")
     return tuple(specs), echo
+
+
+def _function(t: Any, where: str) -> tuple[ToolSpec, dict[str, Any]]:
+    """A function tool and its echo."""
+    kind = t.get("type") if isinstance(t, dict) else None
+    if kind != "function":
+        raise _bad(f"{where}.type", f"{kind!r} is not supported: only 'function' tools "
+                   "(file_search, computer_use and other hosted tools are not)")
+    extra = sorted(set(t) - TOOL_KEYS)
+    if extra:
+        raise _bad(f"{where}.{extra[0]}", "is not a recognized field of a function tool")
+    name, desc = t.get("name"), t.get("description") or ""
+    params = t.get("parameters")
+    params = {"type": "object", "properties": {}} if params is None else params
+    if not isinstance(name, str) or not _NAME.match(name):
+        raise _bad(f"{where}.name", "must be 1-64 letters, digits, _ or -")
+    strict = t.get("strict")
+    if not isinstance(params, dict) or not isinstance(desc, str) or not isinstance(
+            strict, bool | None):
+        raise _bad(where, "needs a JSON schema object 'parameters', a string 'description' "
+                   "and a boolean 'strict'")
+    return ToolSpec(name, desc, params, strict is not False), {
+        "type": "function", "name": name, "description": desc or None, "parameters": params,
+        "strict": strict is not False}
 
 
 def _tool_choice(b: Body, tools: tuple[ToolSpec, ...]) -> tuple[str, Any]:

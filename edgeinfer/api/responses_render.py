@@ -31,7 +31,7 @@ from typing import Any
 from edgeinfer.api.errors import shape
 from edgeinfer.api.openai_render import HeldLogprobs, token_entries
 from edgeinfer.engine.logprobs import TokenLogprob
-from edgeinfer.errors import APIError, InvalidRequest, Overloaded
+from edgeinfer.errors import APIError, Overloaded
 from edgeinfer.service.events import (
     ErrorEvent,
     Event,
@@ -57,6 +57,12 @@ class ResponseMeta:
     id: str = field(default_factory=lambda: new_id("resp"))
     created_at: int = field(default_factory=lambda: int(time.time()))
     piece: Callable[[int], bytes] | None = None  # set: the output text's logprobs are asked
+
+    @property
+    def namespaces(self) -> dict[str, str]:
+        """The namespace of each function of a ``namespace`` tool, by the function's name."""
+        return {f["name"]: t["name"] for t in self.echo.get("tools") or ()
+                if t["type"] == "namespace" for f in t["tools"]}
 
 
 def usage_body(u: UsageReport) -> dict[str, Any]:
@@ -95,8 +101,10 @@ class OutputBuilder:
     """Output items from the events of one generation (one choice), and the stream events
     that build them (dicts with ``type``, without ``sequence_number``)."""
 
-    def __init__(self, piece: Callable[[int], bytes] | None = None) -> None:
+    def __init__(self, piece: Callable[[int], bytes] | None = None,
+                 namespaces: dict[str, str] | None = None) -> None:
         self.items: list[dict[str, Any]] = []
+        self.namespaces = namespaces or {}  # a call's item names its function's namespace
         self.open: dict[str, Any] | None = None  # the item being written
         self.pending = ""  # whitespace not yet given to a message
         self.text: list[str] = []  # the open message's text so far
@@ -197,6 +205,8 @@ class OutputBuilder:
             self.pending, self.lps = "", []
             item = {"id": new_id("fc"), "type": "function_call", "call_id": e.id or new_id("call"),
                     "name": e.name, "arguments": "", "status": "in_progress"}
+            if ns := self.namespaces.get(e.name):
+                item["namespace"] = ns
             self.items.append(item)
             self.open = item
             out.append({"type": "response.output_item.added", "output_index": self.index,
@@ -298,7 +308,7 @@ async def sse_events(meta: ResponseMeta, events: AsyncIterator[Event], save: Sav
     start = response_body(meta, "in_progress", [])
     yield sse({"type": "response.created", "response": start})
     yield sse({"type": "response.in_progress", "response": start})
-    b = OutputBuilder(meta.piece)
+    b = OutputBuilder(meta.piece, meta.namespaces)
     try:
         async for e in events:
             if isinstance(e, ErrorEvent):
@@ -320,7 +330,7 @@ async def sse_events(meta: ResponseMeta, events: AsyncIterator[Event], save: Sav
 
 async def collect(meta: ResponseMeta, events: AsyncIterator[Event]) -> dict[str, Any]:
     """The whole response object; raises the APIError of an ErrorEvent."""
-    b = OutputBuilder(meta.piece)
+    b = OutputBuilder(meta.piece, meta.namespaces)
     try:
         async for e in events:
             if isinstance(e, ErrorEvent):
@@ -329,40 +339,6 @@ async def collect(meta: ResponseMeta, events: AsyncIterator[Event]) -> dict[str,
     finally:
         await events.aclose()  # type: ignore[attr-defined]
     return b.body(meta)
-
-
-def page_query(query: Any, default_order: str = "desc") -> tuple[int, str, str | None]:
-    """A list's ``limit`` (1-100, default 20), ``order`` (asc or desc) and ``after`` (an
-    item id), as OpenAI takes them."""
-    limit, after = query.get("limit", "20"), query.get("after")
-    order = query.get("order", default_order)
-    if not (limit.isascii() and limit.isdigit()) or not 1 <= int(limit) <= 100:
-        raise InvalidRequest("'limit' must be an integer between 1 and 100", param="limit")
-    if order not in ("asc", "desc"):
-        raise InvalidRequest("'order' must be 'asc' or 'desc'", param="order")
-    return int(limit), order, after
-
-
-def list_body(page: list[dict[str, Any]], has_more: bool) -> dict[str, Any]:
-    """One page of a list, as OpenAI answers it."""
-    return {"object": "list", "data": page, "first_id": page[0]["id"] if page else None,
-            "last_id": page[-1]["id"] if page else None, "has_more": has_more}
-
-
-def input_items_page(items: list[dict[str, Any]], query: Any,
-                     default_order: str = "desc") -> dict[str, Any]:
-    """One page of items (``page_query``), as OpenAI lists a response's input items (or a
-    chat completion's messages)."""
-    limit, order, after = page_query(query, default_order)
-    ordered = items if order == "asc" else items[::-1]
-    if after is not None:
-        ids = [i["id"] for i in ordered]
-        if after not in ids:
-            raise InvalidRequest(f"'after' names no item of this list: {after!r}",
-                                 param="after")
-        ordered = ordered[ids.index(after) + 1:]
-    page = ordered[:limit]
-    return list_body(page, len(ordered) > len(page))
 
 
 _ID = [{"name": "response_id", "in": "path", "required": True, "schema": {"type": "string"}}]

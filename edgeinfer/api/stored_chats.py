@@ -27,8 +27,8 @@ from edgeinfer.api import fields
 from edgeinfer.api.body import read_json
 from edgeinfer.api.fields import Body
 from edgeinfer.api.guard import key_owner
+from edgeinfer.api.listing import input_items_page, list_body, page_query
 from edgeinfer.api.respond import Save
-from edgeinfer.api.responses_render import input_items_page, list_body, page_query
 from edgeinfer.errors import InvalidRequest, NotFound
 from edgeinfer.service.chat_store import Query, chats_kept_on
 

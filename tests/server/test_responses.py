@@ -278,6 +278,28 @@ def test_function_call_round_trip(client: openai.OpenAI) -> None:
     assert item.type == "function_call_output" and item.call_id == call.call_id
 
 
+def test_codex_tools_namespace_web_search_and_client_metadata(server: ServerProcess) -> None:
+    """What Codex sends: functions inside a ``namespace`` tool (each offered by its own
+    name; the call's item names its namespace, as OpenAI's), a ``web_search`` tool (left out:
+    no web here) and ``client_metadata`` (ignored); each was a 400."""
+    ns = {"type": "namespace", "name": "crm", "description": "Customer records",
+          "tools": [{**WEATHER, "name": "find_customer"}]}
+    r = post(server, {"model": "default", "input": "Find Ann", "max_output_tokens": 60,
+                      "temperature": 0, "tools": [WEATHER, ns, {"type": "web_search",
+                                                                "external_web_access": False}],
+                      "tool_choice": {"type": "function", "name": "find_customer"},
+                      "client_metadata": {"thread_id": "t1"}})
+    assert r.status_code == 200, r.text
+    body = Response.model_validate(r.json())
+    (call,) = [o for o in body.output if o.type == "function_call"]
+    assert (call.name, call.namespace) == ("find_customer", "crm")
+    assert [t.type for t in body.tools] == ["function", "namespace"]
+    plain = post(server, {"model": "default", "input": "Weather in Rome?", "tools": [WEATHER, ns],
+                          "tool_choice": "required", "max_output_tokens": 60, "temperature": 0})
+    calls = [o for o in plain.json()["output"] if o["type"] == "function_call"]
+    assert calls and all(("namespace" in c) == (c["name"] == "find_customer") for c in calls)
+
+
 def test_named_tool_choice(client: openai.OpenAI) -> None:
     other = {**WEATHER, "name": "get_time", "description": "The time in a city"}
     r = client.responses.create(model="default", input="Time in Rome?", tools=[WEATHER, other],
@@ -394,7 +416,11 @@ def test_input_tokens(server: ServerProcess, client: openai.OpenAI) -> None:
 
 BASE = {"model": "default", "input": "hi", "max_output_tokens": 1}
 BAD: list[tuple[dict[str, Any], str | None]] = [
-    ({"tools": [{"type": "web_search"}]}, "tools[0].type"),
+    ({"tools": [{"type": "namespace", "name": "ns", "description": "d", "tools": [
+        {"type": "web_search"}]}]}, "tools[0].tools[0].type"),
+    ({"tools": [WEATHER, {"type": "namespace", "name": "ns", "description": "d",
+                          "tools": [WEATHER]}]}, "tools"),  # the same name twice
+    ({"tools": [{"type": "namespace", "name": "ns", "tools": [WEATHER]}]}, "tools[0]"),
     ({"tools": [{"type": "file_search", "vector_store_ids": ["v"]}]}, "tools[0].type"),
     ({"tools": [{"type": "function", "name": "bad name"}]}, "tools[0].name"),
     ({"tools": [{**WEATHER, "colour": 1}]}, "tools[0].colour"),
