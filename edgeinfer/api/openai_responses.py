@@ -83,6 +83,7 @@ INCLUDABLE = {"file_search_call.results", "web_search_call.results", "reasoning.
 TOOL_KEYS = {"type", "name", "description", "parameters", "strict", "defer_loading",
              "allowed_callers", "output_schema"}
 MAX_TOOLS = 128
+SUMMARIES = ("auto", "concise", "detailed")
 RENAMED = {"response_format.json_schema.schema": "text.format.schema",
            "response_format": "text.format", "messages": "input"}
 _NAME = re.compile(r"^[a-zA-Z0-9_-]{1,64}$")
@@ -275,6 +276,8 @@ def parse(body: Any, headers: dict[str, str], allowed: set[str]) -> Draft:
         else:
             template_kwargs.setdefault("reasoning_effort", effort)
         echo["reasoning"]["effort"] = effort
+    if (summary := asked.get("summary") if isinstance(asked, dict) else None) in SUMMARIES:
+        echo["reasoning"]["summary"] = summary  # echoed as asked (none is written here)
     return Draft(model, instructions, items, chat_messages(items), previous, constraint,
                  params, echo, b.boolean("stream"), store, echo["truncation"] == "auto",
                  priority, reasoning_format, template_kwargs)

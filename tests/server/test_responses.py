@@ -474,11 +474,12 @@ def test_bad_requests_are_400(server: ServerProcess, extra: dict[str, Any],
 def test_accepted_and_ignored_fields(client: openai.OpenAI) -> None:
     r = client.responses.create(
         model="default", input="hi", max_output_tokens=2, user="u1", service_tier="auto",
-        reasoning={"effort": "low"}, include=["reasoning.encrypted_content"],
+        reasoning={"effort": "low", "summary": "auto"}, include=["reasoning.encrypted_content"],
         truncation="disabled", parallel_tool_calls=False, top_p=0.9, temperature=0.5,
         extra_body={"seed": 7})
     assert r.status in ("completed", "incomplete") and r.temperature == 0.5 and r.top_p == 0.9
     assert r.truncation == "disabled" and r.parallel_tool_calls is False
+    assert r.reasoning is not None and (r.reasoning.effort, r.reasoning.summary) == ("low", "auto")
 
 
 def test_output_text_logprobs(client: openai.OpenAI) -> None:
