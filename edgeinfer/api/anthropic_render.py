@@ -118,8 +118,7 @@ async def collect(meta: MessageMeta, events: AsyncIterator[Event]) -> dict[str, 
 
 def ping_event() -> ServerSentEvent:
     """The keep-alive every 10 s of an idle stream (a long prompt being computed), as
-    Anthropic's: a ``ping`` event, which clients that watch for idle streams see (a
-    comment, which the others' keep-alives are, is read by no client)."""
+    Anthropic's: a ``ping`` event (the other dialects' keep-alive is a comment)."""
     return ServerSentEvent(event="ping", data=json.dumps({"type": "ping"}), sep="\n")
 
 

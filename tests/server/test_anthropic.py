@@ -515,8 +515,7 @@ def _fake_client(payload: bytes) -> anthropic.Anthropic:
 def test_an_idle_stream_is_kept_alive_with_ping_events(monkeypatch: pytest.MonkeyPatch
                                                        ) -> None:
     """While a long prompt is computed nothing else is sent: a ``ping`` event comes every
-    PING_SECONDS, as from Anthropic's API (Claude Code's idle watch counts events, not the
-    comments other dialects' keep-alives are, and gave up on such a stream)."""
+    PING_SECONDS, as from Anthropic's API (the other dialects' keep-alive is a comment)."""
     monkeypatch.setattr(respond, "PING_SECONDS", 1)
 
     async def events() -> AsyncIterator[dict[str, str]]:
