@@ -49,6 +49,25 @@ class InvalidRequest(APIError):
     type = "invalid_request_error"
 
 
+class ContextTooLong(InvalidRequest):
+    """400 context_length_exceeded for a prompt (plus max_tokens) over the context, with
+    the sizes, which Anthropic's dialect words its own way (Claude Code recovers from a
+    too-long conversation only on that wording)."""
+
+    def __init__(self, message: str, *, prompt_tokens: int, max_tokens: int, n_ctx: int,
+                 param: str | None = None) -> None:
+        super().__init__(message, param=param, code="context_length_exceeded")
+        self.prompt_tokens, self.max_tokens, self.n_ctx = prompt_tokens, max_tokens, n_ctx
+
+    @property
+    def anthropic_message(self) -> str:
+        if self.prompt_tokens >= self.n_ctx:
+            return f"prompt is too long: {self.prompt_tokens} tokens > {self.n_ctx - 1} maximum"
+        return ("input length and `max_tokens` exceed context limit: "
+                f"{self.prompt_tokens} + {self.max_tokens} > {self.n_ctx}, decrease input "
+                "length or `max_tokens` and try again")
+
+
 class AuthenticationFailed(APIError):
     status = 401
     type = "authentication_error"

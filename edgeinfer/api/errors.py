@@ -17,7 +17,14 @@ from starlette.exceptions import HTTPException
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
-from edgeinfer.errors import APIError, InvalidRequest, MethodNotAllowed, NotFound, ServerError
+from edgeinfer.errors import (
+    APIError,
+    ContextTooLong,
+    InvalidRequest,
+    MethodNotAllowed,
+    NotFound,
+    ServerError,
+)
 
 log = logging.getLogger("edgeinfer.api")
 
@@ -37,8 +44,9 @@ def shape(exc: APIError, path: str = "") -> dict[str, Any]:
     """The JSON body of ``exc`` for a request to ``path``."""
     if _anthropic(path):
         details = {"details": exc.details} if exc.details is not None else {}
+        message = exc.anthropic_message if isinstance(exc, ContextTooLong) else exc.message
         return {"type": "error", "error": {
-            "type": _ANTHROPIC_TYPES.get(exc.status, "api_error"), "message": exc.message,
+            "type": _ANTHROPIC_TYPES.get(exc.status, "api_error"), "message": message,
             **details}}
     if path.startswith(OLLAMA_PREFIX):
         return {"error": exc.message}

@@ -18,6 +18,7 @@ from importlib.metadata import version
 from pathlib import Path
 from typing import Any, TypeVar
 
+from edgeinfer import errors
 from edgeinfer.config import ModelConfig
 from edgeinfer.engine.delta import Delta, FailureCode
 from edgeinfer.engine.draft_model import DraftModel
@@ -330,12 +331,12 @@ class ServedModel:
         fits."""
         wanted = n_prompt + (max_tokens or 1)
         if n_prompt >= self.n_ctx or wanted > self.n_ctx:
-            raise InvalidRequest(
+            raise errors.ContextTooLong(
                 f"This model's maximum context length is {self.n_ctx} tokens. However, you "
                 f"requested {wanted} tokens ({n_prompt} in the prompt, "
                 f"{max_tokens or 1} for the completion). Please reduce the prompt or max_tokens.",
-                param=param, code="context_length_exceeded",
-            )
+                prompt_tokens=n_prompt, max_tokens=max_tokens or 1, n_ctx=self.n_ctx,
+                param=param)
 
 
 def load_model(cfg: ModelConfig, path: Path | None = None,

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import re
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 from typing import Any
@@ -326,6 +327,19 @@ def test_count_tokens(ac: anthropic.Anthropic, server: ServerProcess) -> None:
     assert r.status_code == 200 and r.json() == {"input_tokens": short.input_tokens}, r.text
     r = post(server, {"model": "default", "max_tokens": 2, "messages": HI, **managed})
     assert r.status_code == 200 and r.json()["type"] == "message", r.text
+
+
+def test_a_prompt_over_the_context_is_worded_as_anthropic_words_it(server: ServerProcess
+                                                                  ) -> None:
+    """Claude Code compacts a conversation that outgrew the context only on Anthropic's
+    wording ("prompt is too long: N tokens > M maximum"); the OpenAI one ended its run."""
+    long = " ".join(f"Clause {i}: the tenant keeps the garden tidy." for i in range(1100))
+    r = post(server, {"model": "default", "max_tokens": 5,
+                      "messages": [{"role": "user", "content": long}]})
+    message = anthropic_error(r, 400, "invalid_request_error")
+    assert re.fullmatch(r"prompt is too long: \d+ tokens > 8191 maximum", message), message
+    n = int(message.split()[4])
+    assert n >= 8192
 
 
 # -- models ---------------------------------------------------------------------------------
