@@ -452,11 +452,11 @@ def test_load_unload_and_keep_alive_zero(oc: ollama.Client, server: ServerProces
         assert card.expires_at is not None
         left = card.expires_at.timestamp() - time.time()
         assert 240 < left <= 301, left
-        time.sleep(3)  # a load request's keep_alive runs from it, not from the last answer
+        time.sleep(5)  # a load request's keep_alive runs from it, not from the last answer
         assert oc.chat(model="default", messages=[], keep_alive="10s").done_reason == "load"
         (card,) = [m for m in oc.ps().models if m.model == MODEL]
         assert card.expires_at is not None
-        assert 8.5 < card.expires_at.timestamp() - time.time() <= 10.5
+        assert 6.5 < card.expires_at.timestamp() - time.time() <= 10.5  # (was about 5)
         oc.chat(model="default", messages=HELLO, keep_alive="1s", options={"num_predict": 2})
         deadline = time.monotonic() + 15
         while loaded() and time.monotonic() < deadline:
