@@ -138,8 +138,8 @@ def capped(start: bool, end: bool, body: str, min_length: int, max_length: float
 
     def fits(caps: list[float]) -> bool:
         return regex_width(_text(texts, repeats, caps))[1] <= max_length
-    if not fits([0] * len(repeats)):  # (no string, or an alternative longer than the bound)
-        shortest = regex_width(_text(texts, repeats, [0] * len(repeats)))[0]
+    shortest, longest = regex_width(_text(texts, repeats, [0] * len(repeats)))
+    if longest > max_length:  # (no string, or an alternative longer than the bound)
         raise ValueError(f"no string matches the 'pattern' {body[:100]!r} with "
                          f"'minLength' {min_length} and 'maxLength' {max_length}"
                          if shortest > max_length else
