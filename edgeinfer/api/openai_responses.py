@@ -144,8 +144,8 @@ def _tools(b: Body) -> tuple[tuple[ToolSpec, ...], list[dict[str, Any]]]:
         spec, one = _function(t, f"tools[{j}]")
         specs.append(spec)
         echo.append(one)
-    if len({s.name for s in specs}) != len(specs):
-        raise _bad("tools", "must have unique names (a namespace's too)")
+    if len(specs) > MAX_TOOLS or len({s.name for s in specs}) != len(specs):
+        raise _bad("tools", f"must hold at most {MAX_TOOLS} uniquely named functions in all")
     return tuple(specs), echo
 
 

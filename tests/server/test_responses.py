@@ -421,6 +421,8 @@ BAD: list[tuple[dict[str, Any], str | None]] = [
     ({"tools": [WEATHER, {"type": "namespace", "name": "ns", "description": "d",
                           "tools": [WEATHER]}]}, "tools"),  # the same name twice
     ({"tools": [{"type": "namespace", "name": "ns", "tools": [WEATHER]}]}, "tools[0]"),
+    ({"tools": [{"type": "namespace", "name": f"n{k}", "description": "d", "tools": [
+        {**WEATHER, "name": f"f{k}_{i}"} for i in range(100)]} for k in range(2)]}, "tools"),
     ({"tools": [{"type": "file_search", "vector_store_ids": ["v"]}]}, "tools[0].type"),
     ({"tools": [{"type": "function", "name": "bad name"}]}, "tools[0].name"),
     ({"tools": [{**WEATHER, "colour": 1}]}, "tools[0].colour"),
