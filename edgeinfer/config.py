@@ -25,6 +25,8 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
+import psutil
+
 from edgeinfer.errors import ConfigError
 
 DEFAULT_CONFIG = Path(__file__).resolve().parent.parent / "models.toml"
@@ -95,7 +97,10 @@ class ModelConfig:
     cache_entries: int = 32  # finished sequences kept in the KV cache for reuse
     pinned_prompts: tuple[str, ...] = ()  # system prompts kept resident, never evicted
     cache_disk_mb: int = 512  # pinned prefixes' KV state kept on disk across restarts (0: off)
-    cache_ram_mb: int = 256  # evicted prefixes' KV state kept in host RAM (0: off)
+    # evicted prefixes' KV state kept in host RAM (0: off); default: 1/16 of the RAM, from
+    # 256 MiB to 8 GiB (a cap, not a reservation; llama-server's --cache-ram: 8 GiB)
+    cache_ram_mb: int = field(default_factory=lambda: max(256, min(8192, int(
+        psutil.virtual_memory().total) >> 24)))
     # opt-in: this many of the most used unpinned prefixes are also written to disk when
     # the model unloads or the server stops, and restored when it loads (0: off)
     cache_disk_hot: int = 0
@@ -145,9 +150,9 @@ class ModelConfig:
             raise ConfigError(f"model {self.id!r}: give exactly one of 'path' or 'source'")
         if self.gpu_layers != "auto" and not isinstance(self.gpu_layers, int):
             raise ConfigError(f"model {self.id!r}: gpu_layers must be a number or \"auto\"")
-        for name in ("context", "slots", "threads", "batch"):
-            if getattr(self, name) < 1:
-                raise ConfigError(f"model {self.id!r}: {name} must be >= 1")
+        for name, least in (("context", 16), ("slots", 1), ("threads", 1), ("batch", 1)):
+            if getattr(self, name) < least:
+                raise ConfigError(f"model {self.id!r}: {name} must be >= {least}")
         if self.max_queue < 0 or self.request_timeout <= 0 or not (self.ttl or 0) >= 0:
             raise ConfigError(f"model {self.id!r}: max_queue and ttl must be >= 0 and "
                               "request_timeout > 0")
@@ -167,33 +172,26 @@ class ModelConfig:
                 1 <= self.max_slots_per_request <= self.slots):
             raise ConfigError(f"model {self.id!r}: max_slots_per_request must be between 1 "
                               "and slots")
-        if self.step_target_ms < 0:
-            raise ConfigError(f"model {self.id!r}: step_target_ms must be >= 0")
         if self.prefill_batch < 0 or self.prefill_batch > 8192:
             raise ConfigError(f"model {self.id!r}: prefill_batch must be between 0 and 8192")
-        if min(self.cache_disk_mb, self.cache_ram_mb, self.cache_disk_hot) < 0:
-            raise ConfigError(f"model {self.id!r}: cache_disk_mb, cache_ram_mb and "
-                              "cache_disk_hot must be >= 0")
+        if min(self.cache_disk_mb, self.cache_ram_mb, self.cache_disk_hot, self.step_target_ms,
+               self.checkpoint_every) < 0:
+            raise ConfigError(f"model {self.id!r}: cache_disk_mb, cache_ram_mb, cache_disk_hot, "
+                              "step_target_ms and checkpoint_every must be >= 0")
         if self.cache_mode not in ("auto", "checkpoint"):
-            raise ConfigError(f"model {self.id!r}: cache_mode must be \"auto\" or "
-                              "\"checkpoint\"")
+            raise ConfigError(f"model {self.id!r}: cache_mode must be \"auto\" or \"checkpoint\"")
         if not {self.cache_type_k, self.cache_type_v} <= set(KV_CACHE_TYPES):
             raise ConfigError(f"model {self.id!r}: cache_type_k and cache_type_v must be one "
                               f"of {', '.join(KV_CACHE_TYPES)}")
         if (self.flash_attn, self.cache_type_v[0]) == ("off", "q"):
             raise ConfigError(f"model {self.id!r}: a quantized cache_type_v needs flash_attn")
-        if self.speculative not in ("ngram", "draft", "off") or not 1 <= self.draft_max <= 32:
+        if self.speculative not in ("ngram", "draft", "off") or not (
+                1 <= self.draft_min <= self.draft_max <= 32):
             raise ConfigError(f"model {self.id!r}: speculative must be \"ngram\", \"draft\" "
-                              "or \"off\" and draft_max between 1 and 32")
-        if not 1 <= self.draft_min <= self.draft_max:
-            raise ConfigError(f"model {self.id!r}: draft_min must be between 1 and draft_max")
+                              "or \"off\", and 1 <= draft_min <= draft_max <= 32")
         if (self.speculative == "draft") != isinstance(self.draft_model, str):
             raise ConfigError(f"model {self.id!r}: speculative = \"draft\" needs draft_model "
                               "(the id of another configured model), and draft_model needs it")
-        if self.checkpoint_every < 0:
-            raise ConfigError(f"model {self.id!r}: checkpoint_every must be >= 0")
-        if self.context < 16:
-            raise ConfigError(f"model {self.id!r}: context must be >= 16")
         for key, allowed in (("tool_format", TOOL_FORMATS), ("flash_attn", FLASH_ATTN),
                              ("reasoning_format", REASONING_FORMATS)):
             if getattr(self, key) not in allowed:
@@ -281,7 +279,8 @@ def _model_from_table(table: dict[str, Any], base: Path) -> ModelConfig:
     where = f"model {table['id']!r}"  # (kinds for the fields whose default is None)
     _check_types(table, {f.name: f.default for f in dataclasses.fields(ModelConfig)} | {
         "id": "", "path": "", "chat_template": "", "chat_template_file": "", "draft_model": "",
-        "max_tokens": 0, "max_slots_per_request": 0, "ttl": 0.0, "threads": 0}, where)
+        "max_tokens": 0, "max_slots_per_request": 0, "ttl": 0.0, "threads": 0,
+        "cache_ram_mb": 0}, where)
     for key in ("aliases", "tags", "fallback", "pinned_prompts"):  # ("abc": 3 aliases)
         if not isinstance(v := table.get(key, []), list) or not all(isinstance(x, str) and x
                                                                     for x in v):

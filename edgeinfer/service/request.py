@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from edgeinfer.engine.sequence import SamplingParams
-from edgeinfer.errors import InvalidRequest
+from edgeinfer.errors import ContextTooLong
 from edgeinfer.prompt.tools import ToolSpec
 
 
@@ -124,7 +124,8 @@ def check_text_size(req: GenerateRequest, n_ctx: int) -> None:
             for p in req.prompt.prompts), default=0)
     if chars > n_ctx * MAX_TOKEN_BYTES:
         where = "messages" if isinstance(req.prompt, ChatPrompt) else "prompt"
-        raise InvalidRequest(
+        raise ContextTooLong(  # (the token count: the fewest these characters make)
             f"This model's maximum context length is {n_ctx} tokens. However, your "
             f"{where} has {chars} characters, more than any {n_ctx} tokens hold. Please "
-            "reduce the prompt.", param=where, code="context_length_exceeded")
+            "reduce the prompt.", param=where, prompt_tokens=-(-chars // MAX_TOKEN_BYTES),
+            max_tokens=0, n_ctx=n_ctx)

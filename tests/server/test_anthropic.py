@@ -340,6 +340,12 @@ def test_a_prompt_over_the_context_is_worded_as_anthropic_words_it(server: Serve
     assert re.fullmatch(r"prompt is too long: \d+ tokens > 8191 maximum", message), message
     n = int(message.split()[4])
     assert n >= 8192
+    huge = "word " * 600_000  # refused on its characters, before it is tokenized
+    r = post(server, {"model": "default", "max_tokens": 5,
+                      "messages": [{"role": "user", "content": huge}]})
+    message = anthropic_error(r, 400, "invalid_request_error")
+    assert re.fullmatch(r"prompt is too long: \d+ tokens > 8191 maximum", message), message
+    assert int(message.split()[4]) >= 3_000_000 // 256
 
 
 # -- models ---------------------------------------------------------------------------------
@@ -481,6 +487,10 @@ def test_sdk_raises_bad_request_for_typed_calls(ac: anthropic.Anthropic) -> None
     with pytest.raises(anthropic.BadRequestError):
         ac.messages.create(model="default", max_tokens=4, messages=HI,
                            extra_body={"unknown_thing": True})
+    with pytest.raises(anthropic.BadRequestError, match="forces tool use"):  # as Anthropic's
+        ac.messages.create(model="default", max_tokens=4, messages=HI, tools=[WEATHER],
+                           tool_choice={"type": "any"},
+                           thinking={"type": "enabled", "budget_tokens": 1024})
     with pytest.raises(anthropic.BadRequestError):  # also when streaming: before the stream
         with ac.messages.stream(model="default", max_tokens=4, messages=[
                 {"role": "user", "content": [IMAGE]}]) as stream:

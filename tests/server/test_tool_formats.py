@@ -12,6 +12,7 @@ from typing import Any
 import httpx
 import jsonschema
 import openai
+import psutil
 import pytest
 from jinja2 import Undefined
 from jinja2.sandbox import SandboxedEnvironment
@@ -149,6 +150,9 @@ def _conversation(call_id: str) -> list[dict[str, Any]]:
                 "id": call_id, "type": "function",
                 "function": {"name": "get_weather", "arguments": '{"city": "Paris"}'}}]},
             {"role": "tool", "tool_call_id": call_id, "content": "21 C and sunny"}]
+
+
+RAM_TIER_MB = max(256, min(8192, psutil.virtual_memory().total >> 24))  # 1/16 of the RAM
 
 
 @pytest.mark.parametrize("name", [n for n, f in FAMILIES.items() if f != "generic"])
@@ -360,7 +364,8 @@ def test_edgeinfer_models_shows_each_models_formats(tmp_path: Path) -> None:
         m: FAMILIES[name] for m, name in SERVED.items()}
     assert rows["r1"]["reasoning"] == "split" and rows["qwen"]["reasoning"] == "none"
     assert rows["gptoss"]["reasoning"] == "split" and rows["gemma4"]["reasoning"] == "split"
-    assert rows["qwen"]["cache"] == {"mode": "kv", "kv": True, "ram_mb": 256, "disk_mb": 512,
+    assert rows["qwen"]["cache"] == {"mode": "kv", "kv": True, "ram_mb": RAM_TIER_MB,
+                                     "disk_mb": 512,
                                      "disk_files": 0, "disk_mib": 0.0}
 
 

@@ -2,6 +2,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import psutil
 import pytest
 
 from edgeinfer.config import DEFAULT_CONFIG, DerivedSource, PackageSource, load_config
@@ -23,6 +24,8 @@ def test_default_config_serves_smollm2() -> None:
     assert isinstance(q8.source, DerivedSource) and q8.source.quantize == "q8_0"
     assert isinstance(gemma.source, PackageSource) and gemma.source.assemble
     assert dict(cfg.routing)["default"] == m.id
+    # the RAM tier: 1/16 of the machine's RAM, from 256 MiB to 8 GiB, where not set
+    assert m.cache_ram_mb == max(256, min(8192, psutil.virtual_memory().total >> 24))
 
 
 def test_several_models_with_path_and_package_sources(tmp_path: Path) -> None:
@@ -88,6 +91,9 @@ gpu_layers = 99
     "[[models]]\nid='a'\npath='x'\n[[models]]\nid='b'\nsource={base='a', quantize='q9_9'}\n",
     "[[models]]\nid='a'\npath='x'\nthreads=1.5\n",  # (tracebacks at start before)
     "[[models]]\nid='a'\npath='x'\nthreads='two'\n",
+    "[[models]]\nid='a'\npath='x'\ncache_ram_mb='lots'\n",  # (a default from a factory)
+    "[[models]]\nid='a'\npath='x'\ncache_ram_mb=-1\n",
+    "[[models]]\nid='a'\npath='x'\ndraft_min=9\n",  # (above draft_max)
     "[server]\nmemory_budget_mb=300.5\n[[models]]\nid='a'\npath='x'\n",
     "[server]\nmemory_budget_mb=-1\n[[models]]\nid='a'\npath='x'\n",
     "[server]\nsend_timeout=0\n[[models]]\nid='a'\npath='x'\n",  # (cut every stream)
