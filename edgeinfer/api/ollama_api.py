@@ -15,7 +15,8 @@ answer 501: models come from models.toml (``edgeinfer pull`` installs their file
 - ``format``: "json" or a JSON schema (grammar-enforced). ``tools``: function tools the
   model may call; ``tool_choice`` (OpenAI's values, an edgeinfer extension: Ollama has
   none) forces a call. ``think``: to the chat template (``enable_thinking``,
-  ``reasoning_effort``); reasoning comes back in ``thinking``. No ``logprobs`` (400).
+  ``reasoning_effort``); reasoning comes back in ``thinking``. ``logprobs`` (and
+  ``top_logprobs``, 0-20): each answer token's, with its alternatives, in ``logprobs``.
 - Messages: system / user / assistant (``tool_calls`` with object arguments,
   ``thinking``) / tool (answers the open call named by ``tool_name``, else the first);
   ``images`` are refused: no model here sees them.
@@ -65,7 +66,8 @@ from edgeinfer.service.request import ChatPrompt, Constraint, GenerateRequest, T
 
 log = logging.getLogger("edgeinfer.api")
 
-COMMON = {"model", "stream", "format", "options", "keep_alive", "think", "truncate", "shift"}
+COMMON = {"model", "stream", "format", "options", "keep_alive", "think", "truncate", "shift",
+          "logprobs", "top_logprobs"}
 CHAT_FIELDS = COMMON | {"messages", "tools", "tool_choice"}
 GENERATE_FIELDS = COMMON | {"prompt", "suffix", "system", "template", "context", "raw",
                             "images", "width", "height", "steps"}
@@ -225,8 +227,12 @@ def _parsed(b: Body, prompt: ChatPrompt | TextPrompts | None, headers: dict[str,
     assert model is not None
     truncate, _ = b.boolean("truncate", True), b.boolean("shift")
     json_schema, json_object = _format(b)
+    top = b.integer("top_logprobs", -(1 << 63), 1 << 63, 0) or 0
+    if not 0 <= top <= 20:  # (Ollama's words; top_logprobs without logprobs: none given)
+        raise InvalidRequest("top_logprobs must be between 0 and 20", param="top_logprobs")
     req = GenerateRequest(
-        model, prompt or ChatPrompt(()), sampling(b),
+        model, prompt or ChatPrompt(()),
+        replace(sampling(b), logprobs=top if b.boolean("logprobs") else None),
         priority=fields.priority(None, headers.get("x-priority")),
         constraint=Constraint(json_schema=json_schema, json_object=json_object, tools=tools[0],
                               tool_choice=tools[1], parallel_tool_calls=tools[2]),
@@ -237,13 +243,9 @@ def _parsed(b: Body, prompt: ChatPrompt | TextPrompts | None, headers: dict[str,
 
 
 def known(body: Any, allowed: set[str]) -> Any:
-    """``body`` without the fields Ollama would ignore (unknown ones, logged); ``logprobs``
-    asked for is a 400 (Ollama gives them; this server does not yet)."""
+    """``body`` without the fields Ollama would ignore (unknown ones, logged)."""
     if not isinstance(body, dict):
         return body
-    if body.get("logprobs") or body.get("top_logprobs"):
-        raise InvalidRequest("'logprobs' is not supported by this server's Ollama API yet "
-                             "(its OpenAI API at /v1 gives them)", param="logprobs")
     if extra := sorted(k for k in body if k not in allowed):
         log.info("ignored unknown Ollama fields: %s", ", ".join(extra)[:200])
     return {k: v for k, v in body.items() if k in allowed}

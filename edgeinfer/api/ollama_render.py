@@ -29,6 +29,7 @@ from starlette.routing import Route
 from starlette.types import Receive, Scope, Send
 
 from edgeinfer.api.errors import shape
+from edgeinfer.api.openai_render import HeldLogprobs, token_entries, within
 from edgeinfer.api.respond import (
     CLIENT_GONE,
     leases,
@@ -103,6 +104,13 @@ class Meta:
     load_ns: int = 0  # time spent loading the model for this request
     # the raw output -> the last line's ``context`` (None: no context is given)
     context: Callable[[str], Awaitable[list[int]]] | None = None
+    held: HeldLogprobs | None = None  # logprobs asked for: those not sent yet
+
+    def logprobs(self, line: dict[str, Any], items: list[Any]) -> dict[str, Any]:
+        """``line`` with these answer tokens' ``logprobs`` (none: no field, as Ollama)."""
+        if self.held is None or not items:
+            return line
+        return {**line, "logprobs": token_entries(self.held.piece, items)}
 
     def line(self, text: str = "", thinking: str = "",
              calls: list[CallOutcome] | None = None) -> dict[str, Any]:
@@ -152,14 +160,15 @@ async def stream_lines(meta: Meta, events: AsyncIterator[ev.Event]
     """The NDJSON lines of a streamed answer (one choice); closes ``events`` at the end or
     when abandoned, which aborts the generation."""
     calls: list[CallOutcome] = []  # the call begun, sent whole when the next begins or at the end
-    finish, usage, timings, raw = "stop", None, None, ""
+    finish, usage, timings, raw, stopped = "stop", None, None, "", False
     try:
         async for e in events:
             if isinstance(e, ev.ErrorEvent):
                 yield shape(e.error, meta.path)
                 return
             if isinstance(e, ev.TextDelta):
-                yield meta.line(e.text)
+                yield meta.logprobs(meta.line(e.text), meta.held.add(e.text, e.logprob)
+                                    if meta.held else [])
             elif isinstance(e, ev.ReasoningDelta):
                 yield meta.line(thinking=e.text)
             ends_call = isinstance(e, ev.Finish) or isinstance(e, ev.ToolCallDelta) and e.name
@@ -172,10 +181,11 @@ async def stream_lines(meta: Meta, events: AsyncIterator[ev.Event]
                     calls.append(CallOutcome(e.id or "", e.name, ""))
                 calls[-1].arguments += e.arguments
             elif isinstance(e, ev.Finish):
-                finish, timings, raw = e.reason, e.timings, e.raw
+                finish, timings, raw, stopped = e.reason, e.timings, e.raw, e.stopped
             elif isinstance(e, ev.UsageReport):
                 usage = e
-        yield await meta.final(meta.line(), finish, usage, timings, raw)
+        last = meta.logprobs(meta.line(), meta.held.finish(stopped) if meta.held else [])
+        yield await meta.final(last, finish, usage, timings, raw)
     finally:
         await events.aclose()  # type: ignore[attr-defined]
 
@@ -185,6 +195,9 @@ async def whole(meta: Meta, events: AsyncIterator[ev.Event]) -> dict[str, Any]:
     out = await gather(events, 1)
     c = out.choices[0]
     line = meta.line(c.text, c.reasoning, c.calls)
+    if meta.held is not None:  # (a stop string's tokens are not the answer's)
+        line = meta.logprobs(line, within(meta.held.piece, c.logprobs, c.text)
+                             if c.stopped else c.logprobs)
     return await meta.final(line, c.finish, out.usage, out.timings, c.raw)
 
 
@@ -273,6 +286,8 @@ async def answer(request: Request, parsed: Parsed, name: str, chat: bool) -> Res
     gen = await _fitting(request, replace(parsed.req, model=name), parsed.truncate)
     if parsed.returns_context:
         meta.context = gen.conversation
+    if parsed.req.params.logprobs is not None:
+        meta.held = HeldLogprobs(gen.piece)
     after = _unload_after(request, gen.model) if parsed.keep_alive == 0 else None
     if parsed.keep_alive:  # seconds after this request (inf: for good) instead of the ttl
         p.keep(gen.model, parsed.keep_alive)

@@ -327,7 +327,8 @@ BAD: list[tuple[str, dict[str, Any], str]] = [
     ("/api/chat", {"model": "default", "messages": HELLO, "format": "xml"}, "format"),
     ("/api/chat", {"model": "default", "messages": HELLO, "keep_alive": "soon"}, "keep_alive"),
     ("/api/chat", {"model": "default", "messages": HELLO, "think": "very"}, "think"),
-    ("/api/chat", {"model": "default", "messages": HELLO, "logprobs": True}, "logprobs"),
+    ("/api/chat", {"model": "default", "messages": HELLO, "logprobs": True,
+                   "top_logprobs": 21}, "top_logprobs"),
     ("/api/chat", {"model": "default", "messages": [{"role": "user", "content": "hi",
                                                      "images": ["aGk="]}]}, "images"),
     ("/api/chat", {"model": "default", "messages": [{"role": "wizard", "content": "hi"}]},
@@ -631,9 +632,45 @@ def test_fields_ollama_ignores_are_ignored_and_latest_names_work_everywhere(
             {"function": {"name": "f", "arguments": None}}]},
         {"role": "tool", "content": "1", "tool_name": "f"}], "options": {"num_predict": 2}})
     assert called.status_code == 200, called.text  # (null arguments: none)
-    asked = _post(server, "/api/chat", {"model": "default", "logprobs": True, "messages": [
-        {"role": "user", "content": "hi"}]})
-    assert asked.status_code == 400 and "logprobs" in asked.json()["error"]
     v1 = _post(server, "/v1/chat/completions", {"model": "default:latest", "max_tokens": 2,
                                                 "messages": [{"role": "user", "content": "hi"}]})
     assert v1.status_code == 200, v1.text
+
+
+def test_logprobs_whole_and_streamed_as_v1_gives_them(oc: ollama.Client,
+                                                      server: ServerProcess) -> None:
+    """``logprobs`` / ``top_logprobs`` (Ollama 0.12.11 on): each answer token's text,
+    logprob, bytes and alternatives, in the line that carries its text; the tokens of a
+    stop string are not the answer's. The same greedy answer's as /v1 gives them."""
+    ask = [{"role": "user", "content": "Count from one to ten in words."}]
+    opts = {"temperature": 0, "num_predict": 12}
+    whole = oc.chat(model="default", messages=ask, options=opts, logprobs=True,
+                    top_logprobs=3)
+    lps = whole.logprobs or []
+    assert lps and "".join(lp.token for lp in lps) == whole.message.content
+    assert all(len(lp.top_logprobs or []) == 3 and lp.logprob <= 0 for lp in lps)
+    raw = _post(server, "/api/chat", {"model": "default", "messages": ask, "options": opts,
+                                      "stream": False, "logprobs": True}).json()["logprobs"]
+    assert [bytes(lp["bytes"]).decode() for lp in raw] == [lp.token for lp in lps]
+    v1 = _post(server, "/v1/chat/completions", {"model": "default", "messages": ask,
+                                                "temperature": 0, "max_tokens": 12,
+                                                "logprobs": True, "top_logprobs": 3}).json()
+    want = v1["choices"][0]["logprobs"]["content"]
+    assert [lp.token for lp in lps] == [w["token"] for w in want]
+    diffs = [abs(lp.logprob - w["logprob"]) for lp, w in zip(lps, want, strict=True)]
+    assert max(diffs) < 0.2, diffs  # (a prompt pieced otherwise by the cache: README)
+    assert all(lp.logprob == max(t.logprob for t in lp.top_logprobs or []) for lp in lps)
+    streamed = list(oc.chat(model="default", messages=ask, options=opts, logprobs=True,
+                            stream=True))
+    got = [lp for part in streamed for lp in part.logprobs or []]
+    assert [lp.token for lp in got] == [lp.token for lp in lps]
+    text = "".join(part.message.content for part in streamed)
+    for part in streamed:  # each token with the text it wrote
+        assert "".join(lp.token for lp in part.logprobs or []) == part.message.content
+    assert all(not lp.top_logprobs for lp in got)  # top_logprobs 0: the chosen one only
+    stop = text.split()[2]
+    cut = oc.generate(model="default", prompt=ask[0]["content"], logprobs=True,
+                      options={**opts, "stop": [stop]})
+    assert "".join(lp.token for lp in cut.logprobs or []) == cut.response
+    plain = oc.chat(model="default", messages=ask, options=opts, top_logprobs=3)
+    assert plain.logprobs is None  # top_logprobs without logprobs: none, as Ollama
