@@ -316,10 +316,10 @@ async def embed(request: Request) -> Response:
         raise InvalidRequest(f"'input' must be a string or a list of at most "
                              f"{MAX_EMBED_INPUTS} strings", param="input")
     _options(b)
-    keep_alive(b.body.get("keep_alive"))
     return await embeddings_answer(
         request, name, model_name(pool(request), name), texts, b.boolean("truncate", True),
-        b.integer("dimensions", 0, 1 << 20, None) or None)
+        b.integer("dimensions", 0, 1 << 20, None) or None, keep=keep_alive(
+            b.body.get("keep_alive")))
 
 
 async def embeddings(request: Request) -> Response:
@@ -327,9 +327,9 @@ async def embeddings(request: Request) -> Response:
     b = Body(await read_json_any(request), {"model", "prompt", "options", "keep_alive"})
     name, prompt = str(b.string("model", required=True)), b.string("prompt") or ""
     _options(b)
-    keep_alive(b.body.get("keep_alive"))
     return await embeddings_answer(request, name, model_name(pool(request), name),
-                                   [prompt] if prompt else [], True, None, legacy=True)
+                                   [prompt] if prompt else [], True, None, legacy=True,
+                                   keep=keep_alive(b.body.get("keep_alive")))
 
 
 def _configs(p: ModelPool) -> dict[str, ModelConfig]:

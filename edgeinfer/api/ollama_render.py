@@ -324,11 +324,15 @@ async def _fitting(request: Request, req: GenerateRequest, truncate: bool) -> Ge
 
 async def embeddings_answer(request: Request, asked: str, name: str, texts: list[str],
                             truncate: bool, dimensions: int | None,
-                            legacy: bool = False) -> Response:
+                            legacy: bool = False, keep: float | None = None) -> Response:
     """/api/embed (``legacy``: /api/embeddings) for ``texts``; none: the model is loaded.
-    ``truncate``: texts longer than the embedding context are cut to fit (else 400)."""
+    ``truncate``: texts longer than the embedding context are cut to fit (else 400).
+    ``keep``: the request's keep_alive (seconds; 0: unload after the answer)."""
     t0, p, held = time.perf_counter_ns(), pool(request), leases(request)
     load_ns = await _load(p, name)
+    after = _unload_after(request, p.resolve(name)) if keep == 0 and name != "auto" else None
+    if keep and name != "auto":
+        p.keep(p.resolve(name), keep)
     items: tuple[str | list[int], ...] = tuple(texts)
     if truncate and texts:
         served = await model_for(p, name, held)
@@ -343,10 +347,10 @@ async def embeddings_answer(request: Request, asked: str, name: str, texts: list
     if dimensions is not None:
         vectors = shortened(vectors, dimensions)
     if legacy:
-        return JSONResponse({"embedding": vectors[0] if vectors else []})
+        return JSONResponse({"embedding": vectors[0] if vectors else []}, background=after)
     return JSONResponse({"model": asked, "embeddings": vectors, "load_duration": load_ns,
                          "total_duration": time.perf_counter_ns() - t0,
-                         "prompt_eval_count": result.tokens if result else 0})
+                         "prompt_eval_count": result.tokens if result else 0}, background=after)
 
 
 def openapi_paths(routes: Iterable[Route], bodies: dict[str, set[str]]) -> dict[str, Any]:

@@ -458,6 +458,15 @@ def test_load_unload_and_keep_alive_zero(oc: ollama.Client, server: ServerProces
         (card,) = [m for m in oc.ps().models if m.model == MODEL]
         assert card.expires_at is not None
         assert 6.5 < card.expires_at.timestamp() - time.time() <= 10.5  # (was about 5)
+        assert oc.embed(model="default", input="x", keep_alive="2m").embeddings
+        (card,) = [m for m in oc.ps().models if m.model == MODEL]  # embed's too (was not)
+        assert card.expires_at is not None
+        assert 100 < card.expires_at.timestamp() - time.time() <= 121
+        assert oc.embeddings(model="default", prompt="x", keep_alive=0).embedding
+        deadline = time.monotonic() + 10
+        while loaded() and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert not loaded()  # keep_alive 0 on an embedding: unloaded after it
         oc.chat(model="default", messages=HELLO, keep_alive="1s", options={"num_predict": 2})
         deadline = time.monotonic() + 15
         while loaded() and time.monotonic() < deadline:
