@@ -24,12 +24,16 @@ FIELDS = {
 } | samplers.NAMES
 
 
-def parse(body: Any, headers: dict[str, str]) -> tuple[GenerateRequest, bool, bool]:
-    """(request, stream, include_usage) from a completions body."""
+def parse(body: Any, headers: dict[str, str]) -> tuple[GenerateRequest, bool, bool, bool]:
+    """(request, stream, include_usage, echo) from a completions body."""
     b = Body(body, FIELDS)
     model = b.string("model") or ""  # left out: the first configured model
-    fields.unsupported(b, ("echo", "suffix"))
+    fields.unsupported(b, ("suffix",))
     logprobs = b.integer("logprobs", 0, 20, None)
+    echo = b.boolean("echo")
+    if echo and logprobs is not None:  # (they would be the prompt's too: not computed)
+        raise InvalidRequest("'echo' with 'logprobs' is not supported by this server: the "
+                             "prompt's tokens get no log-probabilities", param="echo")
     b.integer("best_of", 1, 1, 1)  # only 1 (the default) is accepted
     prompts = fields.prompts(b.body.get("prompt"), "prompt", MAX_PROMPTS)
     max_tokens = b.integer("max_tokens", 1, MAX_TOKENS_LIMIT, None)  # (no -1: a prompt
@@ -47,9 +51,12 @@ def parse(body: Any, headers: dict[str, str]) -> tuple[GenerateRequest, bool, bo
         constraint=Constraint(grammar=b.string("grammar")),
         cache_prompt=b.boolean("cache_prompt", True),
         wait_for_model=headers.get("x-edgeinfer-wait", "true").lower() != "false")
-    return req, stream, include_usage
+    return req, stream, include_usage, echo
 
 
 async def completions(request: Request) -> Response:
-    req, stream, include_usage = parse(await read_json(request), dict(request.headers))
-    return await respond(request, req, CompletionMeta("text"), stream, include_usage)
+    """``echo``: each choice's text (a stream's first chunk of each) starts with its prompt."""
+    req, stream, include_usage, echo = parse(await read_json(request), dict(request.headers))
+    assert isinstance(req.prompt, TextPrompts)
+    meta = CompletionMeta("text", echo=req.prompt.prompts if echo else (), n=req.n)
+    return await respond(request, req, meta, stream, include_usage)

@@ -24,6 +24,7 @@ from edgeinfer.service.events import (
     UsageReport,
 )
 from edgeinfer.service.outcome import ChoiceOutcome, gather
+from edgeinfer.service.request import MixedPrompt
 
 log = logging.getLogger("edgeinfer.api")
 
@@ -37,6 +38,8 @@ class CompletionMeta:
     model: str = ""
     piece: Callable[[int], bytes] = field(default=lambda t: b"")  # token -> its bytes
     logprobs: bool = False  # asked for: a whole answer has them even when none are left
+    echo: tuple[Any, ...] = ()  # completions' ``echo``: the prompts, choice c's is c // n
+    n: int = 1
     id: str = ""
     created: int = field(default_factory=lambda: int(time.time()))
 
@@ -44,6 +47,15 @@ class CompletionMeta:
         if not self.id:
             prefix = "chatcmpl-" if self.kind == "chat" else "cmpl-"
             self.id = prefix + uuid.uuid4().hex[:24]
+
+    def echoed(self, choice: int) -> str:
+        """The prompt of ``choice`` as text where ``echo`` asked for it, else ""."""
+        if not self.echo:
+            return ""
+        p = self.echo[choice // self.n]
+        parts = p.parts if isinstance(p, MixedPrompt) else [p] if isinstance(p, str) else p
+        return "".join(t if isinstance(t, str) else self.piece(t).decode("utf-8", "replace")
+                       for t in parts)
 
     @property
     def chunk_object(self) -> str:
@@ -237,6 +249,8 @@ async def sse_chunks(meta: CompletionMeta, events: AsyncIterator[Event], num_cho
                      include_usage: bool) -> AsyncIterator[dict[str, str]]:
     """The SSE events of a streamed response, ending with ``[DONE]``."""
     chunks = _Chunks(meta, num_choices, include_usage)
+    for i in range(num_choices if meta.echo else 0):  # each prompt first, as echoed
+        yield chunks.event(_choice(meta, i, {"content": meta.echoed(i)}, None))
     try:
         async for e in events:
             if isinstance(e, ErrorEvent):
@@ -289,7 +303,8 @@ def _body_choice(meta: CompletionMeta, i: int, c: ChoiceOutcome) -> dict[str, An
     if lps is None and meta.logprobs:  # asked, but no token is the answer's
         lps = no_logprobs(meta)
     if meta.kind != "chat":
-        return {"index": i, "text": c.text, "logprobs": lps, "finish_reason": c.finish}
+        return {"index": i, "text": meta.echoed(i) + c.text, "logprobs": lps,
+                "finish_reason": c.finish}
     message: dict[str, Any] = {"role": "assistant", "content": c.text}
     if c.calls and meta.functions:
         message = {"role": "assistant", "content": c.text.strip() or None, "function_call": {

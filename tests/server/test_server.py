@@ -81,6 +81,32 @@ def test_text_completion(client: openai.OpenAI) -> None:
     assert streamed == r.choices[0].text
 
 
+def test_echo_puts_each_prompt_before_its_completion(client: openai.OpenAI,
+                                                     server: ServerProcess) -> None:
+    """``echo`` (OpenAI's legacy completions): the prompt, then the completion, whole and
+    streamed (the prompt first); a prompt of token ids is echoed as its text."""
+    prompts = ["The capital of France is", "1, 2, 3,"]
+    plain = client.completions.create(model="default", prompt=prompts, max_tokens=4,
+                                      temperature=0)
+    r = client.completions.create(model="default", prompt=prompts, max_tokens=4,
+                                  temperature=0, echo=True, n=2)
+    texts = {c.index: c.text for c in r.choices}
+    for c in plain.choices:
+        for k in range(2):
+            assert texts[c.index * 2 + k] == prompts[c.index] + c.text
+    parts: dict[int, list[str]] = {0: [], 1: []}
+    for chunk in client.completions.create(model="default", prompt=prompts[0], max_tokens=4,
+                                           temperature=0, echo=True, n=2, stream=True):
+        for ch in chunk.choices:
+            parts[ch.index].append(ch.text)
+    assert [p[0] for p in parts.values()] == [prompts[0]] * 2
+    assert ["".join(p) for p in parts.values()] == [texts[0]] * 2
+    tokens = httpx.post(f"{server.base_url}/tokenize",
+                        json={"content": "The capital of"}).json()["tokens"]
+    ids = client.completions.create(model="default", prompt=[tokens], max_tokens=2, echo=True)
+    assert ids.choices[0].text.startswith("The capital of"), ids.choices[0].text
+
+
 def test_stop_string_ends_generation(client: openai.OpenAI) -> None:
     free = client.completions.create(model="default", prompt="1, 2, 3, 4,", max_tokens=20,
                                      temperature=0).choices[0].text

@@ -18,6 +18,7 @@ class Parsed:
     req: GenerateRequest
     stream: bool
     include_usage: bool
+    echo: bool = False  # (completions only)
 
     @property
     def params(self) -> SamplingParams:
@@ -161,3 +162,12 @@ def test_a_mixed_prompt_of_token_ids_and_texts_is_one_prompt() -> None:
     for bad in ([1, "a", True], [1, "a", None], [[1, "a", -1]]):
         with pytest.raises(InvalidRequest):
             prompts(bad)
+
+
+def test_completions_echo_is_taken_but_not_with_logprobs() -> None:
+    assert parse_completion({"model": "m", "prompt": "hi", "echo": True}, V).echo
+    assert not parse_completion({"model": "m", "prompt": "hi"}, V).echo
+    for bad in ({"echo": True, "logprobs": 2}, {"echo": "yes"}, {"suffix": "x"}):
+        with pytest.raises(InvalidRequest) as err:
+            parse_completion({"model": "m", "prompt": "hi", **bad}, V)
+        assert err.value.param in ("echo", "suffix")
