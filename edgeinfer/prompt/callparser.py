@@ -311,6 +311,10 @@ class CallParser:
             if o.args_start >= 0 and len(rest) - o.args_start > self._sent:
                 out.append(CallArgs(self.num_calls, rest[o.args_start + self._sent:]))
             self.num_calls += 1
+        elif (self._mode == "object" and o is not None and cut and o.name is not None
+              and o.name != self.fmt.decline):  # cut off after its name: a call, as OpenAI
+            out.append(CallOpen(self.num_calls, new_call_id(self.fmt.id_length), o.name))
+            self.num_calls += 1  # (its arguments "": the output ran out before them)
         elif self._mode == "object" and self._opened:
             pass  # a call cut off before its name: not text (the output ran out in it)
         elif self._mode != "text" and self._none_yet:

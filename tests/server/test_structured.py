@@ -278,6 +278,15 @@ def test_a_call_cut_off_by_max_tokens_comes_back_as_far_as_it_was_written(
     # cut off inside the opening marker, before any call: no markup comes back as content
     early = client.chat.completions.create(**{**kw, "max_tokens": 3}).choices[0]  # type: ignore
     assert early.finish_reason == "length" and not early.message.content, early
+    named = []  # cut anywhere: once the name is written, the call (it was dropped until
+    for cap in range(4, 20):  # its arguments began: an empty answer)
+        one = client.chat.completions.create(**{**kw, "max_tokens": cap}).choices[0]  # type: ignore
+        assert not one.message.content, (cap, one)
+        named += [cap] if one.message.tool_calls else []
+    assert named and named == list(range(named[0], 20)), named
+    first = client.chat.completions.create(**{**kw, "max_tokens": named[0]}).choices[0]  # type: ignore
+    assert first.message.tool_calls[0].function.name == "get_weather"  # type: ignore
+    assert not first.message.tool_calls[0].function.arguments  # type: ignore  # (none yet)
     r = httpx.post(f"{server.base_url}/v1/messages", timeout=60, json={
         "model": "default", "max_tokens": 20, "temperature": 0,
         "messages": [{"role": "user", "content": "Weather in Berlin?"}],

@@ -430,6 +430,24 @@ def test_output_cut_off_inside_the_opening_marker_gives_no_content(fmt: ToolForm
     assert p.feed("<tool") + p.finish() == [Content("<tool")]  # the model stopped there
 
 
+@pytest.mark.parametrize("fmt", [HERMES, MISTRAL, LLAMA3, GRANITE, NEMOTRON])
+def test_output_cut_off_after_the_name_is_a_call_without_arguments(fmt: ToolFormat) -> None:
+    """max_tokens ran out after a JSON call's name, before its arguments: the call, named,
+    its arguments "" (as OpenAI returns a cut call; it was dropped: an empty answer)."""
+    text, calls = next((t, k) for f, t, _, k in CASES if f is fmt and k)
+    name = calls[0][0]
+    end = text.index(f'"{name}"') + len(name) + 2
+    p = call_parser(fmt, TYPES)
+    events = p.feed(text[:end]) + p.finish(cut=True)
+    assert [e.name for e in events if isinstance(e, CallOpen)] == [name], (text[:end], events)
+    said = "".join(e.text for e in events if isinstance(e, Content)).strip()
+    assert said == text[:text.index(fmt.open) if fmt.open and fmt.open in text else 0].strip()
+    assert "".join(e.text for e in events if isinstance(e, CallArgs)) in ("", "{}")
+    p = call_parser(fmt, TYPES)  # cut inside the name: no call
+    assert not [e for e in p.feed(text[:end - 2]) + p.finish(cut=True)
+                if isinstance(e, CallOpen)]
+
+
 def test_harmony_recipient_in_the_role_header_survives_any_cut() -> None:
     """gpt-oss may address a call before its channel (`` to=functions.f<|channel|>...``),
     and writes " to" as a token of its own: held until the header is known."""
