@@ -20,6 +20,7 @@ from edgeinfer.api.messages import messages
 from edgeinfer.api.openai_render import CompletionMeta
 from edgeinfer.api.respond import respond
 from edgeinfer.api.stored_chats import saver
+from edgeinfer.api.toolchoice import allowed_tools
 from edgeinfer.errors import InvalidRequest
 from edgeinfer.prompt.tools import ToolSpec
 from edgeinfer.service.request import ChatPrompt, Constraint, GenerateRequest
@@ -79,6 +80,8 @@ def parse_tools(b: Body) -> tuple[tuple[ToolSpec, ...], str, bool]:
         choice = "auto" if tools else "none"
     elif choice_raw in ("none", "auto", "required"):
         choice = str(choice_raw)
+    elif (allowed := allowed_tools(choice_raw, tuple(tools), chat=True)) is not None:
+        tools, choice = list(allowed[0]), allowed[1]  # (only these are offered)
     elif isinstance(choice_raw, dict) and choice_raw.get("type") == "function" and isinstance(
             choice_raw.get("function"), dict) and isinstance(
             choice_raw["function"].get("name"), str):
@@ -87,8 +90,9 @@ def parse_tools(b: Body) -> tuple[tuple[ToolSpec, ...], str, bool]:
             raise InvalidRequest(f"'tool_choice' names {choice!r}, which is not in 'tools'",
                                  param="tool_choice")
     else:
-        raise InvalidRequest("'tool_choice' must be 'none', 'auto', 'required' or "
-                             "{'type': 'function', 'function': {'name': ...}}",
+        raise InvalidRequest("'tool_choice' must be 'none', 'auto', 'required', "
+                             "{'type': 'function', 'function': {'name': ...}} or "
+                             "{'type': 'allowed_tools', 'allowed_tools': {...}}",
                              param="tool_choice")
     if choice != "none" and not tools:
         raise InvalidRequest("'tool_choice' needs 'tools'", param="tool_choice")

@@ -57,6 +57,7 @@ from edgeinfer.api.responses_render import (
     openapi_paths,
     sse_events,
 )
+from edgeinfer.api.toolchoice import responses_choice
 from edgeinfer.engine.sequence import SamplingParams
 from edgeinfer.errors import InvalidRequest, NotFound
 from edgeinfer.prompt.tools import ToolSpec
@@ -70,8 +71,9 @@ TOKEN_FIELDS = {"model", "input", "instructions", "tools", "tool_choice", "paral
                 "previous_response_id", "reasoning", "text", "truncation"}
 IGNORED = {"user": str, "service_tier": str, "safety_identifier": str, "prompt_cache_key": str,
            "prompt_cache_retention": str, "prompt_cache_options": dict, "stream_options": dict,
-           "reasoning": dict, "client_metadata": dict}
-UNSUPPORTED = ("background", "conversation", "prompt", "max_tool_calls", "context_management")
+           "reasoning": dict, "client_metadata": dict,
+           "max_tool_calls": int}  # (it bounds calls of built-in tools: there are none here)
+UNSUPPORTED = ("background", "conversation", "prompt", "context_management")
 FIELDS = TOKEN_FIELDS | set(IGNORED) | set(UNSUPPORTED) | {
     "stream", "store", "metadata", "max_output_tokens", "temperature", "top_p", "include",
     "seed", "top_k", "min_p", "presence_penalty", "frequency_penalty", "repeat_penalty",
@@ -173,23 +175,6 @@ def _function(t: Any, where: str) -> tuple[ToolSpec, dict[str, Any]]:
         "strict": strict is not False}
 
 
-def _tool_choice(b: Body, tools: tuple[ToolSpec, ...]) -> tuple[str, Any]:
-    """(the constraint's tool_choice, its echo)."""
-    raw = b.body.get("tool_choice")
-    if raw is None or raw in ("none", "auto", "required"):
-        choice = raw or "auto"
-        if choice == "required" and not tools:
-            raise _bad("tool_choice", "'required' needs 'tools'")
-        return (choice if tools else "none"), choice
-    if isinstance(raw, dict) and raw.get("type") == "function" and isinstance(
-            raw.get("name"), str) and set(raw) == {"type", "name"}:
-        if raw["name"] not in {t.name for t in tools}:
-            raise _bad("tool_choice", f"names {raw['name']!r}, which is not in 'tools'")
-        return raw["name"], {"type": "function", "name": raw["name"]}
-    raise _bad("tool_choice", "must be 'none', 'auto', 'required' or "
-               "{'type': 'function', 'name': ...}")
-
-
 def _text_format(b: Body) -> tuple[dict[str, Any] | None, bool, dict[str, Any]]:
     """(json schema, json object, echo) of ``text``."""
     raw = b.body["text"] if b.present("text") else {}
@@ -222,8 +207,10 @@ def _text_format(b: Body) -> tuple[dict[str, Any] | None, bool, dict[str, Any]]:
 def _accepted(b: Body) -> None:
     """Fields taken and ignored must still have the right type; unsupported ones be unset."""
     for name, kind in IGNORED.items():
-        if b.body.get(name) is not None and not isinstance(b.body[name], kind):
-            raise _bad(name, f"must be {'a string' if kind is str else 'an object'}")
+        if b.body.get(name) is not None and (not isinstance(b.body[name], kind)
+                                             or isinstance(b.body[name], bool)):
+            raise _bad(name, "must be " + ("a string" if kind is str else "an object"
+                                           if kind is dict else "an integer"))
     include = b.body["include"] if b.present("include") else []
     if not isinstance(include, list) or not all(isinstance(i, str) and i in INCLUDABLE
                                                 for i in include):
@@ -248,7 +235,7 @@ def parse(body: Any, headers: dict[str, str], allowed: set[str]) -> Draft:
     model = b.string("model", required=allowed is FIELDS)
     items = input_items(b.body.get("input"))
     tools, tools_echo = _tools(b)
-    choice, choice_echo = _tool_choice(b, tools)
+    tools, choice, choice_echo = responses_choice(b.body.get("tool_choice"), tools)
     schema, json_object, text_echo = _text_format(b)
     max_tokens = b.integer("max_output_tokens", 1, MAX_TOKENS_LIMIT, None)
     params = fields.sampling_params(b, max_tokens, _logprobs(b))

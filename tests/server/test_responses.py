@@ -306,6 +306,17 @@ def test_named_tool_choice(client: openai.OpenAI) -> None:
                                 tool_choice={"type": "function", "name": "get_time"},
                                 max_output_tokens=60, temperature=0)
     assert [o.name for o in r.output if o.type == "function_call"] == ["get_time"]
+    allowed = {"type": "allowed_tools", "mode": "required",
+               "tools": [{"type": "function", "name": "get_time"}]}
+    for ask in ("Weather in Rome?", "Time in Rome?"):  # only the allowed one is called
+        r = client.responses.create(model="default", input=ask, tools=[WEATHER, other],
+                                    tool_choice=allowed,  # type: ignore[arg-type]
+                                    max_output_tokens=60, temperature=0, max_tool_calls=3)
+        assert [o.name for o in r.output if o.type == "function_call"] == ["get_time"]
+        assert r.tool_choice.type == "allowed_tools"  # type: ignore[union-attr]
+    with pytest.raises(openai.BadRequestError, match="not in 'tools'"):
+        client.responses.create(model="default", input="x", tools=[WEATHER],
+                                tool_choice={**allowed, "mode": "auto"})  # type: ignore
 
 
 # -- conversation state ----------------------------------------------------------------------

@@ -155,6 +155,26 @@ def test_required_and_named_tool_calls_always_validate(aclient: openai.AsyncOpen
             assert [n for n, _ in calls] == ["get_weather"]
 
 
+def test_allowed_tools_limit_the_calls_to_those_named(client: openai.OpenAI) -> None:
+    """OpenAI's ``allowed_tools`` tool_choice: only the named tools may be called."""
+    allowed = {"type": "allowed_tools", "allowed_tools": {"mode": "required", "tools": [
+        {"type": "function", "function": {"name": "send_email"}}]}}
+    for ask in ASKS[:4]:
+        r = client.chat.completions.create(
+            model="default", messages=[{"role": "user", "content": ask}], tools=TOOLS,
+            tool_choice=allowed, max_tokens=80)  # type: ignore[arg-type]
+        calls = r.choices[0].message.tool_calls or []
+        assert calls and {t.function.name for t in calls} == {"send_email"}, r  # type: ignore
+    for bad in ({"mode": "sometimes", "tools": [{"type": "function", "function": {
+            "name": "send_email"}}]}, {"mode": "auto", "tools": [{"type": "function",
+                                                               "function": {"name": "nope"}}]},
+                {"mode": "auto", "tools": []}):
+        with pytest.raises(openai.BadRequestError):
+            client.chat.completions.create(
+                model="default", messages=[{"role": "user", "content": "x"}], tools=TOOLS,
+                tool_choice={"type": "allowed_tools", "allowed_tools": bad})  # type: ignore
+
+
 def test_auto_call_after_a_marker_the_grammar_could_not_take_still_validates(
         client: openai.OpenAI) -> None:
     # SmolLM2 writes "<tool_call></tool_call>" with "></" as one token: the lazy grammar
