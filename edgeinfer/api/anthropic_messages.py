@@ -51,7 +51,7 @@ from edgeinfer.api.respond import CLIENT_GONE, leases, pool, sse, start, unless_
 from edgeinfer.engine.sequence import SamplingParams
 from edgeinfer.errors import InvalidRequest
 from edgeinfer.prompt.tools import ToolSpec
-from edgeinfer.service.request import ChatPrompt, Constraint, GenerateRequest
+from edgeinfer.service.request import ChatPrompt, Constraint, GenerateRequest, check_text_size
 from edgeinfer.service.selection import model_named
 
 # accepted and ignored, with the JSON type each must have
@@ -288,8 +288,7 @@ def _check_ignored(b: Body) -> None:
                                  or thinking["type"] not in THINKING_TYPES):
         raise _bad(f"'thinking.type' must be one of {sorted(THINKING_TYPES)}", "thinking.type")
     if b.present("container"):
-        raise _bad("'container' is not supported by this server (no server tools)",
-                   "container")
+        raise _bad("'container' is not supported by this server (no server tools)", "container")
 
 
 def _sampling(b: Body, max_tokens: int | None) -> SamplingParams:
@@ -327,7 +326,7 @@ def parse(body: Any, headers: dict[str, str], allowed: set[str] = FIELDS
     tools = _tools(b.body.get("tools"))
     choice, parallel = _tool_choice(b.body.get("tool_choice"), tools)
     if choice not in ("auto", "none") and (b.body.get("thinking") or {}).get("type") in (
-            "enabled", "adaptive"):  # (as Anthropic's API refuses it)
+            "enabled", "adaptive"):  # (as Anthropic's API refuses it:)
         raise _bad("Thinking may not be enabled when tool_choice forces tool use.", "tool_choice")
     schema = _output_schema(b.body.get("output_config"))
     if schema is not None and msgs[-1]["role"] == "assistant" and "max_tokens" in allowed:
@@ -353,9 +352,11 @@ def _thinking(raw: Any) -> dict[str, Any]:
         return {"template_kwargs": {"enable_thinking": False}}  # (Anthropic's default: off)
     if not isinstance(raw, dict) or raw.get("type") != "enabled":
         return {}
-    budget = raw.get("budget_tokens")
-    if not isinstance(budget, int) or isinstance(budget, bool) or budget < 0:
+    if (budget := raw.get("budget_tokens")) is None:
         return {"template_kwargs": {"enable_thinking": True}}
+    if not isinstance(budget, int) or isinstance(budget, bool) or budget < 0:
+        raise _bad("'thinking.budget_tokens' must be a non-negative integer",
+                   "thinking.budget_tokens")  # (Anthropic's >= 1024 is not asked for)
     return {"template_kwargs": {"enable_thinking": True},
             "reasoning_budget": min(budget, MAX_TOKENS_LIMIT)}
 
@@ -383,6 +384,7 @@ async def count_tokens(request: Request) -> Response:
     served = await model_named(pool(request), None if req.model in ("auto", "") else req.model,
                                leases(request))
     assert isinstance(req.prompt, ChatPrompt)
+    check_text_size(req, served.n_ctx)  # (a prompt that cannot fit is not tokenized)
     tools = req.constraint.tools if req.constraint.offers_tools else ()
     tokens = await served.run(functools.partial(
         served.chat_prompt, [dict(m) for m in req.prompt.messages], tools,

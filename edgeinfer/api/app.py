@@ -31,6 +31,7 @@ from edgeinfer.api import (
     ops,
     stored_chats,
     tokens,
+    unread,
 )
 from edgeinfer.api.apply_template import apply_template
 from edgeinfer.api.embeddings import embeddings
@@ -108,6 +109,7 @@ def create_app(config: ServerConfig, pool: ModelPool | None = None) -> Starlette
     """
     own = pool is None
     the_pool = pool if pool is not None else ModelPool(config)
+    unread.install()  # (uvicorn's error for a stream closed unread is not logged)
     app_metrics = Metrics(lambda: {mid: {
         **m.engine.stats_snapshot(),
         "disk": m.prefix_store.snapshot() if m.prefix_store is not None else None}

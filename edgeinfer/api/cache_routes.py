@@ -12,6 +12,7 @@ from edgeinfer.api.fields import Body
 from edgeinfer.api.messages import messages
 from edgeinfer.api.respond import leases, pool
 from edgeinfer.errors import InvalidRequest
+from edgeinfer.service.request import ChatPrompt, GenerateRequest, TextPrompts, check_text_size
 from edgeinfer.service.selection import model_named
 
 
@@ -31,6 +32,8 @@ async def pin_prefix(request: Request) -> Response:
     """Keep a system prompt (messages) or a raw prompt resident in the prefix cache."""
     name, msgs, prompt = parse_pin(await read_json(request))
     served = await model_named(pool(request), name, leases(request))
+    check_text_size(GenerateRequest(name, ChatPrompt(msgs) if msgs is not None else
+                                    TextPrompts((prompt or "",))), served.n_ctx)
     if msgs is not None:
         tokens = await served.run(served.system_prefix, [dict(m) for m in msgs])
     else:

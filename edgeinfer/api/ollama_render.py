@@ -28,6 +28,7 @@ from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 from starlette.types import Receive, Scope, Send
 
+from edgeinfer.api import unread
 from edgeinfer.api.errors import shape
 from edgeinfer.api.openai_render import HeldLogprobs, token_entries, within
 from edgeinfer.api.respond import (
@@ -45,7 +46,12 @@ from edgeinfer.service import events as ev
 from edgeinfer.service.embedding import embed, shortened
 from edgeinfer.service.generation import Generation
 from edgeinfer.service.outcome import CallOutcome, gather
-from edgeinfer.service.request import ChatPrompt, EmbedRequest, GenerateRequest
+from edgeinfer.service.request import (
+    MAX_TOKEN_BYTES,
+    ChatPrompt,
+    EmbedRequest,
+    GenerateRequest,
+)
 from edgeinfer.service.selection import model_for
 
 log = logging.getLogger("edgeinfer.api")
@@ -229,6 +235,7 @@ class NdjsonStream(StreamingResponse):
             await super().__call__(scope, receive, send)
         except TimeoutError:
             log.warning("an NDJSON stream was not read for %gs: closed", self.send_timeout)
+            unread.mark()
         finally:
             await self.body_iterator.aclose()  # type: ignore[attr-defined]
         if after is not None:
@@ -336,7 +343,8 @@ async def embeddings_answer(request: Request, asked: str, name: str, texts: list
     items: tuple[str | list[int], ...] = tuple(texts)
     if truncate and texts:
         served = await model_for(p, name, held)
-        items = tuple([(await served.run(served.tokenize_text, t))[:served.embedder.n_ctx]
+        n = served.embedder.n_ctx  # (the text cut first: its first n tokens lie within)
+        items = tuple([(await served.run(served.tokenize_text, t[:n * MAX_TOKEN_BYTES]))[:n]
                        for t in texts])
     result = None
     if items:

@@ -13,6 +13,7 @@ from typing import Any
 
 from sse_starlette.sse import EventSourceResponse, SendTimeoutError
 
+from edgeinfer.api import unread
 from edgeinfer.engine.logprobs import TokenLogprob
 from edgeinfer.service.events import (
     ErrorEvent,
@@ -328,3 +329,4 @@ class Stream(EventSourceResponse):
             await super().__call__(scope, receive, send)
         except SendTimeoutError:
             log.warning("a stream was not read for %gs: closed", self.send_timeout)
+            unread.mark()

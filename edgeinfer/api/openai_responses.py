@@ -62,7 +62,7 @@ from edgeinfer.engine.sequence import SamplingParams
 from edgeinfer.errors import InvalidRequest, NotFound
 from edgeinfer.prompt.tools import ToolSpec
 from edgeinfer.service.generation import Generation
-from edgeinfer.service.request import ChatPrompt, Constraint, GenerateRequest
+from edgeinfer.service.request import ChatPrompt, Constraint, GenerateRequest, check_text_size
 from edgeinfer.service.response_store import StoredResponse, kept_on
 from edgeinfer.service.selection import model_named
 
@@ -372,6 +372,7 @@ async def count_input_tokens(request: Request) -> Response:
     served = await model_named(pool(request), d.model, leases(request))
     tools = req.constraint.tools if req.constraint.offers_tools else ()
     assert isinstance(req.prompt, ChatPrompt)
+    check_text_size(req, served.n_ctx)  # (a prompt that cannot fit is not tokenized)
     tokens = await served.run(served.chat_prompt, [dict(m) for m in req.prompt.messages], tools)
     return JSONResponse({"object": "response.input_tokens", "input_tokens": len(tokens)})
 

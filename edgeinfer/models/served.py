@@ -7,12 +7,10 @@ import asyncio
 import functools
 import logging
 import math
-import os
 import time
 import uuid
 from collections import deque
 from collections.abc import AsyncIterator, Callable
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field, replace
 from importlib.metadata import version
 from pathlib import Path
@@ -30,6 +28,7 @@ from edgeinfer.engine.sequence import SamplingParams
 from edgeinfer.errors import Conflict, EngineError, InvalidRequest, ModelLoadError, Overloaded
 from edgeinfer.models.lease import Lease, Places, Users
 from edgeinfer.models.modelinfo import gguf_facts
+from edgeinfer.models.native_work import executor_for
 from edgeinfer.models.offload import gpu_free_bytes, plan_gpu_layers, warn_cpu_only_once
 from edgeinfer.models.prefix_store import PrefixStore, folder_of, model_identity
 from edgeinfer.models.source import check_gguf, resolve_model_path
@@ -42,12 +41,6 @@ from edgeinfer.prompt.tools import ToolSpec, prepare_messages
 # a pin computes its prompt in the shared context (a deterministic model's lane has no pins)
 PIN_PARAMS = SamplingParams(temperature=0, max_tokens=1, deterministic=False)
 T = TypeVar("T")
-# Blocking native work of requests (tokenizing, detokenizing, grammar checks) runs here: at
-# most all cores but one at a time, so a storm of large requests queues instead of taking
-# every core from the event loop (and the engine threads).
-_native_work = ThreadPoolExecutor(max_workers=max(1, (os.cpu_count() or 2) - 1),
-                                  thread_name_prefix="edgeinfer-native")
-
 log = logging.getLogger("edgeinfer.models.served")
 # template variables a request's chat_template_kwargs may not replace
 RESERVED_VARS = frozenset({"self", "messages", "tools", "add_generation_prompt", "bos_token",
@@ -100,7 +93,8 @@ class ServedModel:
         return self.inflight > 0 or self.users.count > 0  # held places hold a user too
 
     async def run(self, fn: Callable[..., T], *args: Any) -> T:
-        """``fn(*args)`` in a worker thread, holding the model until it returns."""
+        """``fn(*args)`` in a worker thread (``native_work``: one apart for a lot of
+        text), holding the model until it returns."""
         lease = self.lease()
 
         def job() -> T:
@@ -110,7 +104,7 @@ class ServedModel:
                 lease.release()
 
         try:
-            fut = asyncio.get_running_loop().run_in_executor(_native_work, job)
+            fut = asyncio.get_running_loop().run_in_executor(executor_for(args), job)
         except BaseException:
             lease.release()
             raise

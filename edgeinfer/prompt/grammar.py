@@ -27,7 +27,7 @@ from edgeinfer.prompt.formats import as_pattern
 from edgeinfer.prompt.intersection import VALUE_KEYWORDS, values_kept
 from edgeinfer.prompt.intrange import BOUNDS, range_gbnf
 from edgeinfer.prompt.keywords import sound
-from edgeinfer.prompt.pattern import json_pattern, with_lengths
+from edgeinfer.prompt.pattern import joined_surrogates, json_pattern, with_lengths
 from edgeinfer.prompt.schemacheck import SCHEMA_LISTS, SCHEMA_MAPS, check_schema
 from edgeinfer.prompt.toolformat import GENERIC, ToolFormat
 
@@ -66,6 +66,8 @@ def _bound(node: Any, ints: dict[str, str]) -> Any:
     """
     if not isinstance(node, dict):
         return node
+    if isinstance(node.get("pattern"), str):  # (JavaScript's UTF-16 pairs: characters)
+        node = {**node, "pattern": joined_surrogates(node["pattern"])}
     node = _lengths_in_pattern(as_pattern(sound(_required_present(_one_type(node)))))
     if (kept := values_kept(node, "the schema's values and its other keywords")) is not None:
         node = {**{k: v for k, v in node.items() if k not in VALUE_KEYWORDS | {"enum"}},

@@ -35,6 +35,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 import string
 
 from edgeinfer.engine.grammar_check import JSON_ESCAPED_ONLY, RAW_CHAR, gbnf_code
@@ -52,6 +53,22 @@ MAX_REPEAT = 200  # what ``*``, ``+`` and ``{m,}`` may repeat (as grammar.DEFAUL
 _SHORT = {"d": [(0x30, 0x39)], "w": [(0x61, 0x7A), (0x41, 0x5A), (0x30, 0x39), (0x5F, 0x5F)],
           "s": [(0x20, 0x20)]}
 _CONTROL = {"t": 0x09, "n": 0x0A, "r": 0x0D, "f": 0x0C, "v": 0x0B}
+
+
+_PAIR = re.compile(r"(?<!\\)((?:\\\\)*)\\u(d[89ab][0-9a-f]{2})\\u(d[c-f][0-9a-f]{2})", re.I)
+_LONE = re.compile(r"(?<!\\)(?:\\\\)*\\u(d[89a-f][0-9a-f]{2})", re.I)
+
+
+def joined_surrogates(pattern: str) -> str:
+    """``pattern`` with each UTF-16 pair of escapes (``\\ud83d\\ude00``, as JavaScript
+    spells U+1F600) made the one character it stands for; ValueError for a surrogate
+    left alone (an escape, or raw), which no UTF-8 text holds."""
+    out = _PAIR.sub(lambda m: m[1] + chr(0x10000 + ((int(m[2], 16) - 0xD800) << 10)
+                                         + int(m[3], 16) - 0xDC00), pattern)
+    if _LONE.search(out) or any(0xD800 <= ord(c) < 0xE000 for c in out):
+        raise ValueError(f"the pattern {pattern[:100]!r} holds a UTF-16 surrogate that is "
+                         "not half of a pair: no text holds one")
+    return out
 
 
 def _literal(ch: str) -> str:
@@ -139,6 +156,8 @@ def _positive(ranges: list[tuple[int, int]]) -> str:
     two-character escape, ``\\n``); ``[]`` when none is left."""
     raw: list[tuple[int, int]] = []
     special: list[int] = []
+    ranges = [r for lo, hi in ranges for r in ((lo, min(hi, 0xD7FF)), (max(lo, 0xE000), hi))
+              if r[0] <= r[1]]  # (lone surrogates: no UTF-8 text holds one)
     for lo, hi in ranges:
         for cut_lo, cut_hi in _JSON_ESCAPED:
             if lo <= cut_hi and hi >= cut_lo:  # (of the control characters, only those

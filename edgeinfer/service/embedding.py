@@ -8,7 +8,7 @@ from dataclasses import dataclass
 from edgeinfer.errors import InvalidRequest
 from edgeinfer.models.lease import Lease
 from edgeinfer.models.pool import ModelPool
-from edgeinfer.service.request import EmbedRequest
+from edgeinfer.service.request import EmbedRequest, check_chars
 from edgeinfer.service.selection import model_for
 
 
@@ -26,6 +26,8 @@ async def embed(pool: ModelPool, req: EmbedRequest, leases: list[Lease]) -> Embe
     for x in req.inputs:
         if isinstance(x, list) and any(t >= n_vocab for t in x):
             raise InvalidRequest(f"'input' token ids must be in 0..{n_vocab - 1}", param="input")
+        if isinstance(x, str):  # (before seconds of tokenizing a text that cannot fit)
+            check_chars(len(x), served.embedder.n_ctx, "input")
         inputs.append(await served.run(served.tokenize_text, x) if isinstance(x, str) else x)
     vectors = await served.embedder.embed(inputs)
     return Embeddings(served.cfg.id, vectors, sum(len(t) for t in inputs))

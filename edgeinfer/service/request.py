@@ -122,8 +122,13 @@ def check_text_size(req: GenerateRequest, n_ctx: int) -> None:
         chars = max((len(p) if isinstance(p, str) else sum(  # (a mixed prompt's texts)
             len(x) for x in p.parts if isinstance(x, str)) if isinstance(p, MixedPrompt) else 0
             for p in req.prompt.prompts), default=0)
+    check_chars(chars, n_ctx, "messages" if isinstance(req.prompt, ChatPrompt) else "prompt")
+
+
+def check_chars(chars: int, n_ctx: int, where: str) -> None:
+    """400 context_length_exceeded for ``chars`` characters of text: more than any
+    ``n_ctx`` tokens hold (a token is at most MAX_TOKEN_BYTES)."""
     if chars > n_ctx * MAX_TOKEN_BYTES:
-        where = "messages" if isinstance(req.prompt, ChatPrompt) else "prompt"
         raise ContextTooLong(  # (the token count: the fewest these characters make)
             f"This model's maximum context length is {n_ctx} tokens. However, your "
             f"{where} has {chars} characters, more than any {n_ctx} tokens hold. Please "

@@ -63,18 +63,18 @@ async def model_for(pool: ModelPool, name: str, leases: list[Lease], *, choices:
              if m not in skip]
     if not chain:
         raise NoneLeft(name)
-    last_error: APIError | None = None
+    first_error: APIError | None = None
     for model_id in chain:
         try:
             served = await pool.acquire(model_id, wait=wait)
             served.admit(choices)  # raises Overloaded when the queue is full
             return hold(leases, served)
         except (Overloaded, Unavailable) as exc:
-            last_error = exc
+            first_error = first_error or exc  # (the model asked for is the one named)
             if model_id != chain[-1]:
                 log.info("model %s unavailable (%s): falling back", model_id, exc.code)
-    assert last_error is not None
-    raise last_error
+    assert first_error is not None
+    raise first_error
 
 
 async def model_named(pool: ModelPool, name: str | None, leases: list[Lease]) -> ServedModel:

@@ -491,6 +491,9 @@ def test_sdk_raises_bad_request_for_typed_calls(ac: anthropic.Anthropic) -> None
         ac.messages.create(model="default", max_tokens=4, messages=HI, tools=[WEATHER],
                            tool_choice={"type": "any"},
                            thinking={"type": "enabled", "budget_tokens": 1024})
+    with pytest.raises(anthropic.BadRequestError, match="budget_tokens"):
+        ac.messages.create(model="default", max_tokens=4, messages=HI,
+                           thinking={"type": "enabled", "budget_tokens": -5})
     with pytest.raises(anthropic.BadRequestError):  # also when streaming: before the stream
         with ac.messages.stream(model="default", max_tokens=4, messages=[
                 {"role": "user", "content": [IMAGE]}]) as stream:

@@ -346,6 +346,8 @@ def test_a_stream_nobody_reads_is_closed_and_frees_its_slot(
             time.sleep(0.25)
         assert busy_seen and srv.engine_stats()["slots_busy"] == 0
         assert "was not read for 2s" in srv.log.read_text()
+        time.sleep(0.5)  # (uvicorn's line would follow the warning at once)
+        assert "ASGI callable returned" not in srv.log.read_text()  # a client's doing: no ERROR
     finally:
         sock.close()
     alive(srv)

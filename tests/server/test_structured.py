@@ -480,6 +480,8 @@ def test_patterns_with_shorthand_classes_constrain_answers_and_calls(
         "type": "string", "pattern": "^(a|b"}}}}, "response_format.json_schema.schema"),
     ({"response_format": {"type": "json_schema", "json_schema": {"name": "x", "schema": {
         "type": "string", "pattern": "["}}}}, "response_format.json_schema.schema"),
+    ({"response_format": {"type": "json_schema", "json_schema": {"name": "x", "schema": {
+        "type": "string", "pattern": "^\\ud800$"}}}}, "response_format.json_schema.schema"),
     ({"response_format": {"type": "json_object", "schema": 123}}, "response_format.schema"),
     ({"response_format": {"type": "json_object", "foo": 1}}, "response_format.foo"),
     ({"response_format": {"type": "text", "schema": {}}}, "response_format.schema"),
@@ -506,6 +508,15 @@ def test_llama_servers_schema_fields_constrain_the_answer(server: ServerProcess)
         r = httpx.post(f"{server.base_url}/v1/chat/completions", json=body, timeout=60)
         assert r.status_code == 200, r.text
         assert r.json()["choices"][0]["message"]["content"] == '"42"', extra
+    # a pattern's UTF-16 pairs (as JavaScript spells an emoji) are their characters: the
+    # answer holds them (each half came back as its own bytes: U+FFFD U+FFFD U+FFFD)
+    body = {"model": "default", "max_tokens": 12, "temperature": 0,
+            "messages": [{"role": "user", "content": "An emoji"}], "response_format": {
+                "type": "json_schema", "json_schema": {"name": "e", "schema": {
+                    "type": "string", "pattern": "^[\\ud83d\\ude00-\\ud83d\\ude4f]{2}$"}}}}
+    r = httpx.post(f"{server.base_url}/v1/chat/completions", json=body, timeout=60)
+    text = json.loads(r.json()["choices"][0]["message"]["content"])
+    assert len(text) == 2 and all(0x1F600 <= ord(c) <= 0x1F64F for c in text), text
 
 
 def test_quotes_backslashes_and_lengths_in_schemas_hold_in_the_answer(

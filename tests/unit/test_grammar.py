@@ -12,7 +12,7 @@ import pytest
 from edgeinfer.errors import InvalidRequest
 from edgeinfer.prompt.budget import check_nullable_repeats
 from edgeinfer.prompt.grammar import schema_to_gbnf
-from edgeinfer.prompt.pattern import with_lengths
+from edgeinfer.prompt.pattern import joined_surrogates, with_lengths
 
 
 def test_property_names_that_are_keywords_are_data_not_schema() -> None:
@@ -466,3 +466,16 @@ def test_an_upper_count_past_the_budget_is_the_budget(schema: dict[str, Any]) ->
     """pydantic's ``HttpUrl`` (maxLength 2083) was a 400 for every tool taking a URL: what
     the grammar writes (at most 1,000) still satisfies an upper bound."""
     assert "root ::=" in schema_to_gbnf(schema, "schema")
+
+
+def test_utf16_pairs_in_patterns_are_their_characters_and_lone_surrogates_a_400() -> None:
+    """JavaScript spells U+1F600 as ``\\ud83d\\ude00``: one character (each half was
+    written as its own invalid bytes, U+FFFD in the answer); a half alone matches no text."""
+    assert joined_surrogates(r"^\ud83d\ude00$") == "^\U0001F600$"
+    assert joined_surrogates(r"^[\ud83d\ude00-\ud83d\ude4f]$") == "^[\U0001F600-\U0001F64F]$"
+    assert joined_surrogates(r"\\ud83d\\ude00") == r"\\ud83d\\ude00"  # escaped backslashes
+    gbnf = schema_to_gbnf({"type": "string", "pattern": r"^\ud83d\ude00$"}, "schema")
+    assert "\U0001F600" in gbnf and "D83D" not in gbnf.upper(), gbnf
+    for lone in (r"^\ud800$", r"^[\ud800-\udfff]$", "^\ud83d$"):
+        with pytest.raises(InvalidRequest, match="surrogate"):
+            schema_to_gbnf({"type": "string", "pattern": lone}, "schema")
