@@ -10,6 +10,7 @@ up every other request's prompt behind them.
 
 from __future__ import annotations
 
+import functools
 import os
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
@@ -26,7 +27,7 @@ def _chars(x: Any, depth: int = 0) -> int:
     down: messages, their content parts)."""
     if isinstance(x, str):
         return len(x)
-    if depth >= 4:
+    if depth >= 6:
         return 0
     if isinstance(x, dict):
         x = x.values()
@@ -35,6 +36,9 @@ def _chars(x: Any, depth: int = 0) -> int:
     return sum(_chars(v, depth + 1) for v in x)
 
 
-def executor_for(args: tuple[Any, ...]) -> ThreadPoolExecutor:
-    """Where a job with these arguments runs."""
-    return _heavy if _chars(args) > HEAVY_CHARS else _light
+def executor_for(fn: Any, args: tuple[Any, ...]) -> ThreadPoolExecutor:
+    """Where ``fn(*args)`` runs (``fn`` may be a ``functools.partial`` holding the text)."""
+    chars = _chars(args)
+    if isinstance(fn, functools.partial):
+        chars += _chars(fn.args) + _chars(fn.keywords)
+    return _heavy if chars > HEAVY_CHARS else _light

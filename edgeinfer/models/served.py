@@ -104,7 +104,7 @@ class ServedModel:
                 lease.release()
 
         try:
-            fut = asyncio.get_running_loop().run_in_executor(executor_for(args), job)
+            fut = asyncio.get_running_loop().run_in_executor(executor_for(fn, args), job)
         except BaseException:
             lease.release()
             raise

@@ -702,6 +702,44 @@ def test_a_prompt_too_long_for_any_tokens_is_refused_before_it_is_tokenized(
         assert r.status_code == 400, r.text[:300]
         err = r.json()["error"]
         assert err["code"] == "context_length_exceeded" and "characters" in err["message"]
+    for path, body in [  # the other endpoints that tokenize a request's text, the same
+            ("/v1/messages/count_tokens", {"model": "default", "messages": [
+                {"role": "user", "content": huge}]}),
+            ("/v1/responses/input_tokens", {"model": "default", "input": huge}),
+            ("/v1/cache/pin", {"model": "default", "prompt": huge}),
+            ("/v1/embeddings", {"model": "default", "input": huge})]:
+        t0 = time.monotonic()
+        r = httpx.post(f"{server.base_url}{path}", json=body, timeout=60)
+        assert r.status_code == 400 and "too long" in r.text or "characters" in r.text, r.text
+        assert time.monotonic() - t0 < 2.5, path  # (tokenizing 3 MB took seconds)
+    alive(server)
+
+
+def test_huge_prompts_being_tokenized_do_not_hold_up_other_requests(
+        server: ServerProcess) -> None:
+    """Text just small enough to be tokenized (then refused: too many tokens) takes its
+    thread half a second or more a request; a few at once held every other request's prompt
+    behind them (a short chat's answer came after all of them). Now that work runs
+    apart: the short chat answers while they are still being tokenized."""
+    body = {"model": "default", "max_tokens": 2,
+            "messages": [{"role": "user", "content": "x y " * 520_000}]}
+    done: list[float] = []
+
+    def hog() -> None:
+        httpx.post(f"{server.base_url}{CHAT}", json=body, timeout=120)
+        done.append(time.monotonic())
+    hogs = [threading.Thread(target=hog) for _ in range(4)]
+    t0 = time.monotonic()
+    for h in hogs:
+        h.start()
+    time.sleep(0.5)  # (their bodies are read; their tokenizing has begun)
+    r = httpx.post(f"{server.base_url}{CHAT}", timeout=120, json={
+        "model": "default", "max_tokens": 2, "messages": [{"role": "user", "content": "hi"}]})
+    answered = time.monotonic()
+    for h in hogs:
+        h.join()
+    assert r.status_code == 200 and len(done) == 4  # (queued behind them, it came last)
+    assert answered < max(done), (answered - t0, [d - t0 for d in done])
     alive(server)
 
 
