@@ -25,8 +25,6 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-import psutil
-
 from edgeinfer.errors import ConfigError
 
 DEFAULT_CONFIG = Path(__file__).resolve().parent.parent / "models.toml"
@@ -97,10 +95,9 @@ class ModelConfig:
     cache_entries: int = 32  # finished sequences kept in the KV cache for reuse
     pinned_prompts: tuple[str, ...] = ()  # system prompts kept resident, never evicted
     cache_disk_mb: int = 512  # pinned prefixes' KV state kept on disk across restarts (0: off)
-    # evicted prefixes' KV state kept in host RAM (0: off); default: 1/16 of the RAM, from
-    # 256 MiB to 8 GiB (a cap, not a reservation; llama-server's --cache-ram: 8 GiB)
-    cache_ram_mb: int = field(default_factory=lambda: max(256, min(8192, int(
-        psutil.virtual_memory().total) >> 24)))
+    # evicted prefixes' KV state kept in host RAM (0: off; None: sized from the machine's
+    # memory, ``engine.ram_tier.default_mb``: a cap, not a reservation)
+    cache_ram_mb: int | None = None
     # opt-in: this many of the most used unpinned prefixes are also written to disk when
     # the model unloads or the server stops, and restored when it loads (0: off)
     cache_disk_hot: int = 0
@@ -174,8 +171,8 @@ class ModelConfig:
                               "and slots")
         if self.prefill_batch < 0 or self.prefill_batch > 8192:
             raise ConfigError(f"model {self.id!r}: prefill_batch must be between 0 and 8192")
-        if min(self.cache_disk_mb, self.cache_ram_mb, self.cache_disk_hot, self.step_target_ms,
-               self.checkpoint_every) < 0:
+        if min(self.cache_disk_mb, self.cache_ram_mb or 0, self.cache_disk_hot,
+               self.step_target_ms, self.checkpoint_every) < 0:
             raise ConfigError(f"model {self.id!r}: cache_disk_mb, cache_ram_mb, cache_disk_hot, "
                               "step_target_ms and checkpoint_every must be >= 0")
         if self.cache_mode not in ("auto", "checkpoint"):

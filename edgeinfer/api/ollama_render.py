@@ -119,7 +119,7 @@ class Meta:
         return {**line, "logprobs": token_entries(self.held.piece, items)}
 
     def line(self, text: str = "", thinking: str = "",
-             calls: list[CallOutcome] | None = None) -> dict[str, Any]:
+             calls: list[CallOutcome] | None = None, cut: bool = False) -> dict[str, Any]:
         out: dict[str, Any] = {"model": self.model, "created_at": rfc3339()}
         if self.chat:
             out["message"] = {"role": "assistant", "content": text}
@@ -127,7 +127,7 @@ class Meta:
         body["content" if self.chat else "response"] = text
         if thinking:
             body["thinking"] = thinking
-        if self.chat and calls and (whole := tool_calls(calls)):  # (none whole: no field)
+        if self.chat and calls and (whole := tool_calls(calls, cut)):  # (none: no field)
             body["tool_calls"] = whole
         return {**out, "done": False}
 
@@ -155,8 +155,11 @@ def _arguments(call: CallOutcome) -> dict[str, Any] | None:
     return args if isinstance(args, dict) else None
 
 
-def tool_calls(calls: list[CallOutcome]) -> list[dict[str, Any]]:
-    """Ollama's ``tool_calls``: the complete calls, each one's arguments an object."""
+def tool_calls(calls: list[CallOutcome], cut: bool = False) -> list[dict[str, Any]]:
+    """Ollama's ``tool_calls``: the complete calls, each one's arguments an object (``cut``:
+    the output ran out, so a last call with no arguments yet is no call)."""
+    if cut and calls and not calls[-1].arguments:
+        calls = calls[:-1]
     done = [(c, a) for c in calls if (a := _arguments(c)) is not None]
     return [{"id": c.id, "function": {"name": c.name, "arguments": a}} for c, a in done]
 
@@ -178,8 +181,9 @@ async def stream_lines(meta: Meta, events: AsyncIterator[ev.Event]
             elif isinstance(e, ev.ReasoningDelta):
                 yield meta.line(thinking=e.text)
             ends_call = isinstance(e, ev.Finish) or isinstance(e, ev.ToolCallDelta) and e.name
-            if ends_call and tool_calls(calls):
-                yield meta.line(calls=calls)
+            cut = isinstance(e, ev.Finish) and e.reason == "length"
+            if ends_call and tool_calls(calls, cut):
+                yield meta.line(calls=calls, cut=cut)
             if ends_call:
                 calls = []
             if isinstance(e, ev.ToolCallDelta):
@@ -200,7 +204,7 @@ async def whole(meta: Meta, events: AsyncIterator[ev.Event]) -> dict[str, Any]:
     """The one body of a non-streamed answer; raises the APIError of a failure."""
     out = await gather(events, 1)
     c = out.choices[0]
-    line = meta.line(c.text, c.reasoning, c.calls)
+    line = meta.line(c.text, c.reasoning, c.calls, cut=c.finish == "length")
     if meta.held is not None:  # (a stop string's tokens are not the answer's)
         line = meta.logprobs(line, within(meta.held.piece, c.logprobs, c.text)
                              if c.stopped else c.logprobs)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import codecs
+import itertools
 import json
 import logging
 import time
@@ -55,8 +56,10 @@ class CompletionMeta:
             return ""
         p = self.echo[choice // self.n]
         parts = p.parts if isinstance(p, MixedPrompt) else [p] if isinstance(p, str) else p
-        return "".join(t if isinstance(t, str) else self.piece(t).decode("utf-8", "replace")
-                       for t in parts)
+        runs = itertools.groupby(parts, key=lambda t: isinstance(t, str))  # (a character
+        return "".join("".join(run) if text else b"".join(  # may span tokens: each run of
+            self.piece(t) for t in run).decode("utf-8", "replace")  # ids decoded whole)
+            for text, run in runs)
 
     @property
     def chunk_object(self) -> str:

@@ -30,7 +30,7 @@ from dataclasses import dataclass, field
 
 from edgeinfer.engine.native import LlamaRuntime
 from edgeinfer.engine.prefix_index import PrefixIndex
-from edgeinfer.engine.ram_tier import RamTier, State
+from edgeinfer.engine.ram_tier import RamTier, State, default_mb
 
 log = logging.getLogger("edgeinfer.cache")
 
@@ -394,7 +394,7 @@ def open_cache(runtime: LlamaRuntime) -> PrefixCache:
     if cfg.prefix_cache and checkpoints:
         log.info("model %s: prefixes are reused from whole saved states (checkpoints every "
                  "%d tokens, in the RAM tier%s)", cfg.id, cfg.checkpoint_every,
-                 "" if cfg.cache_ram_mb else ": cache_ram_mb is 0, so none is kept")
+                 "" if cfg.cache_ram_mb != 0 else ": cache_ram_mb is 0, so none is kept")
     return PrefixCache(runtime, cfg.slots, cfg.cache_entries, enabled=cfg.prefix_cache,
-                       ram_bytes=cfg.cache_ram_mb << 20,
+                       ram_bytes=default_mb(cfg.cache_ram_mb) << 20,
                        checkpoint_every=cfg.checkpoint_every if checkpoints else None)

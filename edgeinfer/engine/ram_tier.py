@@ -14,12 +14,38 @@ begin the prompt is reused (``whole_prefix``), and it stays here when it is (``g
 
 from __future__ import annotations
 
+import contextlib
 from collections import OrderedDict
 from collections.abc import Sequence
 from dataclasses import dataclass
+from pathlib import Path
 
 from edgeinfer.engine.host_memory import State as State  # (the cache's name for it)
 from edgeinfer.engine.prefix_index import PrefixIndex
+
+# where Linux says how much memory this process's control group may use (v2, then v1)
+CGROUP_LIMITS = ("/sys/fs/cgroup/memory.max", "/sys/fs/cgroup/memory/memory.limit_in_bytes")
+
+
+def machine_memory() -> int:
+    """The bytes of memory this process may have: the machine's, or its control group's
+    limit where that is smaller (a container's)."""
+    import psutil
+
+    total = int(psutil.virtual_memory().total)
+    for path in CGROUP_LIMITS:
+        with contextlib.suppress(OSError, ValueError):
+            total = min(total, int(Path(path).read_text().strip()))  # ("max": no limit)
+    return total
+
+
+def default_mb(setting: int | None) -> int:
+    """The RAM tier's size in MiB: models.toml's ``cache_ram_mb``, else 1/16 of
+    ``machine_memory`` from 256 MiB to 8 GiB (llama-server's ``--cache-ram``: 8 GiB; a
+    coding agent's 20k-token prompt is about 350 MiB of KV state on Gemma 3 270M)."""
+    if setting is not None:
+        return setting
+    return max(256, min(8192, machine_memory() >> 24))
 
 
 @dataclass(slots=True)

@@ -20,6 +20,7 @@ from gguf import LlamaFileType
 from edgeinfer.config import QUANT_TYPES, DerivedSource, ModelConfig, PackageSource
 from edgeinfer.engine import native
 from edgeinfer.engine.kv import kv_bytes_per_token, kv_scale, serving_bytes
+from edgeinfer.engine.ram_tier import default_mb
 from edgeinfer.errors import ConfigError, EdgeInferError, ModelLoadError
 from edgeinfer.models.fit import MEMORY_RESERVE, Memory, fit
 from edgeinfer.models.source import cache_dir, check_gguf, resolve_model_path
@@ -239,7 +240,7 @@ def cache_tiers(cfg: ModelConfig, facts: dict[str, Any] | None = None) -> dict[s
     folder = cache_dir() / "prefixes" / cfg.id.replace("/", "_")
     files = list(folder.glob("*.kv")) if folder.is_dir() else []
     return {"mode": cache_mode(cfg, facts or {}), "kv": cfg.prefix_cache,
-            "ram_mb": cfg.cache_ram_mb if cfg.prefix_cache else 0,
+            "ram_mb": default_mb(cfg.cache_ram_mb) if cfg.prefix_cache else 0,
             "disk_mb": cfg.cache_disk_mb if cfg.prefix_cache else 0, "disk_files": len(files),
             "disk_mib": round(sum(f.stat().st_size for f in files) / 2**20, 1)}
 

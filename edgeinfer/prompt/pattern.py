@@ -55,19 +55,35 @@ _SHORT = {"d": [(0x30, 0x39)], "w": [(0x61, 0x7A), (0x41, 0x5A), (0x30, 0x39), (
 _CONTROL = {"t": 0x09, "n": 0x0A, "r": 0x0D, "f": 0x0C, "v": 0x0B}
 
 
-_PAIR = re.compile(r"(?<!\\)((?:\\\\)*)\\u(d[89ab][0-9a-f]{2})\\u(d[c-f][0-9a-f]{2})", re.I)
-_LONE = re.compile(r"(?<!\\)(?:\\\\)*\\u(d[89a-f][0-9a-f]{2})", re.I)
+_HEX4 = "[0-9a-fA-F]{2}"
+_PAIR = re.compile(r"(?<!\\)((?:\\\\)*)\\u([dD][89abAB]" + _HEX4 + r")\\u([dD][c-fC-F]"
+                   + _HEX4 + ")")
+_ASTRAL = re.compile(r"\[\\u[dD]800-\\u[dD][bB][fF][fF]\]\[\\u[dD][cC]00-\\u[dD][fF][fF][fF]\]")
+_LONE = re.compile(r"\\u[dD][89a-fA-F]" + _HEX4)
 
 
 def joined_surrogates(pattern: str) -> str:
     """``pattern`` with each UTF-16 pair of escapes (``\\ud83d\\ude00``, as JavaScript
-    spells U+1F600) made the one character it stands for; ValueError for a surrogate
-    left alone (an escape, or raw), which no UTF-8 text holds."""
+    spells U+1F600) made the one character it stands for, and JavaScript's "any astral
+    character" (``[\\uD800-\\uDBFF][\\uDC00-\\uDFFF]``) that range; ValueError for a
+    surrogate left alone outside a class (an escape, or raw), which no text holds (in a
+    class, ``_positive`` leaves the surrogates out of its ranges)."""
+    out = _ASTRAL.sub("[\U00010000-\U0010FFFF]", pattern)
     out = _PAIR.sub(lambda m: m[1] + chr(0x10000 + ((int(m[2], 16) - 0xD800) << 10)
-                                         + int(m[3], 16) - 0xDC00), pattern)
-    if _LONE.search(out) or any(0xD800 <= ord(c) < 0xE000 for c in out):
-        raise ValueError(f"the pattern {pattern[:100]!r} holds a UTF-16 surrogate that is "
-                         "not half of a pair: no text holds one")
+                                         + int(m[3], 16) - 0xDC00), out)
+    depth, i = 0, 0
+    while i < len(out):
+        c = out[i]
+        if c == "\\" and depth == 0 and _LONE.match(out, i) or 0xD800 <= ord(c) < 0xE000 \
+                and depth == 0:
+            raise ValueError(f"the pattern {pattern[:100]!r} holds a UTF-16 surrogate that "
+                             "is not half of a pair: no text holds one")
+        if c == "[" and depth == 0:  # (a class; its first "]" is a character)
+            depth, i = 1, i + (2 if out.startswith("[^", i) else 1)
+            i += out.startswith("]", i)
+            continue
+        depth = 0 if c == "]" and depth else depth
+        i += 2 if c == "\\" else 1
     return out
 
 

@@ -129,8 +129,10 @@ def check_chars(chars: int, n_ctx: int, where: str) -> None:
     """400 context_length_exceeded for ``chars`` characters of text: more than any
     ``n_ctx`` tokens hold (a token is at most MAX_TOKEN_BYTES)."""
     if chars > n_ctx * MAX_TOKEN_BYTES:
-        raise ContextTooLong(  # (the token count: the fewest these characters make)
+        # the token count (Anthropic's wording gives one, which Claude Code sizes its
+        # compaction by) estimated: text is about 4 characters a token
+        raise ContextTooLong(
             f"This model's maximum context length is {n_ctx} tokens. However, your "
             f"{where} has {chars} characters, more than any {n_ctx} tokens hold. Please "
-            "reduce the prompt.", param=where, prompt_tokens=-(-chars // MAX_TOKEN_BYTES),
+            "reduce the prompt.", param=where, prompt_tokens=max(n_ctx + 1, chars // 4),
             max_tokens=0, n_ctx=n_ctx)

@@ -143,6 +143,30 @@ def test_forced_tool_call_whole_and_streamed(oc: ollama.Client) -> None:
     assert parts[-1].done is True and parts[-1].done_reason == "stop"
 
 
+def test_a_call_cut_off_by_num_predict_is_sent_only_when_its_arguments_parse(
+        server: ServerProcess) -> None:
+    """Ollama sends calls whole, arguments an object: a call cut off before its arguments
+    (OpenAI's shape gives it named, arguments "") is not sent as a call with none."""
+    ask = [{"role": "user", "content": "Weather in Oslo?"}]
+    for cap in range(6, 20):
+        for stream in (False, True):
+            r = _post(server, "/api/chat", {
+                "model": "default", "messages": ask, "tools": [WEATHER], "stream": stream,
+                "tool_choice": "required", "options": {"temperature": 0, "num_predict": cap}})
+            lines = [json.loads(x) for x in r.text.splitlines() if x.strip()]
+            calls = [c for x in lines for c in x["message"].get("tool_calls", [])]
+            v1 = _post(server, "/v1/chat/completions", {
+                "model": "default", "messages": ask, "tools": [WEATHER], "max_tokens": cap,
+                "tool_choice": "required", "temperature": 0}).json()
+            want = []
+            for c in v1["choices"][0]["message"].get("tool_calls") or []:
+                try:
+                    want.append(json.loads(c["function"]["arguments"]))
+                except ValueError:
+                    pass  # (cut off: no whole call)
+            assert [c["function"]["arguments"] for c in calls] == want, (cap, stream, calls)
+
+
 def test_tools_and_a_call_in_the_history(oc: ollama.Client) -> None:
     def get_weather(city: str) -> str:
         """The current weather in a city.

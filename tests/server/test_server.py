@@ -105,6 +105,10 @@ def test_echo_puts_each_prompt_before_its_completion(client: openai.OpenAI,
                         json={"content": "The capital of"}).json()["tokens"]
     ids = client.completions.create(model="default", prompt=[tokens], max_tokens=2, echo=True)
     assert ids.choices[0].text.startswith("The capital of"), ids.choices[0].text
+    wide = "Café 日本 🙂"  # characters whose bytes span tokens: decoded whole
+    tokens = httpx.post(f"{server.base_url}/tokenize", json={"content": wide}).json()["tokens"]
+    back = client.completions.create(model="default", prompt=[tokens], max_tokens=1, echo=True)
+    assert back.choices[0].text.startswith(wide), back.choices[0].text
 
 
 def test_stop_string_ends_generation(client: openai.OpenAI) -> None:

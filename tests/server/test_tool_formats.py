@@ -12,13 +12,13 @@ from typing import Any
 import httpx
 import jsonschema
 import openai
-import psutil
 import pytest
 from jinja2 import Undefined
 from jinja2.sandbox import SandboxedEnvironment
 from serverproc import ServerProcess, start_server, stop_server
 from templates import template
 
+from edgeinfer.engine.ram_tier import default_mb
 from edgeinfer.prompt.paramtypes import parameter_types
 from edgeinfer.prompt.template import ChatTemplate, _Generation, tojson
 from edgeinfer.prompt.toolformat import FORMATS, detect
@@ -152,7 +152,7 @@ def _conversation(call_id: str) -> list[dict[str, Any]]:
             {"role": "tool", "tool_call_id": call_id, "content": "21 C and sunny"}]
 
 
-RAM_TIER_MB = max(256, min(8192, psutil.virtual_memory().total >> 24))  # 1/16 of the RAM
+RAM_TIER_MB = default_mb(None)  # (1/16 of the machine's memory)
 
 
 @pytest.mark.parametrize("name", [n for n, f in FAMILIES.items() if f != "generic"])

@@ -6,6 +6,7 @@ import psutil
 import pytest
 
 from edgeinfer.config import DEFAULT_CONFIG, DerivedSource, PackageSource, load_config
+from edgeinfer.engine.ram_tier import default_mb, machine_memory
 from edgeinfer.errors import ConfigError
 
 
@@ -24,8 +25,10 @@ def test_default_config_serves_smollm2() -> None:
     assert isinstance(q8.source, DerivedSource) and q8.source.quantize == "q8_0"
     assert isinstance(gemma.source, PackageSource) and gemma.source.assemble
     assert dict(cfg.routing)["default"] == m.id
-    # the RAM tier: 1/16 of the machine's RAM, from 256 MiB to 8 GiB, where not set
-    assert m.cache_ram_mb == max(256, min(8192, psutil.virtual_memory().total >> 24))
+    # the RAM tier: 1/16 of the machine's memory, from 256 MiB to 8 GiB, where not set
+    assert m.cache_ram_mb is None
+    assert default_mb(None) == max(256, min(8192, machine_memory() >> 24))
+    assert machine_memory() <= psutil.virtual_memory().total and default_mb(0) == 0
 
 
 def test_several_models_with_path_and_package_sources(tmp_path: Path) -> None:
@@ -91,7 +94,7 @@ gpu_layers = 99
     "[[models]]\nid='a'\npath='x'\n[[models]]\nid='b'\nsource={base='a', quantize='q9_9'}\n",
     "[[models]]\nid='a'\npath='x'\nthreads=1.5\n",  # (tracebacks at start before)
     "[[models]]\nid='a'\npath='x'\nthreads='two'\n",
-    "[[models]]\nid='a'\npath='x'\ncache_ram_mb='lots'\n",  # (a default from a factory)
+    "[[models]]\nid='a'\npath='x'\ncache_ram_mb='lots'\n",  # (its default is None)
     "[[models]]\nid='a'\npath='x'\ncache_ram_mb=-1\n",
     "[[models]]\nid='a'\npath='x'\ndraft_min=9\n",  # (above draft_max)
     "[server]\nmemory_budget_mb=300.5\n[[models]]\nid='a'\npath='x'\n",

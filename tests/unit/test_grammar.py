@@ -476,6 +476,14 @@ def test_utf16_pairs_in_patterns_are_their_characters_and_lone_surrogates_a_400(
     assert joined_surrogates(r"\\ud83d\\ude00") == r"\\ud83d\\ude00"  # escaped backslashes
     gbnf = schema_to_gbnf({"type": "string", "pattern": r"^\ud83d\ude00$"}, "schema")
     assert "\U0001F600" in gbnf and "D83D" not in gbnf.upper(), gbnf
-    for lone in (r"^\ud800$", r"^[\ud800-\udfff]$", "^\ud83d$"):
+    for lone in (r"^\ud800$", r"^a\uDE00b$", "^\ud83d$"):
         with pytest.raises(InvalidRequest, match="surrogate"):
             schema_to_gbnf({"type": "string", "pattern": lone}, "schema")
+    # in a class, the surrogates are left out of its ranges: "any character but them"
+    # holds, and JavaScript's "any astral character" is that range
+    assert joined_surrogates(r"^[^\uD800-\uDFFF]+$") == r"^[^\uD800-\uDFFF]+$"
+    assert joined_surrogates(r"^[\uD800-\uDBFF][\uDC00-\uDFFF]$") == \
+        "^[\U00010000-\U0010FFFF]$"
+    assert joined_surrogates(r"^\UD800$") == r"^\UD800$"  # (\U: ECMA's literal "U")
+    for ok in (r"^[\uD800-\uDBFF][\uDC00-\uDFFF]$", r"^[^\uD800-\uDFFF]{2}$"):
+        schema_to_gbnf({"type": "string", "pattern": ok}, "schema")
