@@ -326,7 +326,7 @@ def parse(body: Any, headers: dict[str, str], allowed: set[str] = FIELDS
     tools = _tools(b.body.get("tools"))
     choice, parallel = _tool_choice(b.body.get("tool_choice"), tools)
     if choice not in ("auto", "none") and (b.body.get("thinking") or {}).get("type") in (
-            "enabled", "adaptive"):  # (as Anthropic's API refuses it:)
+            "enabled", "adaptive"):  # (as Anthropic's API refuses it)
         raise _bad("Thinking may not be enabled when tool_choice forces tool use.", "tool_choice")
     schema = _output_schema(b.body.get("output_config"))
     if schema is not None and msgs[-1]["role"] == "assistant" and "max_tokens" in allowed:

@@ -341,9 +341,10 @@ async def embeddings_answer(request: Request, asked: str, name: str, texts: list
     ``keep``: the request's keep_alive (seconds; 0: unload after the answer)."""
     t0, p, held = time.perf_counter_ns(), pool(request), leases(request)
     load_ns = await _load(p, name)
-    after = _unload_after(request, p.resolve(name)) if keep == 0 and name != "auto" else None
-    if keep and name != "auto":
-        p.keep(p.resolve(name), keep)
+    model_id = p.resolve(name) if name != "auto" else None
+    after = _unload_after(request, model_id) if keep == 0 and model_id else None
+    if keep and model_id:
+        p.keep(model_id, keep)
     items: tuple[str | list[int], ...] = tuple(texts)
     if truncate and texts:
         served = await model_for(p, name, held)

@@ -56,10 +56,12 @@ class CompletionMeta:
             return ""
         p = self.echo[choice // self.n]
         parts = p.parts if isinstance(p, MixedPrompt) else [p] if isinstance(p, str) else p
-        runs = itertools.groupby(parts, key=lambda t: isinstance(t, str))  # (a character
-        return "".join("".join(run) if text else b"".join(  # may span tokens: each run of
-            self.piece(t) for t in run).decode("utf-8", "replace")  # ids decoded whole)
-            for text, run in runs)
+        out = []  # each run of token ids decoded whole: a character may span tokens
+        for is_text, run in itertools.groupby(parts, key=lambda t: isinstance(t, str)):
+            ids = list(run)
+            out.append("".join(ids) if is_text else
+                       b"".join(self.piece(t) for t in ids).decode("utf-8", "replace"))
+        return "".join(out)
 
     @property
     def chunk_object(self) -> str:

@@ -30,7 +30,7 @@ def allowed_tools(raw: Any, tools: tuple[ToolSpec, ...], chat: bool
             isinstance(listed, list) and listed):
         raise InvalidRequest(f"'{where}' needs 'mode' ('auto' or 'required') and a non-empty "
                              "list 'tools'", param=where)
-    names = set()
+    names, known = set(), {x.name for x in tools}
     for j, t in enumerate(listed):
         fn = t.get("function") if chat and isinstance(t, dict) else t
         name = fn.get("name") if isinstance(fn, dict) else None
@@ -38,7 +38,7 @@ def allowed_tools(raw: Any, tools: tuple[ToolSpec, ...], chat: bool
             shape = "{'function': {'name': ...}}" if chat else "'name'"
             raise InvalidRequest(f"'{where}.tools[{j}]' must be a function tool with {shape}",
                                  param=f"{where}.tools[{j}]")
-        if name not in {x.name for x in tools}:
+        if name not in known:
             raise InvalidRequest(f"'{where}.tools[{j}]' names {name!r}, which is not in "
                                  "'tools'", param=f"{where}.tools[{j}]")
         names.add(name)

@@ -16,7 +16,6 @@ from importlib.metadata import version
 from pathlib import Path
 from typing import Any, TypeVar
 
-from edgeinfer import errors
 from edgeinfer.config import ModelConfig
 from edgeinfer.engine.delta import Delta, FailureCode
 from edgeinfer.engine.draft_model import DraftModel
@@ -25,7 +24,14 @@ from edgeinfer.engine.host_memory import State
 from edgeinfer.engine.loop import Engine
 from edgeinfer.engine.native import LlamaRuntime, gpu_offload_supported
 from edgeinfer.engine.sequence import SamplingParams
-from edgeinfer.errors import Conflict, EngineError, InvalidRequest, ModelLoadError, Overloaded
+from edgeinfer.errors import (
+    Conflict,
+    ContextTooLong,
+    EngineError,
+    InvalidRequest,
+    ModelLoadError,
+    Overloaded,
+)
 from edgeinfer.models.lease import Lease, Places, Users
 from edgeinfer.models.modelinfo import gguf_facts
 from edgeinfer.models.native_work import executor_for
@@ -325,7 +331,7 @@ class ServedModel:
         fits."""
         wanted = n_prompt + (max_tokens or 1)
         if n_prompt >= self.n_ctx or wanted > self.n_ctx:
-            raise errors.ContextTooLong(
+            raise ContextTooLong(
                 f"This model's maximum context length is {self.n_ctx} tokens. However, you "
                 f"requested {wanted} tokens ({n_prompt} in the prompt, "
                 f"{max_tokens or 1} for the completion). Please reduce the prompt or max_tokens.",
