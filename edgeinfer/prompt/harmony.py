@@ -38,7 +38,8 @@ Event = Thought | Content | CallOpen | CallArgs
 class HarmonyParser:
     """Incremental reader of Harmony messages: ``feed`` text, then ``finish``."""
 
-    def __init__(self) -> None:
+    def __init__(self, names: frozenset[str] = frozenset()) -> None:
+        self.names = names  # the offered tools' (a header cut off after one is a call)
         self.num_calls = 0
         self._buf = ""
         self._mode = "header"  # header | body | text
@@ -101,6 +102,17 @@ class HarmonyParser:
             self.num_calls += 1
         self._kind = ""
 
+    def _cut_name(self, header: str) -> str:
+        """The offered tool an unfinished ``header`` addresses, when its name is whole
+        (something follows it, or no other offered name goes on from it); else ""."""
+        found = _RECIPIENT.search(header)
+        if found is None or found.group(1) not in self.names:
+            return ""
+        name = found.group(1)
+        whole = found.end() < len(header) or not any(
+            n != name and n.startswith(name) for n in self.names)
+        return name if whole else ""
+
     def feed(self, text: str) -> list[Event]:
         self._buf += text
         out: list[Event] = []
@@ -123,6 +135,9 @@ class HarmonyParser:
         if self._mode == "body":
             self._emit(out, rest)
             self._end_body(out)
+        elif cut and self._mode == "header" and (name := self._cut_name(rest)):
+            out.append(CallOpen(self.num_calls, new_call_id(), name))  # arguments "":
+            self.num_calls += 1  # the output ran out before them, as OpenAI's cut call
         elif rest.strip() and not rest.lstrip().startswith((START, CHANNEL, "to=")) and not (
                 cut and any(m.startswith(rest.lstrip()) for m in (START, CHANNEL, "to="))):
             out.append(Content(rest))  # an unfinished header is dropped

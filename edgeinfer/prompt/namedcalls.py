@@ -268,6 +268,24 @@ class NamedCallParser:
         self._held = self._held if self._pending else ""
         return True
 
+    def _cut_name(self, buf: str) -> str:
+        """(The output ran out while a name was read) the offered tool ``buf`` names, when
+        it is whole: no other offered name goes on from it, unless a marker after it
+        began. "" when there is none (Functionary's names may be text: none there)."""
+        fmt = self.fmt
+        if fmt.text_name:
+            return ""
+        held = partial_suffix(buf, fmt.name_end) if fmt.name_end else 0
+        name = buf[:len(buf) - held]
+        if fmt.id_marker and not fmt.id_first:
+            name, *tail = name.split(fmt.id_marker, 1)
+            held = held or len(tail)
+        name = name.strip().removeprefix(fmt.name_prefix)
+        if name not in self.types:
+            return ""
+        longer = any(n != name and n.startswith(name) for n in self.types)
+        return name if held or not longer else ""
+
     def _offered(self, name: str, whole: bool) -> bool:
         """(Formats whose free text may look like a call: Functionary's ``>>>WORD``) whether
         ``name`` is, or while ``whole`` is false may become, an offered tool's name or the
@@ -353,7 +371,11 @@ class NamedCallParser:
         out: list[Read] = []
         rest, self._buf = self._buf, ""
         fmt = self.fmt
-        if cut and (self._mode in ("between", "id", "name") and not self.num_calls
+        name = self._cut_name(rest) if cut and self._mode == "name" else ""
+        if name:  # cut off after a call's name, before its arguments: a call, as OpenAI
+            out.append(CallOpen(self.num_calls, new_call_id(fmt.id_length), name))
+            self.num_calls += 1  # (its arguments "": the output ran out before them)
+        elif cut and (self._mode in ("between", "id", "name") and not self.num_calls
                     and self._held
                     or self._mode == "text" and rest and any(
                         m.startswith(rest) for m in (fmt.call_open, fmt.block_open) if m)):

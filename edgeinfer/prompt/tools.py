@@ -241,7 +241,7 @@ def call_parser(fmt: ToolFormat, types: dict[str, dict[str, str]] | None = None,
     if fmt.syntax == "named":
         return NamedCallParser(fmt, types, schemas)
     if fmt.syntax == "harmony":
-        return HarmonyParser()
+        return HarmonyParser(frozenset(types or ()))
     if fmt.syntax == "python":
         return PythonCallParser(fmt)
     return CallParser(fmt)

@@ -61,7 +61,7 @@ class ChoiceReader:
     def __init__(self, choice: int, reading: Reading | None = None) -> None:
         r = reading or Reading()
         self.choice = choice
-        self.harmony = HarmonyParser() if r.harmony else None
+        self.harmony = HarmonyParser(frozenset(r.types)) if r.harmony else None
         self.thoughts = r.harmony_thoughts
         tools = None if r.harmony else r.tools
         self.calls = call_parser(tools, r.types, r.schemas) if tools is not None else None

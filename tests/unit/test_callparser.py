@@ -448,6 +448,29 @@ def test_output_cut_off_after_the_name_is_a_call_without_arguments(fmt: ToolForm
                 if isinstance(e, CallOpen)]
 
 
+@pytest.mark.parametrize("fmt", [DEEPSEEK_V3, DEEPSEEK_R1, KIMI_K2, MISTRAL_ARGS, QWEN3_CODER,
+                                 GLM, SOLAR_OPEN, HARMONY])
+def test_output_cut_off_between_a_name_and_its_marker_is_a_call(fmt: ToolFormat) -> None:
+    """max_tokens ran out after a named format's call name, before the marker that ends it
+    (Kimi K2's index, DeepSeek's separator, Harmony's header end): the call, named, its
+    arguments "". Cut inside the name, or on a name that is not offered: no call."""
+    text = next(t for f, t, _, k in CASES if f is fmt and k and k[0][0] == "get_weather")
+    end = text.index("get_weather") + len("get_weather")
+    for more in ("", {KIMI_K2: ":0", HARMONY: " <|constrain|>json"}.get(fmt, "")):
+        p = call_parser(fmt, TYPES)
+        events = p.feed(text[:end] + more) + p.finish(cut=True)
+        assert [e.name for e in events if isinstance(e, CallOpen)] == ["get_weather"], (
+            more, events)
+        assert not [e for e in events if isinstance(e, CallArgs)]
+    p = call_parser(fmt, TYPES)  # cut inside the name
+    assert not [e for e in p.feed(text[:end - 2]) + p.finish(cut=True)
+                if isinstance(e, CallOpen)]
+    p = call_parser(fmt, {"get_weather": {}, "get_weather_now": {}})  # maybe a longer one
+    assert not [e for e in p.feed(text[:end]) + p.finish(cut=True) if isinstance(e, CallOpen)]
+    p = call_parser(fmt, TYPES)  # the model stopped there: no call
+    assert not [e for e in p.feed(text[:end]) + p.finish() if isinstance(e, CallOpen)]
+
+
 def test_harmony_recipient_in_the_role_header_survives_any_cut() -> None:
     """gpt-oss may address a call before its channel (`` to=functions.f<|channel|>...``),
     and writes " to" as a token of its own: held until the header is known."""
