@@ -27,8 +27,8 @@ Usage as the SDK documents it (the total input is input_tokens +
 cache_creation_input_tokens + cache_read_input_tokens): ``input_tokens`` = prompt tokens not
 read from the prefix cache, ``cache_read_input_tokens`` = the cached ones,
 ``cache_creation_input_tokens`` = 0. ``message_start`` gives the whole prompt as
-``input_tokens`` (how much was cached is known only at the end); ``message_delta`` gives
-the final counts, which the SDK's stream helper writes over those.
+``input_tokens`` and the cache fields 0 (how much was cached is known only at the end);
+``message_delta`` gives the final counts, which the SDK's stream helper writes over those.
 """
 
 from __future__ import annotations
@@ -204,7 +204,8 @@ async def sse_events(meta: MessageMeta, events: AsyncIterator[Event], prompt_tok
     blocks = Blocks()
     stop: tuple[str, str | None] = ("end_turn", None)
     yield sse("message_start", {"message": message_body(
-        meta, [], (None, None), {"input_tokens": prompt_tokens, "output_tokens": 0})})
+        meta, [], (None, None), {"input_tokens": prompt_tokens, "cache_creation_input_tokens": 0,
+                                 "cache_read_input_tokens": 0, "output_tokens": 0})})
     try:
         async for e in events:
             if isinstance(e, ErrorEvent):

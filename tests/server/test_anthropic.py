@@ -140,6 +140,8 @@ def test_stream_events_come_in_anthropic_order(server: ServerProcess) -> None:
     start = pairs[0][1]["message"]
     assert start["content"] == [] and start["stop_reason"] is None
     assert start["usage"]["input_tokens"] > 0  # the prompt's size, known up front
+    assert start["usage"]["cache_read_input_tokens"] == 0  # (the split comes at the end)
+    assert start["usage"]["cache_creation_input_tokens"] == 0
     assert pairs[1][1] == {"type": "content_block_start", "index": 0,
                            "content_block": {"type": "text", "text": ""}}
     assert all(d["index"] == 0 and d["delta"]["type"] == "text_delta" for _, d in pairs[3:-3])
