@@ -150,6 +150,8 @@ class ModelConfig:
         for name, least in (("context", 16), ("slots", 1), ("threads", 1), ("batch", 1)):
             if getattr(self, name) < least:
                 raise ConfigError(f"model {self.id!r}: {name} must be >= {least}")
+        if self.threads > 512:
+            raise ConfigError(f"model {self.id!r}: threads must be <= 512 (llama.cpp's limit)")
         if self.max_queue < 0 or self.request_timeout <= 0 or not (self.ttl or 0) >= 0:
             raise ConfigError(f"model {self.id!r}: max_queue and ttl must be >= 0 and "
                               "request_timeout > 0")
@@ -309,8 +311,10 @@ def load_config(path: Path | None = None) -> ServerConfig:
         data = tomllib.loads(path.read_text(encoding="utf-8"))
     except FileNotFoundError:
         raise ConfigError(f"config file not found: {path}") from None
-    except tomllib.TOMLDecodeError as exc:
+    except (tomllib.TOMLDecodeError, UnicodeDecodeError) as exc:
         raise ConfigError(f"{path}: {exc}") from None
+    except OSError as exc:  # a folder, no permission ...
+        raise ConfigError(f"cannot read the config file {path}: {exc.strerror or exc}") from None
     server = data.get("server", {})
     if not isinstance(server, dict) or not isinstance(data.get("models", []), list):
         raise ConfigError(f"{path}: [server] must be a table and [[models]] an array of tables")
@@ -335,8 +339,9 @@ def load_config(path: Path | None = None) -> ServerConfig:
     seen: set[str] = set()
     for m in models:
         for name in m.names:
-            if name in seen:
-                raise ConfigError(f"{path}: model name {name!r} is used twice")
+            if name in seen or name == "auto":  # ("auto": the router's, see [routing])
+                raise ConfigError(f"{path}: model name {name!r} is used twice" if name in seen
+                                  else f"{path}: model name 'auto' is the router's")
             seen.add(name)
     for m in models:
         if unknown_fallback := [f for f in m.fallback if f not in seen or f in m.names]:

@@ -88,9 +88,10 @@ def _summary(app: Any, url: str) -> str:
         if entry.state is ModelState.LOADING:  # --serve-while-loading: /ready says when
             lines.append(f"  {mid}: loading")
     key = " -H 'authorization: Bearer <your key>'" if pool.config.api_keys else ""
+    name = "default" if pool.knows("default") else next(iter(pool.entries), "default")
+    body = json.dumps({"model": name, "messages": [{"role": "user", "content": "Hi"}]})
     lines.append(f"  try: curl {url}/v1/chat/completions{key} "
-                 "-H 'content-type: application/json' "
-                 """-d '{"model": "default", "messages": [{"role": "user", "content": "Hi"}]}'""")
+                 f"-H 'content-type: application/json' -d '{body}'")
     return "\n".join(lines)
 
 

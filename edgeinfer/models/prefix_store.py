@@ -25,6 +25,7 @@ import hashlib
 import json
 import logging
 import os
+import stat
 import struct
 import threading
 from dataclasses import dataclass
@@ -41,6 +42,16 @@ log = logging.getLogger("edgeinfer.cache.disk")
 MAGIC = b"EDGEINFER-KV\x02\n"  # 2: the tokens are in the file (hot prefixes)
 SUFFIX = ".kv"
 _HEADER_MAX = 4096
+
+
+def read_file(path: Path, limit: int = -1) -> bytes:
+    """The bytes of the regular file at ``path`` (at most ``limit``); OSError for anything
+    else: a named pipe or device put in the folder must not block the reader for good."""
+    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)
+    with os.fdopen(fd, "rb") as f:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            raise OSError(f"{path.name} is not a regular file")
+        return f.read(limit)
 
 
 def model_identity(path: Path, params: dict[str, Any]) -> str:
@@ -98,7 +109,7 @@ class PrefixStore:
         path = self.path_for(tokens)
         with self._lock:
             try:
-                raw = path.read_bytes()
+                raw = read_file(path)
             except FileNotFoundError:
                 return None
             except OSError as exc:
@@ -151,8 +162,7 @@ class PrefixStore:
     def _head_of(self, path: Path) -> dict[str, Any] | None:
         """The header of the file at ``path`` (its first bytes only), None when there is
         none this identity wrote; OSError when it cannot be read."""
-        with open(path, "rb") as f:
-            return self._header(f.read(_HEADER_MAX + len(MAGIC) + 4))[0]
+        return self._header(read_file(path, _HEADER_MAX + len(MAGIC) + 4))[0]
 
     def flagged(self, tokens: list[int], kind: str) -> bool:
         """Whether the file of ``tokens`` is saved as ``kind`` ("hot", "runtime")."""
@@ -173,7 +183,7 @@ class PrefixStore:
                     head = self._head_of(path)  # the header first: most are skipped
                     if head is not None and not head.get(kind):
                         continue  # (a models.toml pin: loaded by its tokens)
-                    raw = path.read_bytes()
+                    raw = read_file(path)
                 except OSError:
                     continue
                 body, why = self._check(raw, None)
@@ -268,7 +278,8 @@ class PrefixStore:
         for p in self.folder.glob(f"*{SUFFIX}") if self.folder.is_dir() else []:
             with contextlib.suppress(OSError):
                 st = p.stat()
-                out.append((st.st_mtime, st.st_size, p))
+                if stat.S_ISREG(st.st_mode):  # (a folder, pipe or device: not one)
+                    out.append((st.st_mtime, st.st_size, p))
         return out
 
     def snapshot(self) -> dict[str, int]:

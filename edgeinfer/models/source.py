@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import functools
 import importlib
 import importlib.util
+import logging
 import os
 import struct
 from pathlib import Path
@@ -11,12 +13,22 @@ from pathlib import Path
 from edgeinfer.config import DerivedSource, ModelConfig, PackageSource
 from edgeinfer.errors import ModelLoadError
 
+log = logging.getLogger("edgeinfer.models")
+
 
 def cache_dir() -> Path:
     """Where assembled and derived model files go ($EDGEINFER_CACHE or ~/.cache/edgeinfer)."""
     folder = Path(os.environ.get("EDGEINFER_CACHE") or Path.home() / ".cache" / "edgeinfer")
-    folder.mkdir(parents=True, exist_ok=True)
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:  # what needs to write there fails then, and says so; reading
+        _unmade(str(exc))  # finds nothing (a model from a package needs no cache folder)
     return folder
+
+
+@functools.cache
+def _unmade(why: str) -> None:
+    log.warning("the cache folder cannot be made (%s): nothing is cached on disk", why)
 
 
 def _package_folder(cfg: ModelConfig, src: PackageSource) -> list[str]:

@@ -100,10 +100,21 @@ gpu_layers = 99
     "[server]\nmemory_budget_mb=300.5\n[[models]]\nid='a'\npath='x'\n",
     "[server]\nmemory_budget_mb=-1\n[[models]]\nid='a'\npath='x'\n",
     "[server]\nsend_timeout=0\n[[models]]\nid='a'\npath='x'\n",  # (cut every stream)
+    "[[models]]\nid='a'\npath='x'\nthreads=100000\n",  # (llama.cpp's limit is 512)
+    "[[models]]\nid='a'\npath='x'\naliases=['auto']\n",  # (the router's name)
 ])
 def test_invalid_configs_are_clear(tmp_path: Path, body: str) -> None:
     with pytest.raises(ConfigError):
         load_config(write(tmp_path, body))
+
+
+def test_a_config_file_that_cannot_be_read_is_one_clear_error(tmp_path: Path) -> None:
+    """Not UTF-8, a folder: a ConfigError (one line, exit 2), not a Python traceback."""
+    (tmp_path / "bin.toml").write_bytes(b"\xff\xfe\x00garbage")
+    with pytest.raises(ConfigError, match="bin.toml"):
+        load_config(tmp_path / "bin.toml")
+    with pytest.raises(ConfigError, match="cannot read the config file .*directory"):
+        load_config(tmp_path)
 
 
 def test_kv_cache_types_are_checked_and_sized() -> None:

@@ -159,3 +159,31 @@ def test_partial_writes_of_a_dead_process_are_removed(tmp_path: Path) -> None:
         p.write_bytes(b"partial")
     store(tmp_path)
     assert not dead.exists() and live.exists()  # the parent is alive: maybe still writing
+
+
+def test_a_named_pipe_in_the_folder_is_passed_over_not_waited_on(
+        tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    """A FIFO (or device) under a state's name once blocked start-up for good: opening it
+    waited for a writer, and no signal ended the wait."""
+    s = store(tmp_path)
+    s.save(TOKENS, DATA, hot=True)
+    os.mkfifo(s.folder / ("0" * 40 + ".kv"))
+    os.mkfifo(s.path_for(TOKENS[:5]))
+    (s.folder / ("1" * 40 + ".kv")).mkdir()
+    with caplog.at_level(logging.WARNING, logger="edgeinfer.cache.disk"):
+        assert s.load_hot() == [(TOKENS, DATA)]
+        assert s.load(TOKENS[:5]) is None and not s.flagged(TOKENS[:5], "hot")
+    assert "not a regular file" in caplog.text
+    assert s.snapshot()["files"] == 1
+
+
+def test_a_cache_folder_that_cannot_be_made_costs_only_the_disk(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """EDGEINFER_CACHE naming a file (or a folder it cannot create): the model still loads;
+    the disk tier's writes fail, logged, and its reads find nothing."""
+    from edgeinfer.models.prefix_store import folder_of
+    (tmp_path / "a-file").write_text("")
+    monkeypatch.setenv("EDGEINFER_CACHE", str(tmp_path / "a-file"))
+    s = PrefixStore(folder_of("m"), "a" * 64, 1 << 20)
+    assert not s.save(TOKENS, DATA) and s.stats.write_errors == 1
+    assert s.load(TOKENS) is None and s.load_hot() == []
