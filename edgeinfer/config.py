@@ -270,8 +270,7 @@ def _check_types(table: dict[str, Any], defaults: dict[str, Any], where: str) ->
 def _model_from_table(table: dict[str, Any], base: Path) -> ModelConfig:
     if not isinstance(table, dict):
         raise ConfigError("[[models]] entries must be tables")
-    unknown = set(table) - _MODEL_KEYS
-    if unknown:
+    if unknown := set(table) - _MODEL_KEYS:
         raise ConfigError(f"unknown key(s) in [[models]]: {', '.join(sorted(unknown))}")
     if "id" not in table:
         raise ConfigError("every [[models]] entry needs an 'id'")
@@ -292,9 +291,7 @@ def _model_from_table(table: dict[str, Any], base: Path) -> ModelConfig:
         kwargs["source"] = _source(kwargs["source"], table["id"])
     if "chat_template_file" in kwargs:
         kwargs["chat_template"] = _template_file(kwargs, base)
-    for key in ("aliases", "tags", "fallback"):
-        if key in kwargs:
-            kwargs[key] = tuple(kwargs[key])
+    kwargs.update({k: tuple(kwargs[k]) for k in ("aliases", "tags", "fallback") if k in kwargs})
     kwargs["pinned_prompts"] = tuple(kwargs.get("pinned_prompts", ()))
     # what is left out, the fit step chooses when the model loads (``models.fit``)
     kwargs["explicit"] = tuple(k for k in ("context", "slots") if k in table)
@@ -304,6 +301,27 @@ def _model_from_table(table: dict[str, Any], base: Path) -> ModelConfig:
         raise ConfigError(f"model {table['id']!r}: {exc}") from None
 
 
+def _check_names(models: tuple[ModelConfig, ...], path: Path) -> None:
+    """Names unique (and not the router's "auto"), fallbacks and draft models configured."""
+    if not models:
+        raise ConfigError(f"{path}: no [[models]] configured")
+    seen: set[str] = set()
+    for m in models:
+        for name in m.names:
+            if name in seen or name == "auto":  # ("auto": the router's, see [routing])
+                raise ConfigError(f"{path}: model name {name!r} is "
+                                  + ("used twice" if name in seen else "the router's"))
+            seen.add(name)
+    for m in models:
+        if unknown_fallback := [f for f in m.fallback if f not in seen or f in m.names]:
+            raise ConfigError(f"{path}: model {m.id!r}: fallback {unknown_fallback[0]!r} is not "
+                              "another configured model")
+        if m.draft_model is not None and (m.draft_model not in seen
+                                          or m.draft_model in m.names):
+            raise ConfigError(f"{path}: model {m.id!r}: draft_model {m.draft_model!r} is not "
+                              "another configured model")
+
+
 def load_config(path: Path | None = None) -> ServerConfig:
     """Read a models.toml file (the repository's own by default)."""
     path = path or DEFAULT_CONFIG
@@ -311,10 +329,8 @@ def load_config(path: Path | None = None) -> ServerConfig:
         data = tomllib.loads(path.read_text(encoding="utf-8"))
     except FileNotFoundError:
         raise ConfigError(f"config file not found: {path}") from None
-    except (tomllib.TOMLDecodeError, UnicodeDecodeError) as exc:
-        raise ConfigError(f"{path}: {exc}") from None
-    except OSError as exc:  # a folder, no permission ...
-        raise ConfigError(f"cannot read the config file {path}: {exc.strerror or exc}") from None
+    except (tomllib.TOMLDecodeError, UnicodeDecodeError, OSError) as exc:  # (OSError: a
+        raise ConfigError(f"{path}: {exc}") from None  # folder, no permission ...)
     server = data.get("server", {})
     if not isinstance(server, dict) or not isinstance(data.get("models", []), list):
         raise ConfigError(f"{path}: [server] must be a table and [[models]] an array of tables")
@@ -334,23 +350,7 @@ def load_config(path: Path | None = None) -> ServerConfig:
     if server.get("memory_budget_mb", 1) < 1 or not server.get("send_timeout", 1) > 0:
         raise ConfigError(f"{path}: [server] memory_budget_mb and send_timeout must be > 0")
     models = tuple(_model_from_table(t, path.parent) for t in data.get("models", []))
-    if not models:
-        raise ConfigError(f"{path}: no [[models]] configured")
-    seen: set[str] = set()
-    for m in models:
-        for name in m.names:
-            if name in seen or name == "auto":  # ("auto": the router's, see [routing])
-                raise ConfigError(f"{path}: model name {name!r} is used twice" if name in seen
-                                  else f"{path}: model name 'auto' is the router's")
-            seen.add(name)
-    for m in models:
-        if unknown_fallback := [f for f in m.fallback if f not in seen or f in m.names]:
-            raise ConfigError(f"{path}: model {m.id!r}: fallback {unknown_fallback[0]!r} is not "
-                              "another configured model")
-        if m.draft_model is not None and (m.draft_model not in seen
-                                          or m.draft_model in m.names):
-            raise ConfigError(f"{path}: model {m.id!r}: draft_model {m.draft_model!r} is not "
-                              "another configured model")
+    _check_names(models, path)
     if unknown := set(server) - _SERVER_KEYS:
         raise ConfigError(f"unknown key(s) in [server]: {', '.join(sorted(unknown))}")
     keys = list(server.get("api_keys", []))

@@ -113,7 +113,7 @@ def test_a_config_file_that_cannot_be_read_is_one_clear_error(tmp_path: Path) ->
     (tmp_path / "bin.toml").write_bytes(b"\xff\xfe\x00garbage")
     with pytest.raises(ConfigError, match="bin.toml"):
         load_config(tmp_path / "bin.toml")
-    with pytest.raises(ConfigError, match="cannot read the config file .*directory"):
+    with pytest.raises(ConfigError, match="[Dd]irectory"):
         load_config(tmp_path)
 
 
