@@ -8,14 +8,18 @@
         app = ei.asgi_app()   # mount it in your Starlette / FastAPI app: the same HTTP API
 
 Many ``chat`` / ``complete`` calls may run at once; they are batched together
-exactly as HTTP requests are.
+exactly as HTTP requests are. ``close`` ends the generations still open (a loop left
+with ``break`` included) and frees the models; ``chat`` / ``complete`` before ``start``
+or after ``close`` raise RuntimeError (``start`` again to go on).
 """
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import uuid
-from collections.abc import AsyncIterator
+import weakref
+from collections.abc import AsyncGenerator, AsyncIterator
 from pathlib import Path
 from typing import Any, Self
 
@@ -35,6 +39,7 @@ class EdgeInfer:
         self.config = config
         self.pool = ModelPool(config)
         self._started = False
+        self._open: weakref.WeakSet[AsyncGenerator[str, None]] = weakref.WeakSet()
 
     @classmethod
     def from_config(cls, path: Path | str | None = None, **overrides: Any) -> EdgeInfer:
@@ -52,8 +57,17 @@ class EdgeInfer:
 
     async def close(self) -> None:
         if self._started:
-            await self.pool.stop()
             self._started = False
+            for gen in list(self._open):  # (one another task is reading ends with the engine)
+                with contextlib.suppress(RuntimeError):
+                    await gen.aclose()
+            await self.pool.stop()
+
+    def _opened(self, gen: AsyncGenerator[str, None]) -> AsyncGenerator[str, None]:
+        if not self._started:  # (``gen`` never ran: nothing to end)
+            raise RuntimeError("EdgeInfer is not started: use `async with` or await start()")
+        self._open.add(gen)
+        return gen
 
     async def __aenter__(self) -> Self:
         return await self.start()
@@ -61,13 +75,21 @@ class EdgeInfer:
     async def __aexit__(self, *exc: object) -> None:
         await self.close()
 
-    async def chat(self, model: str, messages: list[dict[str, Any]],
-                   **sampling: Any) -> AsyncIterator[str]:
+    def chat(self, model: str, messages: list[dict[str, Any]],
+             **sampling: Any) -> AsyncGenerator[str, None]:
         """Stream the assistant's reply to ``messages`` as text pieces.
 
         ``sampling``: any SamplingParams field (temperature, max_tokens, top_p,
         stop, seed, ...). Breaking out of the loop cancels the generation.
         """
+        return self._opened(self._chat(model, messages, sampling))
+
+    def complete(self, model: str, prompt: str, **sampling: Any) -> AsyncGenerator[str, None]:
+        """Stream a plain text completion of ``prompt``."""
+        return self._opened(self._complete(model, prompt, sampling))
+
+    async def _chat(self, model: str, messages: list[dict[str, Any]],
+                    sampling: dict[str, Any]) -> AsyncGenerator[str, None]:
         served = await self.pool.acquire(model)
         lease = served.lease()  # the model stays loaded until this generator ends
         try:
@@ -77,8 +99,8 @@ class EdgeInfer:
         finally:
             lease.release()
 
-    async def complete(self, model: str, prompt: str, **sampling: Any) -> AsyncIterator[str]:
-        """Stream a plain text completion of ``prompt``."""
+    async def _complete(self, model: str, prompt: str,
+                        sampling: dict[str, Any]) -> AsyncGenerator[str, None]:
         served = await self.pool.acquire(model)
         lease = served.lease()
         try:

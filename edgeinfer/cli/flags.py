@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 import math
+import os
 
 from edgeinfer.errors import ConfigError
 
@@ -46,3 +47,11 @@ def check_serve_flags(args: argparse.Namespace) -> None:
     ready = args.ready_file
     if ready is not None and not ready.expanduser().resolve().parent.is_dir():
         raise ConfigError(f"--ready-file {ready}: its folder does not exist")
+    if ready is not None:  # (a trial write: permission bits do not say it for root)
+        probe = ready.expanduser().resolve().with_name(f".{ready.name}.{os.getpid()}.tmp")
+        try:
+            probe.touch()
+            probe.unlink()
+        except OSError as exc:
+            raise ConfigError(f"--ready-file {ready}: its folder cannot be written "
+                              f"({exc.strerror or exc})") from None

@@ -149,6 +149,8 @@ class EdgeServer(uvicorn.Server):
         AppStatus.disable_automatic_graceful_drain()  # type: ignore[no-untyped-call]
 
     async def startup(self, sockets: Any = None) -> None:
+        if self.parent_pid is not None:  # (from the start: loading may take minutes)
+            threading.Thread(target=self._watch_parent, daemon=True, name="parent").start()
         await super().startup(sockets)
         if not self.started or not self.servers:
             return
@@ -158,14 +160,15 @@ class EdgeServer(uvicorn.Server):
         url = f"http://{shown}:{port}"
         log.info("%s", _summary(self.app, url))
         ready = json.dumps({"url": url, "pid": os.getpid()})
-        if self.ready_file is not None:
-            tmp = self.ready_file.with_suffix(".tmp")
-            tmp.write_text(ready + "\n", encoding="utf-8")
-            tmp.replace(self.ready_file)  # appears whole, never half-written
+        if self.ready_file is not None:  # appears whole, never half-written (a name of
+            tmp = self.ready_file.with_name(f".{self.ready_file.name}.{os.getpid()}.tmp")
+            try:  # this process's own: another's file is not taken for it)
+                tmp.write_text(ready + "\n", encoding="utf-8")
+                tmp.replace(self.ready_file)
+            except OSError as exc:  # (checked writable at start; it may have changed since)
+                log.error("cannot write the ready file %s: %s", self.ready_file, exc)
         sys.stdout.write(READY_PREFIX + ready + "\n")
         sys.stdout.flush()
-        if self.parent_pid is not None:
-            threading.Thread(target=self._watch_parent, daemon=True, name="parent").start()
 
     async def shutdown(self, sockets: Any = None) -> None:
         await super().shutdown(sockets)
@@ -174,6 +177,9 @@ class EdgeServer(uvicorn.Server):
 
     def _watch_parent(self) -> None:
         while not self.should_exit:
+            if not _alive(self.parent_pid or 0) and not self.started:
+                log.info("parent process %s is gone while starting: exiting", self.parent_pid)
+                os._exit(0)  # (no request to finish yet: a model's load need not end first)
             if not _alive(self.parent_pid or 0):
                 log.info("parent process %s is gone: shutting down", self.parent_pid)
                 self.handle_exit(15, None)

@@ -288,11 +288,11 @@ def quantize_file(src: Path, dst: Path, kind: str, threads: int = 0) -> None:
     params.ftype = ftype
     params.nthread = threads
     params.allow_requantize = True
-    t0 = time.monotonic()
+    t0, tty = time.monotonic(), sys.stderr.isatty()  # (a bar in a log: 300 updates)
 
     def progress(line: str) -> None:
         m = _PROGRESS.search(line)
-        if m:
+        if m and (tty or m.group(1) == m.group(2)):  # (else the last alone: a log's line)
             done, total = int(m.group(1)), int(m.group(2))
             bar = "#" * (30 * done // total)
             sys.stderr.write(f"\rquantizing to {kind}: [{bar:<30}] {done}/{total} tensors")
@@ -305,6 +305,7 @@ def quantize_file(src: Path, dst: Path, kind: str, threads: int = 0) -> None:
         native.log_listener = None
         sys.stderr.write("\n")
     if rc != 0 or not dst.is_file():
-        raise EdgeInferError(f"quantization failed (llama_model_quantize returned {rc})")
+        raise EdgeInferError(f"quantization failed (llama_model_quantize returned {rc})" if rc
+                             else f"quantization failed: {dst} is gone")
     log.info("wrote %s (%.1f MiB, %s) in %.1fs", dst, dst.stat().st_size / 2**20, kind,
              time.monotonic() - t0)

@@ -86,6 +86,7 @@ class ModelPool:
         self.entries: dict[str, PoolEntry] = {m.id: PoolEntry(m) for m in config.models}
         self._names: dict[str, str] = {n: m.id for m in config.models for n in m.names}
         self._reaper: asyncio.Task[None] | None = None
+        self.stopped = False  # (stop() until start(): nothing loads)
         self.on_load: list[Callable[[str, ServedModel], None]] = []
 
     # -- views ------------------------------------------------------------------------
@@ -146,6 +147,7 @@ class ModelPool:
     # -- lifecycle --------------------------------------------------------------------
     async def start(self) -> None:
         """Load the preloaded models (the first one always) and start the idle reaper."""
+        self.stopped = False
         for i, cfg in enumerate(self.config.models):
             if cfg.preload or i == 0:
                 await self._ensure(self.entries[cfg.id])
@@ -153,15 +155,28 @@ class ModelPool:
             raise ModelLoadError("; ".join(self.failed.values()) or "no model configured")
         self._reaper = asyncio.ensure_future(self._reap())
 
-    async def stop(self) -> None:
+    async def stop(self, wait: float = 3.0) -> None:
+        """Unload every model: its requests end (an error), and it is freed once its users
+        let go, waiting up to ``wait`` seconds; one still used then stays loaded (logged:
+        memory is never freed under a user). Nothing loads until ``start`` again."""
+        self.stopped = True
         if self._reaper is not None:
             self._reaper.cancel()
+        for served in self.models.values():
+            served.engine.fail_all("the server is shutting down")
+        deadline = time.monotonic() + wait
         for mid in list(self.models):
-            await self.unload(mid)
+            while (mid in self.models and not await self.unload(mid)
+                   and time.monotonic() < deadline):
+                await asyncio.sleep(0.02)
+            if mid in self.models:
+                log.warning("model %s is still in use: left loaded", mid)
 
     async def acquire(self, name: str, wait: bool = True) -> ServedModel:
         """The model named by a request, loading it first if needed (``wait``), else 503."""
         entry = self.entries[self.resolve(name)]
+        if self.stopped:
+            raise Unavailable("the server is shutting down", code="server_shutting_down")
         if entry.state is ModelState.FAILED and (
                 time.monotonic() - entry.failed_at > RETRY_FAILED_SECONDS):
             entry.state = ModelState.UNLOADED  # its file may be back (a drive, a download)

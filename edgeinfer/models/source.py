@@ -2,13 +2,17 @@
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import importlib
 import importlib.util
 import logging
 import os
 import struct
+from collections.abc import Iterator
 from pathlib import Path
+
+import psutil
 
 from edgeinfer.config import DerivedSource, ModelConfig, PackageSource
 from edgeinfer.errors import ModelLoadError
@@ -59,9 +63,8 @@ def resolve_model_path(cfg: ModelConfig, models: dict[str, ModelConfig] | None =
         if not out.is_file():
             from edgeinfer.models.modelinfo import quantize_file
 
-            tmp = out.with_suffix(".part")
-            quantize_file(resolve_model_path(base, models), tmp, src.quantize)
-            tmp.replace(out)
+            with _partial(out) as tmp:
+                quantize_file(resolve_model_path(base, models), tmp, src.quantize)
         return out
     assert src is not None
     folders = _package_folder(cfg, src)
@@ -69,15 +72,35 @@ def resolve_model_path(cfg: ModelConfig, models: dict[str, ModelConfig] | None =
         out = cache_dir() / f"{cfg.id}.gguf"
         if not out.is_file():
             module = importlib.import_module(src.package)
-            tmp = out.with_suffix(".part")
-            module.assemble(tmp, overwrite=True)  # the package checks its own checksum
-            tmp.replace(out)
+            with _partial(out) as tmp:
+                module.assemble(tmp, overwrite=True)  # the package checks its own checksum
         return out
     for folder in folders:
         candidate = Path(folder) / str(src.file)
         if candidate.is_file():
             return candidate
     raise ModelLoadError(f"model {cfg.id!r}: {src.file!r} not found in package {src.package!r}")
+
+
+@contextlib.contextmanager
+def _partial(out: Path) -> Iterator[Path]:
+    """A temporary name for ``out`` of this process alone, renamed to ``out`` when the
+    block ends well and removed when it does not: two servers sharing the cache folder
+    each write their own file (one name for both let one truncate what the other was
+    writing, and the damaged file was renamed into place). Those left by processes that
+    died writing are removed."""
+    for old in out.parent.glob(f".{out.name}.*.part"):
+        pid = old.name.rsplit(".", 2)[-2]
+        if pid.isdigit() and not psutil.pid_exists(int(pid)):
+            with contextlib.suppress(OSError):
+                old.unlink()
+    tmp = out.with_name(f".{out.name}.{os.getpid()}.part")
+    try:
+        yield tmp
+        tmp.replace(out)
+    finally:
+        with contextlib.suppress(OSError):
+            tmp.unlink(missing_ok=True)
 
 
 MAX_DECLARED = 1_000_000  # tensors or metadata keys: more is a corrupt or hostile header

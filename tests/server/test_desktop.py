@@ -55,6 +55,7 @@ def test_models_quantize_and_serve_the_q8_variant(tmp_path: Path) -> None:
 def test_port_0_ready_line_ready_file_and_parent_watch(tmp_path: Path) -> None:
     parent = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(120)"])
     ready = tmp_path / "ready.json"
+    (tmp_path / "ready.tmp").write_text("mine")  # (was taken as the ready file's draft)
     log = (tmp_path / "server.log").open("w")
     proc = subprocess.Popen(
         [sys.executable, "-m", "edgeinfer", "serve", "--port", "0", "--ready-file", str(ready),
@@ -70,7 +71,8 @@ def test_port_0_ready_line_ready_file_and_parent_watch(tmp_path: Path) -> None:
         assert httpx.get(f"{info['url']}/health").status_code == 200
         parent.kill()  # the desktop app died: the server follows
         assert proc.wait(30) == 0
-        assert not ready.exists()
+        assert not ready.exists() and (tmp_path / "ready.tmp").read_text() == "mine"
+        assert not list(tmp_path.glob(".ready.json.*"))
         summary = (tmp_path / "server.log").read_text()
         assert "ready at http://127.0.0.1" in summary and "smollm2-135m-instruct" in summary
     finally:

@@ -3,6 +3,8 @@ taken here too, and a bad one is a one-line error at start."""
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
 from edgeinfer.cli import flags
@@ -27,3 +29,14 @@ def test_gpu_layers_takes_a_count_or_auto_as_models_toml_does() -> None:
 def test_a_flag_out_of_range_is_named(argv: list[str], named: str) -> None:
     with pytest.raises(ConfigError, match=named):
         flags.check_serve_flags(build_parser().parse_args(["serve", *argv]))
+
+
+def test_a_ready_file_whose_folder_cannot_be_written_is_refused_at_start(tmp_path: Path) -> None:
+    """(It was a traceback once the model had loaded: /sys refuses even root.)"""
+    check = flags.check_serve_flags
+    check(build_parser().parse_args(["serve", "--ready-file", str(tmp_path / "r.json")]))
+    assert list(tmp_path.iterdir()) == []  # the trial write leaves nothing
+    with pytest.raises(ConfigError, match="cannot be written"):
+        check(build_parser().parse_args(["serve", "--ready-file", "/sys/ready.json"]))
+    with pytest.raises(ConfigError, match="does not exist"):
+        check(build_parser().parse_args(["serve", "--ready-file", str(tmp_path / "no/r")]))

@@ -1,0 +1,43 @@
+"""edgeinfer in your own process (``edgeinfer.inprocess.EdgeInfer``): ``close`` ends the
+generations still open and frees the models, also after a loop left with ``break``;
+``chat`` / ``complete`` outside start .. close are a RuntimeError, not a model loaded
+again behind the caller's back."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+
+import pytest
+
+from edgeinfer.inprocess import EdgeInfer
+
+ASK = [{"role": "user", "content": "Tell me a long story about a fox."}]
+
+
+def _engine_threads() -> list[str]:
+    return [t.name for t in threading.enumerate() if t.name.startswith("engine-")]
+
+
+def test_close_after_a_loop_left_with_break_frees_the_model() -> None:
+    async def main() -> None:
+        ei = EdgeInfer.from_config(slots=2, context=2048)
+        await ei.start()
+        pieces = ei.chat("default", ASK, max_tokens=200, temperature=0)
+        async for _ in pieces:
+            break  # (not closed: the generation and its hold on the model stay open)
+        assert ei.pool.models and _engine_threads()
+        await ei.close()
+        assert not ei.pool.models and not _engine_threads()  # it stayed loaded before
+        with pytest.raises(RuntimeError, match="not started"):
+            ei.chat("default", ASK)
+        with pytest.raises(RuntimeError, match="not started"):
+            ei.complete("default", "Once")
+        assert not ei.pool.models  # (it was loaded again, and never freed)
+        await ei.start()  # and again: the same object serves
+        text = "".join([p async for p in ei.complete("default", "Once upon", max_tokens=4)])
+        assert text
+        await ei.close()
+        assert not ei.pool.models and not _engine_threads()
+
+    asyncio.run(main())
