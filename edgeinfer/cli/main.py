@@ -284,7 +284,14 @@ def _serve_on_ray(config: ServerConfig, args: argparse.Namespace) -> int:
         raise ConfigError("--ray needs a fixed --port (Ray Serve's proxy port)")
     opts = ClusterOptions(replicas=args.replicas, max_replicas=args.max_replicas,
                           router=args.router, drain_s=args.shutdown_grace)
-    return serve_on_ray(config, args.ray or None, opts)
+    unused = [flag for flag, given in (
+        ("--parent-pid", args.parent_pid is not None), ("--drain-delay", args.drain_delay),
+        ("--header-timeout", args.header_timeout != 30.0), ("--max-connections",
+        args.max_connections is not None), ("--body-timeout", args.body_timeout != 60.0),
+        ("--serve-while-loading", args.serve_while_loading)) if given]
+    if unused:  # (Ray Serve's proxy takes the connections; its replicas load before serving)
+        log.warning("with --ray, %s do not apply: ignored", ", ".join(unused))
+    return serve_on_ray(config, args.ray or None, opts, ready_file=args.ready_file)
 
 
 def models(args: argparse.Namespace) -> int:

@@ -8,7 +8,10 @@ application runs, one line goes to stdout::
     EDGEINFER_READY {"url": "http://127.0.0.1:8080", "pid": 4242, "replicas": 2}
 
 SIGINT / SIGTERM delete the application (its replicas drain first) and leave the
-cluster; a cluster this command started stops with it.
+cluster; a cluster this command started stops with it; a second signal exits at once.
+One edgeinfer application runs on a cluster: a second ``serve --ray`` is refused (it
+would have replaced the first), and so is a ``--host`` / ``--port`` that Serve, already
+running there, does not listen on (its HTTP options are set once per cluster).
 """
 
 from __future__ import annotations
@@ -19,11 +22,16 @@ import os
 import signal
 import sys
 import threading
+import time
+import urllib.error
+import urllib.request
+from pathlib import Path
 from typing import Any
 
 from edgeinfer import __version__
 from edgeinfer.cluster.app import ClusterOptions, build
 from edgeinfer.config import ServerConfig
+from edgeinfer.errors import ConfigError
 
 log = logging.getLogger("edgeinfer")
 
@@ -41,15 +49,45 @@ def _connect(address: str | None) -> None:
 
 
 def _wait_for_signal() -> None:
+    """Until SIGINT / SIGTERM; then a second one ends the process as it would by default."""
     stop = threading.Event()
     for sig in (signal.SIGINT, signal.SIGTERM):
         signal.signal(sig, lambda *_: stop.set())
     while not stop.wait(1.0):
         pass
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
+
+
+def _check_free(serve: Any) -> None:
+    """ConfigError when an edgeinfer application already runs on the cluster."""
+    if APP_NAME in serve.status().applications:
+        raise ConfigError("an edgeinfer application already runs on this Ray cluster (another "
+                          "`edgeinfer serve --ray`): stop it first (or `serve delete edgeinfer`)")
+
+
+def _listening(url: str, tries: int = 10) -> bool:
+    """Whether Ray Serve's proxy answers at ``url`` (its health path) within ``tries`` s."""
+    for _ in range(tries):
+        try:
+            with urllib.request.urlopen(f"{url}/-/healthz", timeout=5):
+                return True
+        except urllib.error.HTTPError:
+            return True  # (it answers)
+        except OSError:
+            time.sleep(1.0)
+    return False
+
+
+def _write_ready(path: Path | None, ready: str) -> None:
+    if path is not None:  # whole, never half-written (a name of this process's own)
+        tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+        tmp.write_text(ready + "\n", encoding="utf-8")
+        tmp.replace(path)
 
 
 def serve_on_ray(config: ServerConfig, address: str | None, opts: ClusterOptions,
-                 route_prefix: str = "/") -> int:
+                 route_prefix: str = "/", ready_file: Path | None = None) -> int:
     """Deploy ``config`` on the Ray cluster at ``address`` and serve until a signal."""
     import ray
     from ray import serve
@@ -58,13 +96,21 @@ def serve_on_ray(config: ServerConfig, address: str | None, opts: ClusterOptions
     _connect(address)
     try:
         serve.start(http_options={"host": config.host, "port": config.port})
+        _check_free(serve)
         log.info("edgeinfer %s: deploying %s on Ray (%d replicas, %s routing)", __version__,
                  ", ".join(m.id for m in config.models), opts.replicas, opts.router)
         serve.run(app, name=APP_NAME, route_prefix=route_prefix)
-        url = f"http://{config.host}:{config.port}{route_prefix.rstrip('/')}"
+        base = f"http://{config.host}:{config.port}"
+        near = "127.0.0.1" if config.host in ("0.0.0.0", "::", "") else config.host
+        if not _listening(f"http://{f'[{near}]' if ':' in near else near}:{config.port}"):
+            serve.delete(APP_NAME)
+            raise ConfigError(f"Ray Serve already runs on this cluster, not on {base}: its "
+                              "--host / --port are set once (`serve shutdown` resets them)")
+        url = f"{base}{route_prefix.rstrip('/')}"
         log.info("edgeinfer ready on Ray at %s/v1", url)
-        sys.stdout.write(READY_PREFIX + json.dumps(
-            {"url": url, "pid": os.getpid(), "replicas": opts.replicas}) + "\n")
+        ready = json.dumps({"url": url, "pid": os.getpid(), "replicas": opts.replicas})
+        _write_ready(ready_file, ready)
+        sys.stdout.write(READY_PREFIX + ready + "\n")
         sys.stdout.flush()
         _wait_for_signal()
         log.info("stopping: deleting the application (replicas drain up to %gs)",
@@ -72,4 +118,6 @@ def serve_on_ray(config: ServerConfig, address: str | None, opts: ClusterOptions
         serve.delete(APP_NAME)
         return 0
     finally:
+        if ready_file is not None:
+            ready_file.unlink(missing_ok=True)
         ray.shutdown()

@@ -83,6 +83,23 @@ def test_every_dialect_health_and_metrics(cluster: RayCluster) -> None:
         assert err.status_code == 400 and err.json()["type"] == "error"
 
 
+def test_a_second_serve_on_the_cluster_is_refused(cluster: RayCluster) -> None:
+    """It replaced the first application (and deleted it for both when it stopped)."""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    r = subprocess.run(
+        [str(Path(sys.executable).parent / "edgeinfer"), "serve", "--ray", cluster.address,
+         "--port", str(cluster.port), "--model", "default", "--slots", "1"],
+        capture_output=True, text=True, timeout=180)
+    assert r.returncode == 2 and "already runs on this Ray cluster" in r.stderr, r.stderr[-2000:]
+    with httpx.Client(base_url=cluster.url, timeout=120) as http:  # the first still serves
+        r2 = http.post("/v1/chat/completions", json={
+            "model": "default", "max_tokens": 4, "messages": [{"role": "user", "content": "Hi"}]})
+        assert r2.status_code == 200 and r2.json()["choices"][0]["message"]["content"]
+
+
 def _deploy_pow2(cluster: RayCluster) -> str:
     """The same two replicas with Ray's default router, as a second application."""
     from ray import serve
