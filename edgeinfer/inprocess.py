@@ -58,6 +58,7 @@ class EdgeInfer:
     async def close(self) -> None:
         if self._started:
             self._started = False
+            self.pool.stopped = True  # (a generation that starts meanwhile loads nothing)
             for gen in list(self._open):  # (one another task is reading ends with the engine)
                 with contextlib.suppress(RuntimeError):
                     await gen.aclose()

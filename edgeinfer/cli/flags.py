@@ -6,6 +6,7 @@ from __future__ import annotations
 import argparse
 import math
 import os
+from pathlib import Path
 
 from edgeinfer.errors import ConfigError
 
@@ -44,14 +45,15 @@ def check_serve_flags(args: argparse.Namespace) -> None:
                         "--drain-delay": args.drain_delay}.items():
         if not (math.isfinite(value) and value >= 0):
             raise ConfigError(f"{flag} must be a number >= 0, not {value}")
-    ready = args.ready_file
-    if ready is not None and not ready.expanduser().resolve().parent.is_dir():
+    if args.ready_file is None:
+        return
+    ready = args.ready_file = Path(os.path.abspath(args.ready_file.expanduser()))  # (once:
+    if not ready.parent.is_dir():  # where it is tried is where it is written)
         raise ConfigError(f"--ready-file {ready}: its folder does not exist")
-    if ready is not None:  # (a trial write: permission bits do not say it for root)
-        probe = ready.expanduser().resolve().with_name(f".{ready.name}.{os.getpid()}.tmp")
-        try:
-            probe.touch()
-            probe.unlink()
-        except OSError as exc:
-            raise ConfigError(f"--ready-file {ready}: its folder cannot be written "
-                              f"({exc.strerror or exc})") from None
+    probe = ready.with_name(f".{ready.name}.{os.getpid()}.tmp")  # (a trial write: permission
+    try:  # bits do not say it for root)
+        probe.touch()
+        probe.unlink()
+    except OSError as exc:
+        raise ConfigError(f"--ready-file {ready}: its folder cannot be written "
+                          f"({exc.strerror or exc})") from None

@@ -66,14 +66,20 @@ def _check_free(serve: Any) -> None:
                           "`edgeinfer serve --ray`): stop it first (or `serve delete edgeinfer`)")
 
 
-def _listening(url: str, tries: int = 10) -> bool:
-    """Whether Ray Serve's proxy answers at ``url`` (its health path) within ``tries`` s."""
+_SERVE_HEALTH = (b"success", b"Route table is not populated yet.",
+                 b"No replicas are available yet.", b"This node is being drained.")
+
+
+def _listening(url: str, tries: int = 15) -> bool:
+    """Whether Ray Serve's proxy answers at ``url`` (its health path says one of its
+    messages: 200 or, with nothing deployed yet, 503) within about ``tries`` seconds;
+    another program on that port does not count."""
     for _ in range(tries):
         try:
-            with urllib.request.urlopen(f"{url}/-/healthz", timeout=5):
-                return True
-        except urllib.error.HTTPError:
-            return True  # (it answers)
+            with urllib.request.urlopen(f"{url}/-/healthz", timeout=5) as r:
+                return bool(r.read(128).strip() in _SERVE_HEALTH)
+        except urllib.error.HTTPError as exc:
+            return bool(exc.read(128).strip() in _SERVE_HEALTH)
         except OSError:
             time.sleep(1.0)
     return False
@@ -93,23 +99,25 @@ def serve_on_ray(config: ServerConfig, address: str | None, opts: ClusterOptions
     from ray import serve
 
     app = build(config, opts)  # options are checked before anything starts
+    written: Path | None = None
     _connect(address)
     try:
         serve.start(http_options={"host": config.host, "port": config.port})
         _check_free(serve)
-        log.info("edgeinfer %s: deploying %s on Ray (%d replicas, %s routing)", __version__,
-                 ", ".join(m.id for m in config.models), opts.replicas, opts.router)
-        serve.run(app, name=APP_NAME, route_prefix=route_prefix)
         base = f"http://{config.host}:{config.port}"
         near = "127.0.0.1" if config.host in ("0.0.0.0", "::", "") else config.host
         if not _listening(f"http://{f'[{near}]' if ':' in near else near}:{config.port}"):
-            serve.delete(APP_NAME)
-            raise ConfigError(f"Ray Serve already runs on this cluster, not on {base}: its "
-                              "--host / --port are set once (`serve shutdown` resets them)")
+            raise ConfigError(f"Ray Serve's proxy does not answer at {base}: Serve runs on this "
+                              "cluster with another --host / --port (set once; `serve "
+                              "shutdown` resets them), or another program holds the port")
+        log.info("edgeinfer %s: deploying %s on Ray (%d replicas, %s routing)", __version__,
+                 ", ".join(m.id for m in config.models), opts.replicas, opts.router)
+        serve.run(app, name=APP_NAME, route_prefix=route_prefix)
         url = f"{base}{route_prefix.rstrip('/')}"
         log.info("edgeinfer ready on Ray at %s/v1", url)
         ready = json.dumps({"url": url, "pid": os.getpid(), "replicas": opts.replicas})
         _write_ready(ready_file, ready)
+        written = ready_file
         sys.stdout.write(READY_PREFIX + ready + "\n")
         sys.stdout.flush()
         _wait_for_signal()
@@ -118,6 +126,6 @@ def serve_on_ray(config: ServerConfig, address: str | None, opts: ClusterOptions
         serve.delete(APP_NAME)
         return 0
     finally:
-        if ready_file is not None:
-            ready_file.unlink(missing_ok=True)
+        if written is not None:  # (never another instance's)
+            written.unlink(missing_ok=True)
         ray.shutdown()

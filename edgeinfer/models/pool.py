@@ -165,6 +165,9 @@ class ModelPool:
         for served in self.models.values():
             served.engine.fail_all("the server is shutting down")
         deadline = time.monotonic() + wait
+        loads = [e.task for e in self.entries.values() if e.task and not e.task.done()]
+        if loads:  # (one that ends later frees its model itself: ``_load``)
+            await asyncio.wait(loads, timeout=wait)
         for mid in list(self.models):
             while (mid in self.models and not await self.unload(mid)
                    and time.monotonic() < deadline):
@@ -219,6 +222,10 @@ class ModelPool:
             cfg = await asyncio.to_thread(self._fitted, cfg, path, extra)
             await self._make_room(cfg, await asyncio.to_thread(estimate_bytes, cfg, path) + extra)
             served = await asyncio.to_thread(load_model, cfg, path, draft)
+            if self.stopped:  # stopped while it loaded: nobody is to use it
+                await asyncio.to_thread(served.embedder.close)
+                await asyncio.to_thread(served.engine.stop)
+                raise Unavailable("the server is shutting down", code="server_shutting_down")
         except Unavailable:
             entry.state = ModelState.UNLOADED  # no room now; a later request tries again
             raise

@@ -48,9 +48,10 @@ def read_file(path: Path, limit: int = -1) -> bytes:
     """The bytes of the regular file at ``path`` (at most ``limit``); OSError for anything
     else: a named pipe or device put in the folder must not block the reader for good."""
     fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)
+    if not stat.S_ISREG(os.fstat(fd).st_mode):
+        os.close(fd)
+        raise OSError(f"{path.name} is not a regular file")
     with os.fdopen(fd, "rb") as f:
-        if not stat.S_ISREG(os.fstat(fd).st_mode):
-            raise OSError(f"{path.name} is not a regular file")
         return f.read(limit)
 
 

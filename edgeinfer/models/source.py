@@ -8,11 +8,12 @@ import importlib
 import importlib.util
 import logging
 import os
+import socket
 import struct
+import time
+import uuid
 from collections.abc import Iterator
 from pathlib import Path
-
-import psutil
 
 from edgeinfer.config import DerivedSource, ModelConfig, PackageSource
 from edgeinfer.errors import ModelLoadError
@@ -82,19 +83,25 @@ def resolve_model_path(cfg: ModelConfig, models: dict[str, ModelConfig] | None =
     raise ModelLoadError(f"model {cfg.id!r}: {src.file!r} not found in package {src.package!r}")
 
 
+STALE_PART_SECONDS = 3600.0  # a partial file untouched this long: its writer is gone
+
+
 @contextlib.contextmanager
 def _partial(out: Path) -> Iterator[Path]:
-    """A temporary name for ``out`` of this process alone, renamed to ``out`` when the
-    block ends well and removed when it does not: two servers sharing the cache folder
-    each write their own file (one name for both let one truncate what the other was
-    writing, and the damaged file was renamed into place). Those left by processes that
-    died writing are removed."""
+    """A temporary name for ``out`` of this writer alone, renamed to ``out`` when the
+    block ends well and removed when it does not: servers sharing the cache folder (other
+    containers too: their process ids may be the same) each write their own file (one name
+    for all let one truncate what another was writing, and the damaged file was renamed
+    into place). Partial files untouched for an hour, left by writers that died, go."""
+    if not out.parent.is_dir():
+        raise ModelLoadError(f"cannot write {out.name}: the cache folder {out.parent} cannot "
+                             "be made (set EDGEINFER_CACHE to a writable folder)")
     for old in out.parent.glob(f".{out.name}.*.part"):
-        pid = old.name.rsplit(".", 2)[-2]
-        if pid.isdigit() and not psutil.pid_exists(int(pid)):
-            with contextlib.suppress(OSError):
+        with contextlib.suppress(OSError):
+            if time.time() - old.stat().st_mtime > STALE_PART_SECONDS:
                 old.unlink()
-    tmp = out.with_name(f".{out.name}.{os.getpid()}.part")
+    tmp = out.with_name(f".{out.name}.{socket.gethostname()}-{os.getpid()}-"
+                        f"{uuid.uuid4().hex[:8]}.part")
     try:
         yield tmp
         tmp.replace(out)

@@ -10,6 +10,7 @@ import threading
 
 import pytest
 
+from edgeinfer.errors import Unavailable
 from edgeinfer.inprocess import EdgeInfer
 
 ASK = [{"role": "user", "content": "Tell me a long story about a fox."}]
@@ -33,11 +34,26 @@ def test_close_after_a_loop_left_with_break_frees_the_model() -> None:
             ei.chat("default", ASK)
         with pytest.raises(RuntimeError, match="not started"):
             ei.complete("default", "Once")
-        assert not ei.pool.models  # (it was loaded again, and never freed)
         await ei.start()  # and again: the same object serves
         text = "".join([p async for p in ei.complete("default", "Once upon", max_tokens=4)])
         assert text
         await ei.close()
+        assert not ei.pool.models and not _engine_threads()
+
+    asyncio.run(main())
+
+
+def test_a_model_loading_when_close_comes_is_freed_not_left_running() -> None:
+    """(It finished loading after the pool stopped, and its engine ran for good.)"""
+    async def main() -> None:
+        ei = EdgeInfer.from_config(slots=2, context=2048)
+        await ei.start()
+        assert await ei.pool.unload("default")
+        loading = asyncio.ensure_future(ei.pool.acquire("default"))
+        await asyncio.sleep(0)  # (the load is under way)
+        await ei.close()
+        with pytest.raises(Unavailable, match="shutting down"):
+            await loading
         assert not ei.pool.models and not _engine_threads()
 
     asyncio.run(main())

@@ -197,3 +197,41 @@ def test_a_replica_killed_under_load(cluster: RayCluster) -> None:
     print(f"two replicas running again {time.monotonic() - start:.1f} s after the kill")
     assert pids[0] not in _engine_pids()
     assert _ask(cluster.url, 99, False) == "ok"
+
+
+def test_the_proxy_check_tells_ray_serve_from_another_program() -> None:
+    """``serve --ray`` stops when Serve's proxy does not answer on the asked port (Serve
+    ran there with other HTTP options, or another program holds it): before, its READY
+    line named a port nothing served."""
+    import socket
+    import threading
+    from http.server import BaseHTTPRequestHandler, HTTPServer
+
+    from edgeinfer.cluster.launch import _listening
+
+    class Fake(BaseHTTPRequestHandler):
+        status, body = 404, b"not found"
+
+        def do_GET(self) -> None:  # noqa: N802 (http.server's name)
+            self.send_response(self.status)
+            self.end_headers()
+            self.wfile.write(self.body)
+
+        def log_message(self, *args: Any) -> None:
+            pass
+
+    for status, body, serve_like in ((404, b"not found", False), (200, b"success", True),
+                                     (503, b"Route table is not populated yet.", True),
+                                     (200, b"hello", False)):
+        Fake.status, Fake.body = status, body
+        httpd = HTTPServer(("127.0.0.1", 0), Fake)
+        threading.Thread(target=httpd.serve_forever, daemon=True).start()
+        try:
+            assert _listening(f"http://127.0.0.1:{httpd.server_port}", tries=2) is serve_like
+        finally:
+            httpd.shutdown()
+            httpd.server_close()
+    with socket.socket() as free:  # a port nothing listens on
+        free.bind(("127.0.0.1", 0))
+        port = free.getsockname()[1]
+    assert _listening(f"http://127.0.0.1:{port}", tries=1) is False

@@ -170,11 +170,15 @@ def test_a_named_pipe_in_the_folder_is_passed_over_not_waited_on(
     os.mkfifo(s.folder / ("0" * 40 + ".kv"))
     os.mkfifo(s.path_for(TOKENS[:5]))
     (s.folder / ("1" * 40 + ".kv")).mkdir()
+    s.path_for(TOKENS[:6]).mkdir()
+    fds = len(os.listdir("/proc/self/fd"))
     with caplog.at_level(logging.WARNING, logger="edgeinfer.cache.disk"):
         assert s.load_hot() == [(TOKENS, DATA)]
-        assert s.load(TOKENS[:5]) is None and not s.flagged(TOKENS[:5], "hot")
+        for _ in range(20):  # (each read of a folder left its descriptor open)
+            assert s.load(TOKENS[:5]) is None and not s.flagged(TOKENS[:5], "hot")
+            assert s.load(TOKENS[:6]) is None and not s.flagged(TOKENS[:6], "hot")
     assert "not a regular file" in caplog.text
-    assert s.snapshot()["files"] == 1
+    assert s.snapshot()["files"] == 1 and len(os.listdir("/proc/self/fd")) == fds
 
 
 def test_a_cache_folder_that_cannot_be_made_costs_only_the_disk(
