@@ -36,7 +36,7 @@ from edgeinfer.api import (
 from edgeinfer.api.apply_template import apply_template
 from edgeinfer.api.embeddings import embeddings
 from edgeinfer.api.errors import on_api_error, on_http_error, on_internal_error
-from edgeinfer.api.guard import OPEN_PATHS, ApiKeyGuard, CorsGuard, HostGuard
+from edgeinfer.api.guard import OPEN_PATHS, ApiKeyGuard, CorsGuard, HostGuard, served_hosts
 from edgeinfer.api.lifecycle import Lifecycle, Phase
 from edgeinfer.api.metrics import Metrics
 from edgeinfer.api.middleware import CountRequests, ReleaseLeases, RequestIds
@@ -130,7 +130,7 @@ def create_app(config: ServerConfig, pool: ModelPool | None = None) -> Starlette
         Middleware(RequestIds),
         Middleware(CountRequests, metrics=app_metrics,
                    routes={r.path for r in ROUTES if "{" not in r.path}),
-        Middleware(HostGuard, allowed_hosts=(*config.allowed_hosts, config.host)),
+        Middleware(HostGuard, allowed_hosts=(*config.allowed_hosts, *served_hosts(config.host))),
         Middleware(CorsGuard, cors_origins=config.cors_origins),
         Middleware(ApiKeyGuard, api_keys=config.api_keys,
                    open_paths=OPEN_PATHS | ({"/metrics"} if config.open_metrics else set())),

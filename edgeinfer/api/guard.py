@@ -15,9 +15,11 @@ from __future__ import annotations
 import hashlib
 import hmac
 import re
+import socket
 from collections.abc import Awaitable, Callable, MutableMapping
 from typing import Any
 
+import psutil
 from starlette.requests import Request
 
 from edgeinfer.api.errors import dialect_path, error_body
@@ -52,6 +54,21 @@ def _host_only(host: str) -> str | None:
 
 def _headers(scope: Scope) -> dict[str, str]:
     return {k.decode("latin-1"): v.decode("latin-1") for k, v in scope["headers"]}
+
+
+def served_hosts(host: str) -> tuple[str, ...]:
+    """What a Host header may name besides loopback and ``allowed_hosts``: the bound
+    address, and for a wildcard bind (0.0.0.0, ::) this machine's own addresses and name,
+    which LAN clients use (a rebinding page's Host is its own domain, never these)."""
+    if host not in ("0.0.0.0", "::", ""):
+        return (f"[{host}]" if ":" in host else host,)
+    out = {socket.gethostname().lower(), f"{socket.gethostname().lower()}.local"}
+    for addrs in psutil.net_if_addrs().values():
+        for a in addrs:
+            ip = a.address.split("%")[0].lower()  # (an IPv6 address's zone: not in a Host)
+            if a.family in (socket.AF_INET, socket.AF_INET6):
+                out.add(f"[{ip}]" if a.family == socket.AF_INET6 else ip)
+    return tuple(sorted(out))
 
 
 class HostGuard:

@@ -247,7 +247,7 @@ def known(body: Any, allowed: set[str]) -> Any:
     if not isinstance(body, dict):
         return body
     if extra := sorted(k for k in body if k not in allowed):
-        log.info("ignored unknown Ollama fields: %s", ", ".join(extra)[:200])
+        log.info("ignored unknown Ollama fields: %s", ", ".join(map(repr, extra))[:200])
     return {k: v for k, v in body.items() if k in allowed}
 
 

@@ -16,7 +16,9 @@ quarter of the budget each, half in all: a short chat is not held back by a long
 document), then oldest first. Waiting sequences take free slots by priority, then
 fairness between requests (the request with the fewest running sequences first: one
 request's ``n`` choices alternate with other requests instead of going first), then
-arrival. One request never holds more than ``max_per_request`` slots at once. A long
+arrival. One request never holds more than ``max_per_request`` slots at once, and a
+request of several choices never takes the last free slot (several such requests together
+would fill every slot: it is kept for a request of one, an interactive chat). A long
 prompt therefore never stalls the streams already generating, and requests join and
 leave at any step.
 """
@@ -140,9 +142,12 @@ class Scheduler:
         top = max(s.priority for s in self.waiting)
         best: Sequence | None = None
         best_key: tuple[float, int, int] | None = None
+        last = len(self._free_slots) == 1 and self.max_per_request < self.num_slots
+        waiting = Counter(s.group for s in self.waiting) if last else Counter()
         for s in self.waiting:
             held = running[s.group]
-            if held >= self.max_per_request or (s.deterministic and lane_busy):
+            if held >= self.max_per_request or (s.deterministic and lane_busy) or (
+                    last and held + waiting[s.group] > 1):  # (see the module's docstring)
                 continue
             key = (min(s.priority + (now - s.queued_at) / AGING_SECONDS, top), -held,
                    -s.arrival)

@@ -43,6 +43,29 @@ def test_host_header_defeats_dns_rebinding(host: str, status: int) -> None:
     assert call(g, "GET", "/v1/models", {"host": host}).status_code == status
 
 
+def test_a_wildcard_bind_serves_this_machines_own_addresses_and_name(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """With --host 0.0.0.0 (and keys), LAN clients name the machine's address: that was a
+    403 unless allowed_hosts listed it. A rebinding page's Host is its own domain: still
+    refused; so is "0.0.0.0" itself, which no client names."""
+    import socket
+    from types import SimpleNamespace
+
+    from edgeinfer.api import guard
+
+    nics = {"eth0": [SimpleNamespace(family=socket.AF_INET, address="192.168.1.5"),
+                     SimpleNamespace(family=socket.AF_INET6, address="fe80::1%eth0")]}
+    monkeypatch.setattr(guard.psutil, "net_if_addrs", lambda: nics)
+    monkeypatch.setattr(guard.socket, "gethostname", lambda: "Laptop")
+    g = front_door(ok_app, allowed_hosts=guard.served_hosts("0.0.0.0"))
+    for host, status in (("192.168.1.5:8080", 200), ("[fe80::1]:8080", 200),
+                         ("laptop.local:8080", 200), ("laptop", 200), ("0.0.0.0", 403),
+                         ("evil.example:8080", 403), ("192.168.1.6", 403)):
+        assert call(g, "GET", "/v1/models", {"host": host}).status_code == status, host
+    assert guard.served_hosts("fd00::2") == ("[fd00::2]",)  # (as a Host header writes it)
+    assert guard.served_hosts("192.0.2.2") == ("192.0.2.2",)
+
+
 def test_cors_allows_only_local_and_configured_origins() -> None:
     g = front_door(ok_app, cors_origins=("tauri://localhost",))
     r = call(g, "GET", "/v1/models", {"origin": "http://localhost:5173"})

@@ -199,6 +199,28 @@ def test_one_request_never_holds_every_slot_and_requests_alternate() -> None:
     assert sched.admit() == [third]
 
 
+def test_requests_of_several_choices_leave_the_last_slot_to_a_single_one() -> None:
+    """Two n=16 requests took every slot (7 + 1 of 8), and a one-line chat waited for a
+    choice to end; the last free slot is now a single-choice request's."""
+    sched = Scheduler(num_slots=8, token_budget=64)
+    a = [_seq(f"a-{i}", "a") for i in range(16)]
+    b = [_seq(f"b-{i}", "b") for i in range(16)]
+    for s in a + b:
+        sched.add(s)
+    assert len(sched.admit()) == 7 and sched.admit() == []  # (they alternate: 4 + 3)
+    chat = _seq("chat", "chat")
+    sched.add(chat)
+    assert sched.admit() == [chat]
+    sched.finish(a[0], a[0].status.__class__.FINISHED_LENGTH)
+    assert sched.admit() == []  # (a freed slot is the last one again: kept)
+    sched.finish(chat, chat.status.__class__.FINISHED_LENGTH)
+    assert len(sched.admit()) == 1 and len(sched._free_slots) == 1  # (two free: one goes)
+    lone = Scheduler(num_slots=4, token_budget=64, max_per_request=4)  # (the operator's
+    for i in range(4):  # choice: one request may hold every slot)
+        lone.add(_seq(f"h{i}", "h"))
+    assert len(lone.admit()) == 4
+
+
 def test_the_per_request_cap_is_configurable() -> None:
     sched = Scheduler(num_slots=4, token_budget=64, max_per_request=2)
     for i in range(4):
