@@ -16,11 +16,22 @@ from edgeinfer.inprocess import EdgeInfer
 ASK = [{"role": "user", "content": "Tell me a long story about a fox."}]
 
 
+_OTHERS: set[threading.Thread] = set()  # engine threads of other tests' models, still up
+
+
 def _engine_threads() -> list[str]:
-    return [t.name for t in threading.enumerate() if t.name.startswith("engine-")]
+    """The engine threads this test started that are still alive."""
+    return [t.name for t in threading.enumerate()
+            if t.name.startswith("engine-") and t not in _OTHERS]
+
+
+def _others() -> None:
+    _OTHERS.update(t for t in threading.enumerate() if t.name.startswith("engine-"))
 
 
 def test_close_after_a_loop_left_with_break_frees_the_model() -> None:
+    _others()
+
     async def main() -> None:
         ei = EdgeInfer.from_config(slots=2, context=2048)
         await ei.start()
@@ -45,6 +56,8 @@ def test_close_after_a_loop_left_with_break_frees_the_model() -> None:
 
 def test_a_model_loading_when_close_comes_is_freed_not_left_running() -> None:
     """(It finished loading after the pool stopped, and its engine ran for good.)"""
+    _others()
+
     async def main() -> None:
         ei = EdgeInfer.from_config(slots=2, context=2048)
         await ei.start()
