@@ -56,13 +56,17 @@ def _headers(scope: Scope) -> dict[str, str]:
     return {k.decode("latin-1"): v.decode("latin-1") for k, v in scope["headers"]}
 
 
+WILDCARD_HOSTS = ("0.0.0.0", "::", "")  # binds that listen on every address
+
+
 def served_hosts(host: str) -> tuple[str, ...]:
     """What a Host header may name besides loopback and ``allowed_hosts``: the bound
     address, and for a wildcard bind (0.0.0.0, ::) this machine's own addresses and name,
     which LAN clients use (a rebinding page's Host is its own domain, never these)."""
-    if host not in ("0.0.0.0", "::", ""):
+    if host not in WILDCARD_HOSTS:
         return (f"[{host}]" if ":" in host else host,)
-    out = {socket.gethostname().lower(), f"{socket.gethostname().lower()}.local"}
+    name = socket.gethostname().lower()
+    out = {name, f"{name}.local"}
     for addrs in psutil.net_if_addrs().values():
         for a in addrs:
             ip = a.address.split("%")[0].lower()  # (an IPv6 address's zone: not in a Host)

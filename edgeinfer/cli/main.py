@@ -25,6 +25,7 @@ from edgeinfer.errors import ConfigError, EdgeInferError, ModelLoadError
 log = logging.getLogger("edgeinfer")
 
 LOOPBACK_BIND = frozenset({"127.0.0.1", "localhost", "::1"})
+HEADER_TIMEOUT, BODY_TIMEOUT = 30.0, 60.0  # the flags' defaults (seconds)
 if TYPE_CHECKING:
     Sub = argparse._SubParsersAction[argparse.ArgumentParser]
 
@@ -73,10 +74,10 @@ def _serve_parser(sub: Sub) -> None:
     p.add_argument("--send-timeout", type=float, default=None,
                    help="seconds a streamed response may wait for a client that does not read "
                         "before it is closed (default 30)")
-    p.add_argument("--header-timeout", type=float, default=30.0,
+    p.add_argument("--header-timeout", type=float, default=HEADER_TIMEOUT,
                    help="seconds a connection gets to send a request's headers before it is "
                    "closed (slow or stuck clients must not hold connections; default 30)")
-    p.add_argument("--body-timeout", type=float, default=60.0,
+    p.add_argument("--body-timeout", type=float, default=BODY_TIMEOUT,
                    help="seconds a request's body gets to arrive before a 408 (default 60)")
     p.add_argument("--max-connections", type=int, default=None,
                    help="open connections at most; at the cap a new one replaces the longest "
@@ -286,8 +287,9 @@ def _serve_on_ray(config: ServerConfig, args: argparse.Namespace) -> int:
                           router=args.router, drain_s=args.shutdown_grace)
     unused = [flag for flag, given in (
         ("--parent-pid", args.parent_pid is not None), ("--drain-delay", args.drain_delay),
-        ("--header-timeout", args.header_timeout != 30.0), ("--max-connections",
-        args.max_connections is not None), ("--body-timeout", args.body_timeout != 60.0),
+        ("--header-timeout", args.header_timeout != HEADER_TIMEOUT),
+        ("--max-connections", args.max_connections is not None),
+        ("--body-timeout", args.body_timeout != BODY_TIMEOUT),
         ("--serve-while-loading", args.serve_while_loading)) if given]
     if unused:  # (Ray Serve's proxy takes the connections; its replicas load before serving)
         log.warning("with --ray, %s do not apply: ignored", ", ".join(unused))

@@ -26,6 +26,7 @@ import uvicorn
 from sse_starlette.sse import AppStatus
 
 from edgeinfer import __version__
+from edgeinfer.api.guard import WILDCARD_HOSTS
 from edgeinfer.errors import ConfigError
 from edgeinfer.models.pool import ModelState
 
@@ -33,6 +34,25 @@ log = logging.getLogger("edgeinfer")
 
 READY_PREFIX = "EDGEINFER_READY "
 FORCED_EXIT_SECONDS = 5.0  # after a second signal, the process ends within this, stuck or not
+
+
+def announce_ready(info: dict[str, Any], ready_file: Path | None) -> bool:
+    """The READY line on stdout, after the same JSON in ``ready_file`` if given (whole,
+    never half-written: a draft of this process's own name, renamed into place; another
+    process's draft is not taken for it). Whether ``ready_file`` was written (a failure
+    is logged: its folder was tried at start, but may have changed since)."""
+    ready, written = json.dumps(info), False
+    if ready_file is not None:
+        tmp = ready_file.with_name(f".{ready_file.name}.{os.getpid()}.tmp")
+        try:
+            tmp.write_text(ready + "\n", encoding="utf-8")
+            tmp.replace(ready_file)
+            written = True
+        except OSError as exc:
+            log.error("cannot write the ready file %s: %s", ready_file, exc)
+    sys.stdout.write(READY_PREFIX + ready + "\n")
+    sys.stdout.flush()
+    return written
 
 
 def _not_cancelled(record: logging.LogRecord) -> bool:
@@ -155,20 +175,11 @@ class EdgeServer(uvicorn.Server):
         if not self.started or not self.servers:
             return
         host, port = self.servers[0].sockets[0].getsockname()[:2]
-        shown = self.config.host if self.config.host not in ("0.0.0.0", "::") else host
+        shown = self.config.host if self.config.host not in WILDCARD_HOSTS else host
         shown = f"[{shown}]" if ":" in shown else shown
         url = f"http://{shown}:{port}"
         log.info("%s", _summary(self.app, url))
-        ready = json.dumps({"url": url, "pid": os.getpid()})
-        if self.ready_file is not None:  # appears whole, never half-written (a name of
-            tmp = self.ready_file.with_name(f".{self.ready_file.name}.{os.getpid()}.tmp")
-            try:  # this process's own: another's file is not taken for it)
-                tmp.write_text(ready + "\n", encoding="utf-8")
-                tmp.replace(self.ready_file)
-            except OSError as exc:  # (checked writable at start; it may have changed since)
-                log.error("cannot write the ready file %s: %s", self.ready_file, exc)
-        sys.stdout.write(READY_PREFIX + ready + "\n")
-        sys.stdout.flush()
+        announce_ready({"url": url, "pid": os.getpid()}, self.ready_file)
 
     async def shutdown(self, sockets: Any = None) -> None:
         await super().shutdown(sockets)
@@ -177,10 +188,11 @@ class EdgeServer(uvicorn.Server):
 
     def _watch_parent(self) -> None:
         while not self.should_exit:
-            if not _alive(self.parent_pid or 0) and not self.started:
-                log.info("parent process %s is gone while starting: exiting", self.parent_pid)
-                os._exit(0)  # (no request to finish yet: a model's load need not end first)
             if not _alive(self.parent_pid or 0):
+                if not self.started:  # no request to finish yet: a load need not end first
+                    log.info("parent process %s is gone while starting: exiting",
+                             self.parent_pid)
+                    os._exit(0)
                 log.info("parent process %s is gone: shutting down", self.parent_pid)
                 self.handle_exit(15, None)
                 return

@@ -16,11 +16,9 @@ running there, does not listen on (its HTTP options are set once per cluster).
 
 from __future__ import annotations
 
-import json
 import logging
 import os
 import signal
-import sys
 import threading
 import time
 import urllib.error
@@ -29,6 +27,8 @@ from pathlib import Path
 from typing import Any
 
 from edgeinfer import __version__
+from edgeinfer.api.guard import WILDCARD_HOSTS
+from edgeinfer.cli.server import announce_ready
 from edgeinfer.cluster.app import ClusterOptions, build
 from edgeinfer.config import ServerConfig
 from edgeinfer.errors import ConfigError
@@ -36,7 +36,6 @@ from edgeinfer.errors import ConfigError
 log = logging.getLogger("edgeinfer")
 
 APP_NAME = "edgeinfer"
-READY_PREFIX = "EDGEINFER_READY "
 
 
 def _connect(address: str | None) -> None:
@@ -85,13 +84,6 @@ def _listening(url: str, tries: int = 15) -> bool:
     return False
 
 
-def _write_ready(path: Path | None, ready: str) -> None:
-    if path is not None:  # whole, never half-written (a name of this process's own)
-        tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-        tmp.write_text(ready + "\n", encoding="utf-8")
-        tmp.replace(path)
-
-
 def serve_on_ray(config: ServerConfig, address: str | None, opts: ClusterOptions,
                  route_prefix: str = "/", ready_file: Path | None = None) -> int:
     """Deploy ``config`` on the Ray cluster at ``address`` and serve until a signal."""
@@ -105,7 +97,7 @@ def serve_on_ray(config: ServerConfig, address: str | None, opts: ClusterOptions
         serve.start(http_options={"host": config.host, "port": config.port})
         _check_free(serve)
         base = f"http://{config.host}:{config.port}"
-        near = "127.0.0.1" if config.host in ("0.0.0.0", "::", "") else config.host
+        near = "127.0.0.1" if config.host in WILDCARD_HOSTS else config.host
         if not _listening(f"http://{f'[{near}]' if ':' in near else near}:{config.port}"):
             raise ConfigError(f"Ray Serve's proxy does not answer at {base}: Serve runs on this "
                               "cluster with another --host / --port (set once; `serve "
@@ -115,11 +107,9 @@ def serve_on_ray(config: ServerConfig, address: str | None, opts: ClusterOptions
         serve.run(app, name=APP_NAME, route_prefix=route_prefix)
         url = f"{base}{route_prefix.rstrip('/')}"
         log.info("edgeinfer ready on Ray at %s/v1", url)
-        ready = json.dumps({"url": url, "pid": os.getpid(), "replicas": opts.replicas})
-        _write_ready(ready_file, ready)
-        written = ready_file
-        sys.stdout.write(READY_PREFIX + ready + "\n")
-        sys.stdout.flush()
+        if announce_ready({"url": url, "pid": os.getpid(), "replicas": opts.replicas},
+                          ready_file):
+            written = ready_file
         _wait_for_signal()
         log.info("stopping: deleting the application (replicas drain up to %gs)",
                  opts.drain_s)

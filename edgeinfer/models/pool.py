@@ -223,8 +223,7 @@ class ModelPool:
             await self._make_room(cfg, await asyncio.to_thread(estimate_bytes, cfg, path) + extra)
             served = await asyncio.to_thread(load_model, cfg, path, draft)
             if self.stopped:  # stopped while it loaded: nobody is to use it
-                await asyncio.to_thread(served.embedder.close)
-                await asyncio.to_thread(served.engine.stop)
+                await _free(served)
                 raise Unavailable("the server is shutting down", code="server_shutting_down")
         except Unavailable:
             entry.state = ModelState.UNLOADED  # no room now; a later request tries again
@@ -263,8 +262,7 @@ class ModelPool:
             return False
         entry.state, entry.served, entry.keep_alive = ModelState.UNLOADED, None, None
         await served.save_hot()
-        await asyncio.to_thread(served.embedder.close)  # before the model is freed
-        await asyncio.to_thread(served.engine.stop)
+        await _free(served)
         log.info("model %s unloaded", entry.cfg.id)
         return True
 
@@ -367,3 +365,9 @@ class ModelPool:
                         await self.unload(entry.cfg.id)
                     except Exception:  # the reaper goes on for the other models
                         log.exception("model %s: unloading after its ttl failed", entry.cfg.id)
+
+
+async def _free(served: ServedModel) -> None:
+    """Free a model's native handles: its embedder before the model, then its engine."""
+    await asyncio.to_thread(served.embedder.close)
+    await asyncio.to_thread(served.engine.stop)

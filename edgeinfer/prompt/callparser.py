@@ -14,6 +14,7 @@ import json
 import secrets
 import string
 import uuid
+from collections.abc import Collection
 from dataclasses import dataclass
 
 from edgeinfer.prompt.toolformat import ToolFormat
@@ -53,6 +54,16 @@ def new_call_id(length: int = 0) -> str:
     if length:
         return "".join(secrets.choice(_ALNUM) for _ in range(length))
     return "call_" + uuid.uuid4().hex[:24]
+
+
+def cut_call_name(name: str, offered: Collection[str], followed: bool) -> str:
+    """(The output ran out after a call's name, before its arguments) ``name`` when it is an
+    offered tool's and whole: something ``followed`` it, or no other offered name goes on
+    from it; else ""."""
+    if name not in offered:
+        return ""
+    longer = any(n != name and n.startswith(name) for n in offered)
+    return name if followed or not longer else ""
 
 
 def partial_suffix(text: str, marker: str) -> int:

@@ -21,7 +21,14 @@ from __future__ import annotations
 
 import re
 
-from edgeinfer.prompt.callparser import CallArgs, CallOpen, Content, new_call_id, partial_suffix
+from edgeinfer.prompt.callparser import (
+    CallArgs,
+    CallOpen,
+    Content,
+    cut_call_name,
+    new_call_id,
+    partial_suffix,
+)
 from edgeinfer.prompt.reasoning import Thought
 
 START = "<|start|>"
@@ -106,12 +113,8 @@ class HarmonyParser:
         """The offered tool an unfinished ``header`` addresses, when its name is whole
         (something follows it, or no other offered name goes on from it); else ""."""
         found = _RECIPIENT.search(header)
-        if found is None or found.group(1) not in self.names:
-            return ""
-        name = found.group(1)
-        whole = found.end() < len(header) or not any(
-            n != name and n.startswith(name) for n in self.names)
-        return name if whole else ""
+        return "" if found is None else cut_call_name(found.group(1), self.names,
+                                                      found.end() < len(header))
 
     def feed(self, text: str) -> list[Event]:
         self._buf += text

@@ -23,6 +23,7 @@ from edgeinfer.prompt.callparser import (
     CallOpen,
     Content,
     Event,
+    cut_call_name,
     new_call_id,
     partial_suffix,
 )
@@ -280,11 +281,7 @@ class NamedCallParser:
         if fmt.id_marker and not fmt.id_first:
             name, *tail = name.split(fmt.id_marker, 1)
             held = held or len(tail)
-        name = name.strip().removeprefix(fmt.name_prefix)
-        if name not in self.types:
-            return ""
-        longer = any(n != name and n.startswith(name) for n in self.types)
-        return name if held or not longer else ""
+        return cut_call_name(name.strip().removeprefix(fmt.name_prefix), self.types, held > 0)
 
     def _offered(self, name: str, whole: bool) -> bool:
         """(Formats whose free text may look like a call: Functionary's ``>>>WORD``) whether
