@@ -25,7 +25,7 @@ from edgeinfer.errors import ConfigError, EdgeInferError, ModelLoadError
 log = logging.getLogger("edgeinfer")
 
 LOOPBACK_BIND = frozenset({"127.0.0.1", "localhost", "::1"})
-HEADER_TIMEOUT, BODY_TIMEOUT = 30.0, 60.0  # the flags' defaults (seconds)
+HEADER_TIMEOUT, BODY_TIMEOUT = 30.0, 60.0  # = cli.deadline's and api.body's (a test holds it)
 if TYPE_CHECKING:
     Sub = argparse._SubParsersAction[argparse.ArgumentParser]
 

@@ -32,9 +32,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import psutil
-
 from edgeinfer.engine.host_memory import State
+from edgeinfer.models.partial import partial_name, remove_stale
 from edgeinfer.models.source import cache_dir
 
 log = logging.getLogger("edgeinfer.cache.disk")
@@ -88,17 +87,7 @@ class PrefixStore:
         self.budget = budget_bytes
         self.stats = StoreStats()
         self._lock = threading.Lock()
-        self._remove_orphans()
-
-    def _remove_orphans(self) -> None:
-        """Remove the partial writes of processes that died writing (``kill -9``): they
-        are not states, and the budget does not see them."""
-        for tmp in self.folder.glob(f".*{SUFFIX}.*.tmp") if self.folder.is_dir() else []:
-            pid = tmp.name.rsplit(".", 2)[-2]
-            if pid.isdigit() and int(pid) != os.getpid() and not psutil.pid_exists(int(pid)):
-                with contextlib.suppress(OSError):
-                    tmp.unlink()
-                    log.info("removed %s, left by a process that stopped writing it", tmp.name)
+        remove_stale(folder, f".*{SUFFIX}.*.tmp")  # writes of processes that died
 
     def path_for(self, tokens: list[int]) -> Path:
         key = hashlib.sha256(f"{self.identity}:{_tokens_digest(tokens)}".encode()).hexdigest()
@@ -239,7 +228,7 @@ class PrefixStore:
                            "runtime": runtime,
                            "sha256": hashlib.sha256(packed + data).hexdigest()}).encode()
         path = self.path_for(tokens)
-        tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+        tmp = partial_name(path, "tmp")
         with self._lock:
             try:
                 self.folder.mkdir(parents=True, exist_ok=True)

@@ -8,15 +8,13 @@ import importlib
 import importlib.util
 import logging
 import os
-import socket
 import struct
-import time
-import uuid
 from collections.abc import Iterator
 from pathlib import Path
 
 from edgeinfer.config import DerivedSource, ModelConfig, PackageSource
 from edgeinfer.errors import ModelLoadError
+from edgeinfer.models.partial import partial_name, remove_stale
 
 log = logging.getLogger("edgeinfer.models")
 
@@ -83,25 +81,16 @@ def resolve_model_path(cfg: ModelConfig, models: dict[str, ModelConfig] | None =
     raise ModelLoadError(f"model {cfg.id!r}: {src.file!r} not found in package {src.package!r}")
 
 
-STALE_PART_SECONDS = 3600.0  # a partial file untouched this long: its writer is gone
-
-
 @contextlib.contextmanager
 def _partial(out: Path) -> Iterator[Path]:
-    """A temporary name for ``out`` of this writer alone, renamed to ``out`` when the
-    block ends well and removed when it does not: servers sharing the cache folder (other
-    containers too: their process ids may be the same) each write their own file (one name
-    for all let one truncate what another was writing, and the damaged file was renamed
-    into place). Partial files untouched for an hour, left by writers that died, go."""
+    """A partial file of this writer alone for ``out`` (``models.partial``), renamed to
+    ``out`` when the block ends well and removed when it does not; stale partial files of
+    ``out`` left by writers that died go first."""
     if not out.parent.is_dir():
         raise ModelLoadError(f"cannot write {out.name}: the cache folder {out.parent} cannot "
                              "be made (set EDGEINFER_CACHE to a writable folder)")
-    for old in out.parent.glob(f".{out.name}.*.part"):
-        with contextlib.suppress(OSError):
-            if time.time() - old.stat().st_mtime > STALE_PART_SECONDS:
-                old.unlink()
-    tmp = out.with_name(f".{out.name}.{socket.gethostname()}-{os.getpid()}-"
-                        f"{uuid.uuid4().hex[:8]}.part")
+    remove_stale(out.parent, f".{out.name}.*.part")
+    tmp = partial_name(out, "part")
     try:
         yield tmp
         tmp.replace(out)

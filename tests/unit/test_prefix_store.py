@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import logging
 import os
+import time
 from pathlib import Path
 
 import pytest
@@ -150,15 +151,36 @@ def test_another_configurations_hot_files_are_left_to_it(tmp_path: Path) -> None
     assert [t for t, _ in theirs.load_hot()] == [TOKENS]
 
 
-def test_partial_writes_of_a_dead_process_are_removed(tmp_path: Path) -> None:
+def test_partial_writes_of_a_dead_writer_are_removed_by_age(tmp_path: Path) -> None:
+    """A partial write untouched for an hour was left by a writer that died; a fresh one
+    may be another container's live writer, whose process id means nothing here (a dead
+    pid in this namespace once removed a live writer's file in another)."""
     s = store(tmp_path)
     s.save(TOKENS, DATA)
-    dead = s.folder / f".{s.path_for(TOKENS).name}.999999999.tmp"
-    live = s.folder / f".{s.path_for(TOKENS).name}.{os.getppid()}.tmp"
+    dead = s.folder / f".{s.path_for(TOKENS).name}.host-999999999-abcd1234.tmp"
+    live = s.folder / f".{s.path_for(TOKENS).name}.other-999999999-efef5678.tmp"
     for p in (dead, live):
         p.write_bytes(b"partial")
+    os.utime(dead, (time.time() - 7200, time.time() - 7200))
     store(tmp_path)
-    assert not dead.exists() and live.exists()  # the parent is alive: maybe still writing
+    assert not dead.exists() and live.exists()
+    assert s.load(TOKENS) == DATA  # the finished state is untouched
+
+
+def test_each_write_goes_through_a_name_of_its_own(tmp_path: Path,
+                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+    """Two writers of one state (servers sharing the folder) never write one file."""
+    s = store(tmp_path)
+    seen: list[str] = []
+    real = os.replace
+
+    def spy(src: str | Path, dst: str | Path) -> None:
+        seen.append(Path(src).name)
+        real(src, dst)
+    monkeypatch.setattr(os, "replace", spy)
+    assert s.save(TOKENS, DATA) and s.save(TOKENS, DATA)
+    assert len(set(seen)) == 2 and all(str(os.getpid()) in n for n in seen)
+    assert s.load(TOKENS) == DATA and not list(s.folder.glob(".*.tmp"))
 
 
 def test_a_named_pipe_in_the_folder_is_passed_over_not_waited_on(

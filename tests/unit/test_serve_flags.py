@@ -40,3 +40,13 @@ def test_a_ready_file_whose_folder_cannot_be_written_is_refused_at_start(tmp_pat
         check(build_parser().parse_args(["serve", "--ready-file", "/sys/ready.json"]))
     with pytest.raises(ConfigError, match="does not exist"):
         check(build_parser().parse_args(["serve", "--ready-file", str(tmp_path / "no/r")]))
+
+
+def test_the_connection_timeout_flags_default_to_what_the_server_parts_assume() -> None:
+    """The CLI keeps its own copy of the defaults (importing the HTTP parts would slow
+    every command by starlette's import); an app run without the CLI (``EdgeInfer``,
+    tests) gets the parts' own: they must be the same numbers."""
+    from edgeinfer.api.body import BODY_TIMEOUT
+    from edgeinfer.cli.deadline import HEADER_TIMEOUT
+    args = build_parser().parse_args(["serve"])
+    assert (args.header_timeout, args.body_timeout) == (HEADER_TIMEOUT, BODY_TIMEOUT)
