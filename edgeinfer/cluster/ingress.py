@@ -94,7 +94,8 @@ class IngressForwarder:
         else:
             response = StreamingResponse(self._rest(env.path, head, gen),
                                          status_code=head.status)
-        response.raw_headers = list(head.headers)
+        # Serve's proxy sends x-request-id itself, the id the replica's app got as ours
+        response.raw_headers = [(k, v) for k, v in head.headers if k != b"x-request-id"]
         return response
 
     async def _rest(self, path: str, head: Head,

@@ -78,6 +78,12 @@ def test_every_dialect_health_and_metrics(cluster: RayCluster) -> None:
         health = http.get("/health")
         assert health.status_code == 200 and health.json()["status"] == "ok"
         assert health.headers["x-edgeinfer-replica"]
+        mine = http.get("/v1/models", headers={"x-request-id": "trace-42"})
+        given = http.get("/v1/models")  # one id a response, the same in both headers
+        assert mine.headers.get_list("x-request-id") == ["trace-42"]
+        assert mine.headers["request-id"] == "trace-42"
+        assert len(given.headers.get_list("x-request-id")) == 1
+        assert given.headers["request-id"] == given.headers["x-request-id"]
         assert "edgeinfer_prompt_tokens_total" in http.get("/metrics").text
         err = http.post("/v1/messages", json={"model": "default"})
         assert err.status_code == 400 and err.json()["type"] == "error"
