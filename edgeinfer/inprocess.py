@@ -25,11 +25,39 @@ from typing import Any, Self
 
 from starlette.applications import Starlette
 
+from edgeinfer.api import fields, samplers
 from edgeinfer.config import ServerConfig, load_config, override_model
 from edgeinfer.engine.sequence import SamplingParams
-from edgeinfer.errors import EngineError
+from edgeinfer.errors import EngineError, InvalidRequest
 from edgeinfer.models.pool import ModelPool
 from edgeinfer.models.served import ServedModel
+from edgeinfer.prompt.grammar import check_gbnf
+
+# the keyword arguments of chat / complete: HTTP's sampling fields, checked as HTTP checks them
+SAMPLING = frozenset({"temperature", "top_p", "top_k", "min_p", "presence_penalty",
+                      "frequency_penalty", "repeat_penalty", "repeat_last_n", "seed",
+                      "max_tokens", "stop", "ignore_eos", "logit_bias", "speculative",
+                      "deterministic", "grammar", "dry_sequence_breakers", *samplers.RANGES})
+
+
+def sampling_params(sampling: dict[str, Any]) -> SamplingParams:
+    """``chat`` / ``complete``'s keyword arguments as the engine's SamplingParams, within
+    the bounds an HTTP request has (InvalidRequest, naming the argument, otherwise)."""
+    body: dict[str, Any] = {k: list(v) if isinstance(v, tuple) else v
+                            for k, v in sampling.items()}
+    if isinstance(bias := body.get("logit_bias"), dict):  # token ids as ints, as in Python
+        body["logit_bias"] = {str(k): v for k, v in bias.items()}
+    unknown = sorted(set(body) - SAMPLING)
+    if unknown:
+        raise InvalidRequest(f"unknown sampling argument {unknown[0]!r} (known: "
+                             f"{', '.join(sorted(SAMPLING))})", param=unknown[0])
+    b = fields.Body(body, set(SAMPLING))
+    max_tokens = b.integer("max_tokens", 1, fields.MAX_TOKENS_LIMIT, None)
+    params = dataclasses.replace(fields.sampling_params(b, max_tokens), **samplers.params(b))
+    grammar = b.body.get("grammar")
+    if grammar is not None and not isinstance(grammar, str):
+        raise InvalidRequest("'grammar' must be a string (GBNF)", param="grammar")
+    return dataclasses.replace(params, grammar=grammar)
 
 
 class EdgeInfer:
@@ -80,40 +108,43 @@ class EdgeInfer:
              **sampling: Any) -> AsyncGenerator[str, None]:
         """Stream the assistant's reply to ``messages`` as text pieces.
 
-        ``sampling``: any SamplingParams field (temperature, max_tokens, top_p,
-        stop, seed, ...). Breaking out of the loop cancels the generation.
+        ``sampling``: the sampling fields of an HTTP request, with its bounds
+        (temperature, max_tokens, top_p, stop, seed, logit_bias, grammar, the
+        llama-server samplers ...: ``SAMPLING``); one out of bounds or unknown raises
+        InvalidRequest naming it. Breaking out of the loop cancels the generation.
         """
-        return self._opened(self._chat(model, messages, sampling))
+        return self._opened(self._chat(model, messages, sampling_params(sampling)))
 
     def complete(self, model: str, prompt: str, **sampling: Any) -> AsyncGenerator[str, None]:
-        """Stream a plain text completion of ``prompt``."""
-        return self._opened(self._complete(model, prompt, sampling))
+        """Stream a plain text completion of ``prompt`` (``sampling``: as ``chat``'s)."""
+        return self._opened(self._complete(model, prompt, sampling_params(sampling)))
 
     async def _chat(self, model: str, messages: list[dict[str, Any]],
-                    sampling: dict[str, Any]) -> AsyncGenerator[str, None]:
+                    params: SamplingParams) -> AsyncGenerator[str, None]:
         served = await self.pool.acquire(model)
         lease = served.lease()  # the model stays loaded until this generator ends
         try:
             tokens = await served.run(served.chat_prompt, messages)
-            async for piece in self._generate(served, tokens, sampling):
+            async for piece in self._generate(served, tokens, params):
                 yield piece
         finally:
             lease.release()
 
     async def _complete(self, model: str, prompt: str,
-                        sampling: dict[str, Any]) -> AsyncGenerator[str, None]:
+                        params: SamplingParams) -> AsyncGenerator[str, None]:
         served = await self.pool.acquire(model)
         lease = served.lease()
         try:
             tokens = await served.run(served.tokenize_text, prompt)
-            async for piece in self._generate(served, tokens, sampling):
+            async for piece in self._generate(served, tokens, params):
                 yield piece
         finally:
             lease.release()
 
     async def _generate(self, served: ServedModel, tokens: list[int],
-                        sampling: dict[str, Any]) -> AsyncIterator[str]:
-        params = SamplingParams(**sampling)
+                        params: SamplingParams) -> AsyncIterator[str]:
+        if params.grammar is not None:
+            await served.run(check_gbnf, served.runtime.vocab, params.grammar)
         served.check_fits(len(tokens), params.max_tokens)
         async for d in served.generate(f"local-{uuid.uuid4().hex[:12]}", tokens, params):
             if d.finish_reason == "error":

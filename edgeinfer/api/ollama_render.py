@@ -374,6 +374,9 @@ def openapi_paths(routes: Iterable[Route], bodies: dict[str, set[str]]) -> dict[
             op: dict[str, Any] = {"summary": f"Ollama API: {r.path}", "responses": {
                 "200": {"description": "as Ollama (application/x-ndjson when streamed)"},
                 "4XX": {"description": "{\"error\": \"...\"}"}}}
+            if params := [{"name": n, "in": "path", "required": True,
+                           "schema": {"type": "string"}} for n in r.param_convertors]:
+                op["parameters"] = params
             if r.path in bodies:
                 op["requestBody"] = {"content": {"application/json": {"schema": {
                     "type": "object", "required": ["model"],

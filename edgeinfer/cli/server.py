@@ -101,7 +101,7 @@ def _summary(app: Any, url: str) -> str:
         lines.append(f"  {cfg.id}{aliases}: {info.description}, {where}, {cfg.slots} slots, "
                      f"{info.n_ctx} KV cells{'' if 'context' in cfg.explicit else ' (fit)'}, "
                      f"{cfg.threads} threads, "
-                     f"~{served.runtime.memory_bytes() >> 20} MiB")
+                     f"~{served.runtime.memory_bytes() >> 20} MiB of weights and KV cache")
     for mid, err in pool.failed.items():
         lines.append(f"  {mid}: FAILED - {err}")
     for mid, entry in pool.entries.items():

@@ -79,5 +79,6 @@ def fit(cfg: ModelConfig, m: Memory) -> tuple[ModelConfig, str]:
     gpu = f", {vram >> 20} MiB of {m.vram_free >> 20} MiB free GPU memory" if (
         vram and m.vram_free is not None) else ""
     note = (f"model {cfg.id}: fit: context {ctx}{why}, {slots} slots ({', '.join(auto)} "
-            f"chosen): ~{ram >> 20} MiB of {m.ram_free >> 20} MiB free RAM{gpu}")
+            f"chosen): ~{ram >> 20} MiB (weights, KV cache, ~{MODEL_OVERHEAD >> 20} MiB of "
+            f"buffers) of {m.ram_free >> 20} MiB free RAM{gpu}")
     return replace(cfg, context=ctx, slots=slots, batch=max(cfg.batch, slots)), note

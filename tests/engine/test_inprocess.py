@@ -70,3 +70,29 @@ def test_a_model_loading_when_close_comes_is_freed_not_left_running() -> None:
         assert not ei.pool.models and not _engine_threads()
 
     asyncio.run(main())
+
+
+def test_sampling_arguments_have_the_bounds_of_an_http_request() -> None:
+    """``temperature=9`` generated, an unknown name was a TypeError from a dataclass, and a
+    grammar skipped the checks an HTTP grammar gets; all are a named InvalidRequest now,
+    raised when ``chat`` is called (nothing is loaded for it)."""
+    from edgeinfer.errors import InvalidRequest
+
+    async def main() -> None:
+        async with EdgeInfer.from_config(slots=1, context=1024) as ei:
+            for bad, param in [({"temperature": 9}, "temperature"), ({"foo": 1}, "foo"),
+                               ({"max_tokens": 0}, "max_tokens"), ({"top_k": -1}, "top_k"),
+                               ({"dry_multiplier": -1}, "dry_multiplier"),
+                               ({"logit_bias": {10**9: 1}}, "logit_bias")]:
+                with pytest.raises(InvalidRequest) as err:
+                    ei.chat("default", ASK, **bad)
+                assert err.value.param == param
+            with pytest.raises(InvalidRequest, match="cannot parse"):
+                async for _ in ei.complete("default", "Hi", grammar="root ::= (", max_tokens=2):
+                    pass
+            text = "".join([p async for p in ei.complete(
+                "default", "Say yes:", grammar='root ::= "yes" | "no"', max_tokens=4,
+                stop=("x",), logit_bias={13: -100}, temperature=0)])
+            assert text in ("yes", "no")
+
+    asyncio.run(main())

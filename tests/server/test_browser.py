@@ -64,3 +64,26 @@ def test_chat_page_streams_and_stops(page, server: ServerProcess) -> None:  # ty
     while server.engine_stats()["slots_busy"] and time.monotonic() < deadline:
         time.sleep(0.1)
     assert server.engine_stats()["slots_busy"] == 0
+
+
+def test_chat_page_lists_models_once_the_key_is_entered(page, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    """On a server with keys the page's first listing is a 401; entering the key in the
+    page lists the models then (it used to wait for a reload)."""
+    from serverproc import start_server, stop_server
+
+    keyfile = tmp_path / "keys"
+    keyfile.write_text("sk-page\n")
+    srv = start_server(tmp_path, "--api-key-file", str(keyfile), "--slots", "1",
+                       "--threads", "1")
+    try:
+        page.goto(f"{srv.base_url}/")
+        page.wait_for_function("document.querySelector('#error').textContent.includes('401')")
+        assert "API key" in page.inner_text("#error")
+        page.click("summary")  # the settings, where the key goes
+        page.fill("#apikey", "sk-page")
+        page.dispatch_event("#apikey", "change")
+        page.wait_for_function("document.querySelectorAll('#model option').length > 0")
+        assert page.input_value("#model") == "smollm2-135m-instruct"
+        assert page.inner_text("#error") == ""
+    finally:
+        stop_server(srv)
