@@ -4,24 +4,29 @@ from __future__ import annotations
 
 import datetime
 import json
-import re
-import threading
-import time
 from collections.abc import Iterator
 from functools import lru_cache
 from typing import Any
 
-from jinja2 import TemplateError, Undefined, nodes
-from jinja2.compiler import CodeGenerator, Frame
-from jinja2.exceptions import SecurityError
+from jinja2 import TemplateError, nodes
 from jinja2.ext import Extension
-from jinja2.filters import do_center, do_format, do_indent
 from jinja2.parser import Parser
-from jinja2.sandbox import ImmutableSandboxedEnvironment
 
 from edgeinfer.errors import InvalidRequest
 from edgeinfer.prompt.markup import CLOSE as MARK_CLOSE
 from edgeinfer.prompt.markup import OPEN as MARK_OPEN
+from edgeinfer.prompt.sandbox import (
+    RENDER_BYTES,
+    BudgetedEnvironment,
+    BudgetExceeded,
+    Spent,
+    center,
+    check_deadline,
+    format_filter,
+    indent,
+    release_memory,
+    rendering,
+)
 from edgeinfer.prompt.turns import (
     PROBE_CALL,
     PROBE_RESULT,
@@ -44,22 +49,6 @@ CHATML_ENDS = ("<|im_end|>", "<|im_start|>")
 
 _PREFILL_MARK = "\x00edgeinfer-prefill\x00"
 _SYSTEM_PROBE = "\x00edgeinfer-system\x00"
-RENDER_SECONDS = 2.0  # time budget of one rendering
-RENDER_BYTES = 8 * 1024 * 1024  # output budget of one rendering
-
-_deadline = threading.local()
-
-
-class _BudgetExceeded(TemplateError):
-    pass
-
-
-def _check_deadline() -> None:
-    end = getattr(_deadline, "end", None)
-    if end is not None and time.monotonic() > end:
-        raise _BudgetExceeded("the chat template took too long to render")
-
-
 class _Generation(Extension):
     """Hugging Face's ``{% generation %}...{% endgeneration %}`` (it marks the assistant's
     tokens for training): the body is rendered as it is."""
@@ -71,129 +60,6 @@ class _Generation(Extension):
         lineno = next(parser.stream).lineno
         body = parser.parse_statements(("name:endgeneration",), drop_needle=True)
         return nodes.CallBlock(self.call_method("_body"), [], [], body).set_lineno(lineno)
-
-
-_WIDE = re.compile(r"%[-+ #0]*\d{7,}")  # a %-format padding a value to megabytes
-_WIDE_FORMAT = re.compile(r"\{[^{}]*:[^{}]*\d{7,}")  # the same in str.format's syntax
-
-
-def _too_big(op: str, left: Any, right: Any) -> bool:
-    """Whether ``left op right`` would build a value far past the output budget (ints of
-    more than 64k bits, strings / sequences longer than RENDER_BYTES)."""
-    sized = (str, list, tuple)
-    if op == "**" and isinstance(left, int) and isinstance(right, int) and abs(left) > 1:
-        return right > 0 and right * abs(left).bit_length() > 1 << 16
-    if op == "*":
-        if isinstance(left, int) and isinstance(right, int):
-            return left.bit_length() + right.bit_length() > 1 << 16
-        seq, times = (left, right) if isinstance(left, sized) else (right, left)
-        return isinstance(seq, sized) and isinstance(times, int) and len(seq) * times > RENDER_BYTES
-    if op == "+" and isinstance(left, sized) and isinstance(right, sized):
-        return len(left) + len(right) > RENDER_BYTES
-    return op == "%" and isinstance(left, str) and _WIDE.search(left) is not None
-
-
-class _CheckedConcat(CodeGenerator):
-    """``a ~ b`` through ``environment.checked_concat`` (the templates here never autoescape)."""
-
-    def visit_Concat(self, node: nodes.Concat, frame: Frame) -> None:
-        self.write("environment.checked_concat((")
-        for arg in node.nodes:
-            self.visit(arg, frame)
-            self.write(", ")
-        self.write("))")
-
-
-class _BudgetedEnvironment(ImmutableSandboxedEnvironment):
-    """The immutable sandbox, plus a deadline checked on every call and item access, and
-    arithmetic that may not build values far larger than the output budget (a single
-    ``7 ** 10**8`` or ``'a' * 10**10`` would hold the interpreter, deadline or not)."""
-
-    intercepted_binops = frozenset({"**", "*", "+", "%"})
-    code_generator_class = _CheckedConcat
-
-    @staticmethod
-    def checked_concat(parts: tuple[Any, ...]) -> str:
-        _check_deadline()
-        text = "".join(map(str, parts))
-        if len(text) > RENDER_BYTES:
-            raise SecurityError("the chat template's '~' makes too large a value")
-        return text
-
-    def call_binop(self, context: Any, operator: str, left: Any, right: Any) -> Any:
-        _check_deadline()
-        # text + an undefined value is the text, as llama.cpp renders it (Command R+ adds
-        # each tool parameter's description, which clients often leave out)
-        text = left if isinstance(right, Undefined) else right
-        if operator == "+" and isinstance(text, str) and Undefined in map(type, (left, right)):
-            return text
-        if _too_big(operator, left, right):
-            raise SecurityError(f"the chat template's {operator!r} makes too large a value")
-        return super().call_binop(context, operator, left, right)
-
-    def wrap_str_format(self, value: Any) -> Any:
-        fmt = super().wrap_str_format(value)
-        if fmt is not None and _WIDE_FORMAT.search(value.__self__):
-            raise SecurityError("the chat template's format pads a value too far")
-        return fmt
-
-    def call(self, context: Any, obj: Any, /, *args: Any, **kwargs: Any) -> Any:
-        _check_deadline()
-        return super().call(context, obj, *args, **kwargs)
-
-    def getitem(self, obj: Any, argument: Any) -> Any:
-        _check_deadline()
-        return super().getitem(obj, argument)
-
-    def getattr(self, obj: Any, attribute: str) -> Any:
-        _check_deadline()
-        return super().getattr(obj, attribute)
-
-    def is_safe_attribute(self, obj: Any, attr: str, value: Any) -> bool:
-        """The immutable sandbox's rule, except that the template may grow and shrink the
-        lists, dicts and sets it made itself (Kimi K2's queue of call ids) one item at a
-        time; what it was given stays immutable."""
-        inputs = getattr(_deadline, "inputs", None)  # None: not inside a rendering
-        if inputs is not None and attr in _SCRATCH.get(type(obj), ()) and id(obj) not in inputs:
-            return True
-        return super().is_safe_attribute(obj, attr, value)
-
-
-# the mutating methods allowed on a template's own containers (none that copies a whole one)
-_SCRATCH: dict[type, frozenset[str]] = {
-    list: frozenset({"append", "pop", "insert", "remove"}),
-    dict: frozenset({"pop", "setdefault"}), set: frozenset({"add", "discard", "remove"})}
-
-
-def _containers(value: Any) -> set[int]:
-    """The ids of the lists, dicts and sets in ``value``, however deep (no recursion:
-    a call's arguments may nest as deep as JSON allows)."""
-    found: set[int] = set()
-    todo = [value]
-    while todo:
-        item = todo.pop()
-        if isinstance(item, (list, tuple, set, frozenset, dict)) and id(item) not in found:
-            found.add(id(item))
-            todo.extend(item.values() if isinstance(item, dict) else item)
-    return found
-
-
-def _center(value: Any, width: int = 80) -> str:
-    if isinstance(width, int) and width > RENDER_BYTES:
-        raise SecurityError("the chat template centers a value too widely")
-    return do_center(value, width)
-
-
-def _indent(s: Any, width: int | str = 4, first: bool = False, blank: bool = False) -> str:
-    if isinstance(width, int) and width * (str(s).count("\n") + 1) > RENDER_BYTES:
-        raise SecurityError("the chat template indents a value too far")
-    return do_indent(s, width, first, blank)
-
-
-def _format(value: Any, *args: Any, **kwargs: Any) -> str:
-    if isinstance(value, str) and _WIDE.search(value):
-        raise SecurityError("the chat template's format pads a value too far")
-    return do_format(value, *args, **kwargs)
 
 
 def _raise_exception(message: str) -> None:
@@ -227,7 +93,7 @@ def _listed(value: Any) -> Any:
 
 @lru_cache(maxsize=16)
 def _compile(source: str) -> Any:
-    env = _BudgetedEnvironment(trim_blocks=True, lstrip_blocks=True,
+    env = BudgetedEnvironment(trim_blocks=True, lstrip_blocks=True,
                                extensions=["jinja2.ext.loopcontrols", _Generation])
     # jinja's ``dict`` global is the type: ``dict.pop(messages[0], ...)`` would change
     # what the template was given; a function that builds one has no such methods
@@ -235,7 +101,7 @@ def _compile(source: str) -> Any:
     env.globals["raise_exception"] = _raise_exception
     env.globals["strftime_now"] = _strftime_now
     env.filters["tojson"] = tojson
-    env.filters.update(center=_center, indent=_indent, format=_format)
+    env.filters.update(center=center, indent=indent, format=format_filter)
     return env.from_string(source)
 
 
@@ -377,24 +243,25 @@ class ChatTemplate:
         parts: list[str] = []
         size = 0
         extra = {**self._context(extra), **extra}
-        _deadline.end = time.monotonic() + RENDER_SECONDS
-        _deadline.inputs = _containers((messages, extra))
+        spent = Spent()
         try:
-            for part in self._template.generate(
-                messages=messages, add_generation_prompt=add_generation_prompt,
-                bos_token=self.bos_token, eos_token=self.eos_token, **extra,
-            ):
-                size += len(part)
-                if size > RENDER_BYTES:
-                    raise _BudgetExceeded("the chat template's output is too large")
-                _check_deadline()
-                parts.append(part)
-        except _BudgetExceeded as exc:
-            raise InvalidRequest(str(exc), param="messages", code="template_budget") from None
+            with rendering((messages, extra), spent):
+                for part in self._template.generate(
+                    messages=messages, add_generation_prompt=add_generation_prompt,
+                    bos_token=self.bos_token, eos_token=self.eos_token, **extra,
+                ):
+                    size += len(part)
+                    if size > RENDER_BYTES:
+                        raise BudgetExceeded("the chat template's output is too large")
+                    check_deadline()
+                    parts.append(part)
+        except BudgetExceeded as exc:
+            failed = InvalidRequest(str(exc), param="messages", code="template_budget")
         except (TemplateError, RecursionError, TypeError, ValueError, ArithmeticError,
                 LookupError, MemoryError) as exc:
-            raise InvalidRequest(f"the chat template rejected the messages: {exc}",
-                                 param="messages") from None
-        finally:
-            _deadline.end, _deadline.inputs = None, None
-        return "".join(parts)
+            failed = InvalidRequest(f"the chat template rejected the messages: {exc}",
+                                    param="messages")
+        else:
+            return "".join(parts)
+        release_memory(spent)  # (here, not in the handler: its traceback held what was built)
+        raise failed

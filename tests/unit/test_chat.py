@@ -4,10 +4,11 @@ from __future__ import annotations
 
 import time
 
+import psutil
 import pytest
 
 from edgeinfer.errors import InvalidRequest
-from edgeinfer.prompt import template
+from edgeinfer.prompt import sandbox
 from edgeinfer.prompt.template import CHATML, ChatTemplate
 
 
@@ -62,7 +63,7 @@ def test_raise_exception_becomes_400() -> None:
 
 
 def test_template_time_and_size_budgets(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(template, "RENDER_SECONDS", 0.1)  # the real budget is 2 s
+    monkeypatch.setattr(sandbox, "RENDER_SECONDS", 0.1)  # the real budget is 2 s
     slow = ("{% for a in range(100000) %}{% for b in range(100000) %}{% for c in range(100000) %}"
             "{% endfor %}{% endfor %}{% endfor %}")
     with pytest.raises(InvalidRequest) as info:
@@ -74,12 +75,28 @@ def test_template_time_and_size_budgets(monkeypatch: pytest.MonkeyPatch) -> None
     assert info.value.code == "template_budget"
 
 
+def test_a_template_that_piles_up_values_is_stopped_and_its_memory_handed_back() -> None:
+    """A loop storing a large string each time held gigabytes within the time budget, and
+    the process kept them after the 400 (each thread's allocator arena did): the values a
+    rendering builds have a budget, and a failed rendering hands freed memory back."""
+    hoard = ("{% set d = {} %}{% for i in range(99999) %}"
+             "{% set _ = d.setdefault(i, 'x' * 60000) %}{% endfor %}{{ raise_exception('no') }}")
+    rss = psutil.Process().memory_info().rss
+    t0 = time.monotonic()
+    for _ in range(3):
+        with pytest.raises(InvalidRequest) as info:
+            ChatTemplate(hoard).render([{"role": "user", "content": "x"}])
+        assert info.value.code == "template_budget" and "built more" in info.value.message
+    assert time.monotonic() - t0 < 3 * 2 * sandbox.RENDER_SECONDS  # not the time budget
+    assert psutil.Process().memory_info().rss - rss < 256 << 20
+
+
 def test_a_hostile_template_spends_one_budget_on_the_load_probes(
         monkeypatch: pytest.MonkeyPatch) -> None:
     """The probes a template gets at load (system role, call shapes, alternation) stop at
     the first that runs out of time: a looping template costs one render budget, not
     one per probe (eight budgets made its first request take over ten seconds)."""
-    monkeypatch.setattr(template, "RENDER_SECONDS", 0.2)
+    monkeypatch.setattr(sandbox, "RENDER_SECONDS", 0.2)
     slow = ("{% for a in range(100000) %}{% for b in range(100000) %}{% for c in range(100000) %}"
             "{% endfor %}{% endfor %}{% endfor %}{{ tool_calls }}")
     t0 = time.monotonic()
