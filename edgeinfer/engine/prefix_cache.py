@@ -26,8 +26,8 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
 
+from edgeinfer.engine.cache_entry import CacheEntry, CacheStats
 from edgeinfer.engine.native import LlamaRuntime
 from edgeinfer.engine.prefix_index import PrefixIndex
 from edgeinfer.engine.ram_tier import RamTier, State, default_mb
@@ -40,25 +40,6 @@ MIN_RAM_GAIN = 16
 # an idle entry a new prompt will use stays in the KV cache while requests run when the
 # prompt uses at least this share of it (``trim_idle``)
 KEEP_MATCH = 0.75
-
-
-@dataclass(slots=True)
-class CacheEntry:
-    seq_id: int
-    pinned: bool = False
-    last_used: float = field(default_factory=time.monotonic)
-    hits: int = 0
-
-
-@dataclass(slots=True)
-class CacheStats:
-    hits: int = 0
-    hit_tokens: int = 0
-    misses: int = 0
-    evictions: int = 0
-    kept: int = 0
-    restored: int = 0  # entries loaded from saved state (the disk tier)
-    checkpoints: int = 0  # states saved part-way through a prompt (checkpoint mode)
 
 
 class PrefixCache:
@@ -116,14 +97,9 @@ class PrefixCache:
         n, hid = self.ram.match(prompt)
         if hid is None or n < known + MIN_RAM_GAIN:
             return False
-        tokens, data = self.ram.take(hid)
-        cid = self._take_id()
+        tokens, data = self.ram.take(hid)  # (out first: evictions below go to the tier)
+        cid = self._put_state(len(tokens), data)
         if cid is None:
-            self.ram.give_back(tokens, data)
-            return False
-        if not self.rt.set_seq_state(cid, data) or self.rt.seq_pos_max(cid) != len(tokens) - 1:
-            self.rt.seq_rm(cid, -1, -1)  # no room for it now
-            self._free_ids.append(cid)
             self.ram.give_back(tokens, data)
             return False
         if n < len(tokens):  # only the shared head stays in the view; RAM keeps the whole
@@ -134,6 +110,28 @@ class PrefixCache:
         self.entries[cid] = CacheEntry(cid)
         self.ram.restored(tokens)
         return True
+
+    def _put_state(self, cells: int, data: State) -> int | None:
+        """A free entry id now holding ``data``, a saved state of ``cells`` tokens (None:
+        no room, no id, or llama.cpp refused the data). A state goes in whole, however
+        little of it a prompt shares: without room llama.cpp refuses it only after the
+        copy, logging errors, so room is made first (idle entries go to the RAM tier),
+        unless even all of those would not make enough."""
+        n_ctx = self.rt.info.n_ctx
+        if n_ctx - self.index.num_tokens < cells:
+            kept = {h for h in self.index.holders()
+                    if (e := self.entries.get(h)) is None or e.pinned}  # running or pinned
+            if n_ctx - self.index.tokens_held_by(kept) < cells:
+                return None
+            while n_ctx - self.index.num_tokens < cells and self.evict_one():
+                pass
+        cid = self._take_id()
+        if cid is not None and (not self.rt.set_seq_state(cid, data)
+                                or self.rt.seq_pos_max(cid) != cells - 1):
+            self.rt.seq_rm(cid, -1, -1)
+            self._free_ids.append(cid)
+            return None
+        return cid
 
     def _from_checkpoint(self, slot: int, tokens: list[int], limit: int) -> int:
         """Put the longest saved state that ``tokens[:limit]`` begins with into the
@@ -322,12 +320,8 @@ class PrefixCache:
             kept = self.ram.put(tokens, data, pinned=pinned)
             self.stats.restored += kept
             return kept
-        cid = self._take_id()
+        cid = self._put_state(len(tokens), data)
         if cid is None:
-            return False
-        if not self.rt.set_seq_state(cid, data) or self.rt.seq_pos_max(cid) != len(tokens) - 1:
-            self.rt.seq_rm(cid, -1, -1)
-            self._free_ids.append(cid)
             return False
         self.index.extend(cid, tokens)
         # a hot prefix restored stays among the hot ones until others are used more

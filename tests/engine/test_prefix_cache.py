@@ -13,6 +13,7 @@ the same top token and a tiny divergence.
 from __future__ import annotations
 
 import asyncio
+import logging
 import math
 from collections.abc import AsyncIterator, Iterator
 
@@ -233,6 +234,39 @@ def test_an_evicted_prefix_comes_back_from_the_ram_tier(tokens: list[int],
     assert last.cached_tokens == 128 and computed == 20  # restored, only the rest computed
     assert ram["restored"] == 1 and ram["restored_tokens"] == 128
     assert cached == reference
+
+
+def test_a_saved_state_with_no_room_for_it_is_not_tried(
+        tokens: list[int], caplog: pytest.LogCaptureFixture) -> None:
+    """A RAM-tier state goes back whole, however little of it a prompt shares: with the
+    KV cache held by a running request, llama.cpp refused it after the copy, logging two
+    errors, on every request that shared a part of it (a long agent loop's every turn).
+    Now it is not tried when even evicting every idle entry would leave no room."""
+    cfg = override_model(load_config().models[0], context=512, slots=2, batch=64,
+                         prefill_batch=64, threads=2, cache_entries=2)
+    lp = Loop(load_model(cfg))
+    try:
+        eng = engine(lp)
+        saved = tokens[:140] + tokens[:140]
+        first(lp, "saved", saved)
+        for i in range(3):  # push it out of the two cache entries, into the RAM tier
+            first(lp, f"filler{i}", [4000 + i] + tokens[30:60])
+        assert eng.cache.ram.match(saved)[0] == len(saved)
+
+        async def main() -> list[Delta]:
+            hog = eng.generate("hog", [5000] + tokens[:140] + tokens[:100], SamplingParams(
+                temperature=0, max_tokens=40, ignore_eos=True))
+            await hog.__anext__()  # 242 cells held: fewer than 280 can be free
+            try:
+                return await drain(eng.generate("part", saved[:60] + [7, 8, 9], FIRST))
+            finally:
+                await hog.aclose()
+        with caplog.at_level(logging.INFO, logger="edgeinfer.llama"):
+            out = lp.run(main())
+    finally:
+        lp.close()
+    assert out[-1].finish_reason == "length" and out[-1].cached_tokens == 0
+    assert "failed to find" not in caplog.text and "failed to restore" not in caplog.text
 
 
 def test_a_sliding_window_model_shares_prefixes_exactly() -> None:

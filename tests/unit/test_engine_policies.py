@@ -3,6 +3,7 @@ the prefix wait of admission, what a failed decode does, and the time limit."""
 
 from __future__ import annotations
 
+from types import SimpleNamespace
 from typing import Any, cast
 
 from edgeinfer.engine.decode_errors import (
@@ -25,6 +26,8 @@ from edgeinfer.engine.textstream import TextStream
 
 class FakeMemory:
     """The two KV-memory calls the prefix cache makes, applied to a dict of sequences."""
+
+    info = SimpleNamespace(n_ctx=1 << 16)  # (the cells a restore may take)
 
     def __init__(self) -> None:
         self.cells: dict[int, dict[int, bool]] = {}  # seq id -> positions held
