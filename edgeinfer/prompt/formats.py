@@ -45,11 +45,17 @@ PATTERNS = {
 CONVERTER_FORMATS = {"date", "time", "date-time", "uuid"}
 
 
+def written_format(fmt: Any) -> bool:
+    """Whether the converter writes the string ``format`` ``fmt`` itself (a rule of
+    bounded length); it ignores any other, leaving the string unbounded."""
+    return isinstance(fmt, str) and (fmt in CONVERTER_FORMATS or fmt.startswith("uuid"))
+
+
 def as_pattern(node: dict[str, Any]) -> dict[str, Any]:
     """``node`` with a ``format`` the converter does not write made its pattern (see the
     module docstring); other nodes as they are."""
     fmt = node.get("format")
-    if not isinstance(fmt, str) or fmt in CONVERTER_FORMATS or fmt.startswith("uuid"):
+    if not isinstance(fmt, str) or written_format(fmt):
         return node
     pattern = PATTERNS.get(fmt)
     if pattern and "pattern" not in node:

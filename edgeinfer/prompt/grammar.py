@@ -23,7 +23,7 @@ from edgeinfer.prompt.budget import (
     check_rewritten_pattern,
 )
 from edgeinfer.prompt.conjunction import merged
-from edgeinfer.prompt.formats import as_pattern
+from edgeinfer.prompt.formats import as_pattern, written_format
 from edgeinfer.prompt.intersection import VALUE_KEYWORDS, values_kept
 from edgeinfer.prompt.intrange import BOUNDS, range_gbnf
 from edgeinfer.prompt.keywords import sound
@@ -107,8 +107,8 @@ def _bound(node: Any, ints: dict[str, str]) -> Any:
             out[k] = v
     if (out.get("type") == "array" or "items" in out) and "maxItems" not in out:
         out["maxItems"] = max(DEFAULT_MAX_ITEMS, int(out.get("minItems", 0) or 0))
-    if out.get("type") == "string" and not {"maxLength", "enum", "const", "pattern",
-                                            "format"} & set(out):
+    if out.get("type") == "string" and not {"maxLength", "enum", "const", "pattern"} & set(
+            out) and not written_format(out.get("format")):  # (a format dropped bounds none)
         out["maxLength"] = max(DEFAULT_MAX_LENGTH, int(out.get("minLength", 0) or 0))
     return out
 
@@ -229,7 +229,7 @@ def schema_to_gbnf(schema: Any, param: str, prop_order: tuple[str, ...] = ()) ->
     text = json.dumps(schema, sort_keys=False)
     if len(text) > MAX_SCHEMA_BYTES:
         raise InvalidRequest(f"the JSON schema is larger than {MAX_SCHEMA_BYTES} bytes",
-                             param=param)
+                             param=param, code="grammar_too_large")
     try:
         return _schema_gbnf(text, prop_order)
     except InvalidRequest as exc:

@@ -33,6 +33,11 @@ _SHAPES: dict[str, tuple[Callable[[Any], bool], str]] = {  # what a keyword's va
 }
 
 
+def _too_deep(param: str) -> InvalidRequest:
+    return InvalidRequest(f"the JSON schema nests deeper than {MAX_SCHEMA_DEPTH} levels",
+                          param=param, code="grammar_too_large")
+
+
 def check_schema(schema: Any, param: str) -> None:
     """Walk a schema: supported keywords only, bounded depth (a recursive ``$ref``, which
     ``conjunction`` unrolls, counted once)."""
@@ -45,8 +50,7 @@ def check_schema(schema: Any, param: str) -> None:
     def walk(node: Any, depth: int, refs: tuple[str, ...]) -> int:
         """The levels below ``node`` (errors for what the schema may not have)."""
         if depth > MAX_SCHEMA_DEPTH:
-            raise InvalidRequest(f"the JSON schema nests deeper than {MAX_SCHEMA_DEPTH} levels",
-                                 param=param)
+            raise _too_deep(param)
         if isinstance(node, bool):
             return 0
         if not isinstance(node, dict):
@@ -87,8 +91,7 @@ def check_schema(schema: Any, param: str) -> None:
         if ref not in heights:  # (walked once; a cycle is cut where it closes)
             heights[ref] = walk(defs[ref], depth + 1, (*refs, ref))
         if depth + 1 + heights[ref] > MAX_SCHEMA_DEPTH:
-            raise InvalidRequest(f"the JSON schema nests deeper than {MAX_SCHEMA_DEPTH} levels",
-                                 param=param)
+            raise _too_deep(param)
         return max(height, 1 + heights[ref])
 
     walk(schema, 0, ("#",))

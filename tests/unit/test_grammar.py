@@ -29,6 +29,18 @@ def test_unbounded_arrays_and_strings_get_bounds() -> None:
     assert "char*" not in gbnf
 
 
+@pytest.mark.parametrize("fmt", ["binary", "password", "path", "regex", "x-own"])
+def test_a_string_whose_format_is_not_enforced_keeps_the_length_bound(fmt: str) -> None:
+    """pydantic writes ``bytes`` as format ``binary``, ``SecretStr`` as ``password``: the
+    converter ignores those, and the string went without the 200-character bound (a
+    small model ran past max_tokens inside it, and the JSON did not parse)."""
+    schema = {"type": "object", "properties": {"s": {"type": "string", "format": fmt}},
+              "required": ["s"]}
+    assert schema_to_gbnf(schema, "s") == schema_to_gbnf(
+        {**schema, "properties": {"s": {"type": "string", "maxLength": 200}}}, "s")
+    assert "char*" not in schema_to_gbnf(schema, "s")
+
+
 @pytest.mark.parametrize("schema", [
     5, {"type": "object", "properties": {"a": 5}}, {"not": {"type": "string"}},
     {"$ref": "#/$defs/x"}, {"$ref": "#/$defs/a", "$defs": {"a": {"$ref": "#/$defs/a"}}},
@@ -487,3 +499,24 @@ def test_utf16_pairs_in_patterns_are_their_characters_and_lone_surrogates_a_400(
     assert joined_surrogates(r"^\UD800$") == r"^\UD800$"  # (\U: ECMA's literal "U")
     for ok in (r"^[\uD800-\uDBFF][\uDC00-\uDFFF]$", r"^[^\uD800-\uDFFF]{2}$"):
         schema_to_gbnf({"type": "string", "pattern": ok}, "schema")
+
+
+def _nested_arrays(levels: int) -> dict[str, Any]:
+    node: dict[str, Any] = {"type": "integer"}
+    for _ in range(levels):
+        node = {"type": "array", "items": node}
+    return node
+
+
+@pytest.mark.parametrize("schema", [
+    {"type": "object", "properties": {f"p{i}": {"type": "string", "description": "x" * 200}
+                                      for i in range(400)}},  # over 64 KiB
+    _nested_arrays(40),  # over 32 levels
+    {"type": "integer", "maximum": 10 ** 400},
+])
+def test_schemas_over_the_budget_say_grammar_too_large(schema: dict[str, Any]) -> None:
+    """The README's table says every limit answers code grammar_too_large (the size, the
+    depth and out-of-range numbers had no code)."""
+    with pytest.raises(InvalidRequest) as info:
+        schema_to_gbnf(schema, "response_format")
+    assert info.value.code == "grammar_too_large"
