@@ -139,7 +139,7 @@ async def generate(pool: ModelPool, req: GenerateRequest, leases: list[Lease],
             leases.pop().release()
         try:
             return await generate(pool, req, leases, request_id, (*skip, f.served.cfg.id))
-        except NoneLeft:
+        except (NoneLeft, APIError):  # no fallback could take it: the one named was busy
             raise exc from None
 
 

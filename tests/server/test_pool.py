@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import os
 import time
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
@@ -195,6 +196,45 @@ def test_a_burst_beyond_the_first_choice_goes_to_its_fallback(pool_server: Serve
     answers = asyncio.run(main())
     assert [r.status_code for r in answers] == [200] * 3, [r.text for r in answers]
     assert {r.json()["model"] for r in answers} == {"busy", "spare"}
+
+
+def test_a_busy_model_whose_fallback_failed_to_load_answers_429(tmp_path: Path) -> None:
+    """Saturated, with its fallback a model that cannot load: the client learns that the
+    model it named is busy (429, Retry-After), not that the fallback is broken (a 503
+    naming a model it never asked for)."""
+    bad = tmp_path / "broken.gguf"
+    bad.write_bytes(os.urandom(4096))
+    cfg = tmp_path / "models.toml"
+    cfg.write_text(f"""
+[[models]]
+id = "busy"
+{SMOL}
+slots = 1
+max_queue = 0
+context = 1024
+fallback = ["broken"]
+
+[[models]]
+id = "broken"
+path = "{bad}"
+""")
+    srv = start_server(tmp_path, "--config", str(cfg))
+
+    async def main() -> list[httpx.Response]:
+        async with httpx.AsyncClient(timeout=120) as c:
+            return list(await asyncio.gather(*(c.post(f"{srv.base_url}/v1/chat/completions",
+                json={"model": "busy", "max_tokens": 24, "ignore_eos": True,
+                      "messages": [{"role": "user", "content": f"Story {i}."}]})
+                for i in range(4))))
+    try:
+        answers = asyncio.run(main())
+    finally:
+        stop_server(srv)
+    codes = sorted(r.status_code for r in answers)
+    assert codes[0] == 200 and set(codes) <= {200, 429} and 429 in codes, \
+        [r.text for r in answers]
+    assert all(r.json()["error"]["type"] == "rate_limit_error" and r.headers["retry-after"]
+               for r in answers if r.status_code == 429)
 
 
 def test_a_fallback_this_server_does_not_serve_is_skipped(pool_server: ServerProcess,
