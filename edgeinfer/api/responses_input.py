@@ -28,18 +28,26 @@ def bad(where: str, what: str) -> InvalidRequest:
 
 
 def _texts(content: Any, where: str) -> list[str]:
-    """The texts of message content: a string or a list of text parts."""
+    """The texts of message content: a string or a list of text parts (and refusals, which
+    an assistant message from an OpenAI conversation may hold)."""
     if isinstance(content, str):
         return [content]
     if not isinstance(content, list):
         raise bad(where, "must be a string or a list of content parts")
+    out = []
     for j, p in enumerate(content):
+        if isinstance(p, dict) and p.get("type") == "refusal" and set(p) <= {
+                "type", "refusal"} and isinstance(p.get("refusal"), str):
+            out.append(p["refusal"])  # (an earlier answer's refusal, as its text)
+            continue
         if not isinstance(p, dict) or p.get("type") not in ("input_text", "output_text", "text"
                                                              ) or set(p) - PART_KEYS or \
                 not isinstance(p.get("text"), str):
             raise bad(f"{where}[{j}]", "must be {'type': 'input_text' or 'output_text', "
-                       "'text': string}: only text content is supported")
-    return [p["text"] for p in content]
+                       "'text': string} or {'type': 'refusal', 'refusal': string}: only text "
+                       "content is supported")
+        out.append(p["text"])
+    return out
 
 
 def _strings(raw: dict[str, Any], where: str, *names: str) -> list[str]:
