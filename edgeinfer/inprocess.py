@@ -43,8 +43,8 @@ SAMPLING = frozenset({"temperature", "top_p", "top_k", "min_p", "presence_penalt
 def sampling_params(sampling: dict[str, Any]) -> SamplingParams:
     """``chat`` / ``complete``'s keyword arguments as the engine's SamplingParams, within
     the bounds an HTTP request has (InvalidRequest, naming the argument, otherwise)."""
-    body: dict[str, Any] = {k: list(v) if isinstance(v, tuple) else v
-                            for k, v in sampling.items()}
+    body: dict[str, Any] = {k: [list(i) if isinstance(i, tuple) else i for i in v]
+                            if isinstance(v, tuple) else v for k, v in sampling.items()}
     if isinstance(bias := body.get("logit_bias"), dict):  # token ids as ints, as in Python
         body["logit_bias"] = {str(k): v for k, v in bias.items()}
     unknown = sorted(set(body) - SAMPLING)

@@ -78,7 +78,7 @@ class PrefixCache:
             return self._from_checkpoint(slot, tokens, limit) if not have else have
         n, holder = self.index.match(tokens[:limit], exclude=slot)
         if self.ram.enabled:  # (again after it: making room may have evicted ``holder``)
-            self._from_ram(tokens[:limit], max(n, have))
+            self._from_ram(tokens[:limit], max(n, have), holder)
             n, holder = self.index.match(tokens[:limit], exclude=slot)
         if holder is None or n <= have:
             return have
@@ -90,15 +90,16 @@ class PrefixCache:
             entry.hits += 1
         return n
 
-    def _from_ram(self, prompt: list[int], known: int) -> bool:
+    def _from_ram(self, prompt: list[int], known: int, holder: int | None) -> bool:
         """Put the RAM tier's state covering most of ``prompt`` back into the KV cache as
-        an entry, when it covers clearly more than ``known`` tokens: as much of it as
-        ``prompt`` shares (the whole state stays in RAM when that is only a part)."""
+        an entry, when it covers clearly more than ``known`` tokens (those ``holder``
+        has): as much of it as ``prompt`` shares (the whole state stays in RAM when that
+        is only a part)."""
         n, hid = self.ram.match(prompt)
         if hid is None or n < known + MIN_RAM_GAIN:
             return False
         tokens, data = self.ram.take(hid)  # (out first: evictions below go to the tier)
-        cid = self._put_state(len(tokens), data)
+        cid = self._put_state(len(tokens), data, keep=holder)
         if cid is None:
             self.ram.give_back(tokens, data)
             return False
@@ -111,20 +112,23 @@ class PrefixCache:
         self.ram.restored(tokens)
         return True
 
-    def _put_state(self, cells: int, data: State) -> int | None:
-        """A free entry id now holding ``data``, a saved state of ``cells`` tokens (None:
-        no room, no id, or llama.cpp refused the data). A state goes in whole, however
-        little of it a prompt shares: without room llama.cpp refuses it only after the
-        copy, logging errors, so room is made first (idle entries go to the RAM tier),
-        unless even all of those would not make enough."""
+    def _put_state(self, cells: int, data: State, keep: int | None = None) -> int | None:
+        """A free entry id now holding ``data``, the state of ``cells`` tokens (None: no
+        room, no id, or llama.cpp refused it). A state goes in whole, and without room
+        llama.cpp refuses it after the copy, logging errors: room is made first, moving
+        idle entries the RAM tier takes there (oldest first, not ``keep``: the prompt's
+        KV hit), unless moving all of them would not make enough."""
         n_ctx = self.rt.info.n_ctx
         if n_ctx - self.index.num_tokens < cells:
-            kept = {h for h in self.index.holders()
-                    if (e := self.entries.get(h)) is None or e.pinned}  # running or pinned
-            if n_ctx - self.index.tokens_held_by(kept) < cells:
+            movable = sorted((e for e in self.entries.values() if e.seq_id != keep and
+                              not e.pinned and self._movable(e)), key=lambda e: e.last_used)
+            stay = set(self.index.holders()) - {e.seq_id for e in movable}
+            if n_ctx - self.index.tokens_held_by(stay) < cells:
                 return None
-            while n_ctx - self.index.num_tokens < cells and self.evict_one():
-                pass
+            for entry in movable:
+                if n_ctx - self.index.num_tokens >= cells:
+                    break
+                self._evict(entry)
         cid = self._take_id()
         if cid is not None and (not self.rt.set_seq_state(cid, data)
                                 or self.rt.seq_pos_max(cid) != cells - 1):
@@ -132,6 +136,10 @@ class PrefixCache:
             self._free_ids.append(cid)
             return None
         return cid
+
+    def _movable(self, entry: CacheEntry) -> bool:  # (evicted, its state is kept in RAM)
+        return self.ram.enabled and (self.ram.has(self.index.tokens_of(entry.seq_id)) or
+                                     self.ram.fits(self.rt.seq_state_size(entry.seq_id)))
 
     def _from_checkpoint(self, slot: int, tokens: list[int], limit: int) -> int:
         """Put the longest saved state that ``tokens[:limit]`` begins with into the
@@ -320,11 +328,9 @@ class PrefixCache:
             kept = self.ram.put(tokens, data, pinned=pinned)
             self.stats.restored += kept
             return kept
-        cid = self._put_state(len(tokens), data)
-        if cid is None:
+        if (cid := self._put_state(len(tokens), data)) is None:
             return False
-        self.index.extend(cid, tokens)
-        # a hot prefix restored stays among the hot ones until others are used more
+        self.index.extend(cid, tokens)  # (a hot one stays hot until others are used more)
         self.entries[cid] = CacheEntry(cid, pinned=pinned, hits=0 if pinned else 1)
         self.stats.restored += 1
         return True

@@ -67,10 +67,11 @@ def check_schema_node(node: dict[str, Any], param: str) -> None:
         v = node.get(key)
         if v is None or isinstance(v, bool) and key.startswith("exclusive"):
             continue  # draft-4 style exclusiveMinimum: true
-        if isinstance(v, bool) or not isinstance(v, int | float) or not _finite(v):
+        if isinstance(v, bool) or not isinstance(v, int | float):
             raise InvalidRequest(f"'{key}' must be a finite number", param=param)
-        if abs(v) > 1e300:
-            raise InvalidRequest(f"'{key}' is out of range", param=param,
+        if not _finite(v) or abs(v) > 1e300:
+            raise InvalidRequest(f"'{key}' " + ("is out of range" if _finite(v) else
+                                 "must be a finite number"), param=param,
                                  code="grammar_too_large")
     for low, high in (("minLength", "maxLength"), ("minItems", "maxItems"),
                       ("minProperties", "maxProperties"), ("minimum", "maximum")):

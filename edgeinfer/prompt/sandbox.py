@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
-import ctypes.util
 import functools
 import gc
 import re
@@ -34,6 +33,7 @@ from jinja2.sandbox import ImmutableSandboxedEnvironment
 RENDER_SECONDS = 2.0  # time budget of one rendering
 RENDER_BYTES = 8 * 1024 * 1024  # output budget of one rendering
 RENDER_MADE = 64 * RENDER_BYTES  # characters (or items) of the values one rendering builds
+RELEASE_AFTER = 8 * RENDER_BYTES  # what a failed rendering built before memory is handed back
 
 _budget = threading.local()
 
@@ -81,17 +81,16 @@ def rendering(inputs: Any, spent: Spent) -> Iterator[None]:
 
 @functools.cache
 def _libc() -> Any:
-    name = ctypes.util.find_library("c")
-    return ctypes.CDLL(name) if name else None
+    return ctypes.CDLL(None)  # this process's symbols: glibc's malloc_trim where it has one
 
 
 def release_memory(spent: Spent) -> None:
-    """After a failed rendering that built much (over RENDER_BYTES), hand what it built
+    """After a failed rendering that built much (RELEASE_AFTER), hand what it built
     back to the system: collect the cycles its exception's frames are in, then glibc's
     ``malloc_trim`` (nothing elsewhere); freed blocks otherwise stay in each thread's
     arena, and a template that built a gigabyte and failed kept the process that large.
     A rendering that built little costs nothing here (a 400 for bad roles is common)."""
-    if spent.made <= RENDER_BYTES:
+    if spent.made <= RELEASE_AFTER:
         return
     gc.collect()
     with contextlib.suppress(OSError, AttributeError):
@@ -118,6 +117,44 @@ def _too_big(op: str, left: Any, right: Any) -> bool:
     if op == "+" and isinstance(left, sized) and isinstance(right, sized):
         return len(left) + len(right) > RENDER_BYTES
     return op == "%" and isinstance(left, str) and _WIDE.search(left) is not None
+
+
+def _method_too_big(obj: Any, args: tuple[Any, ...]) -> bool:
+    """Whether a string method called with ``args`` would build a value past the output
+    budget (``'x'.ljust(10**10)`` builds it before anything can count it)."""
+    text, name = getattr(obj, "__self__", None), getattr(obj, "__name__", "")
+    if not isinstance(text, str):
+        return False
+    first = args[0] if args else 8  # (expandtabs' default)
+    if name in ("ljust", "rjust", "center", "zfill", "expandtabs") and isinstance(first, int):
+        return first * (text.count("\t") if name == "expandtabs" else 1) > RENDER_BYTES
+    if name == "replace" and len(args) > 1 and isinstance(first, str) and isinstance(args[1], str):
+        times = text.count(first) if first else len(text) + 1
+        return len(text) + times * len(args[1]) > RENDER_BYTES
+    return name == "join" and _joined_size(first, text) > RENDER_BYTES
+
+
+def _joined_size(items: Any, sep: Any) -> int:
+    """The length of ``items`` joined by ``sep`` (0 when they are not a list of texts)."""
+    if not isinstance(items, list | tuple) or not all(isinstance(i, str) for i in items):
+        return 0
+    return sum(map(len, items)) + len(str(sep)) * max(len(items) - 1, 0)
+
+
+def counted(f: Any) -> Any:
+    """The filter ``f`` with its result counted against the values budget (the compiled
+    template calls filters directly, not through ``call``); a ``join`` past the output
+    budget is refused before it is built."""
+    @functools.wraps(f)  # (keeps jinja's pass_context / pass_eval_context mark)
+    def filtered(*args: Any, **kwargs: Any) -> Any:
+        check_deadline()
+        if f.__name__ == "do_join":  # (eval_ctx, value, d="", attribute=None)
+            value = args[1] if len(args) > 1 else kwargs.get("value")
+            sep = args[2] if len(args) > 2 else kwargs.get("d", "")
+            if _joined_size(value, sep) > RENDER_BYTES:
+                raise SecurityError("the chat template's join makes too large a value")
+        return _made(f(*args, **kwargs))
+    return filtered
 
 
 class _CheckedConcat(CodeGenerator):
@@ -167,6 +204,8 @@ class BudgetedEnvironment(ImmutableSandboxedEnvironment):
 
     def call(self, context: Any, obj: Any, /, *args: Any, **kwargs: Any) -> Any:
         check_deadline()
+        if _method_too_big(obj, args):
+            raise SecurityError(f"the chat template's {obj.__name__}() makes too large a value")
         return _made(super().call(context, obj, *args, **kwargs))
 
     def getitem(self, obj: Any, argument: Any) -> Any:

@@ -22,6 +22,7 @@ from edgeinfer.prompt.sandbox import (
     Spent,
     center,
     check_deadline,
+    counted,
     format_filter,
     indent,
     release_memory,
@@ -102,6 +103,7 @@ def _compile(source: str) -> Any:
     env.globals["strftime_now"] = _strftime_now
     env.filters["tojson"] = tojson
     env.filters.update(center=center, indent=indent, format=format_filter)
+    env.filters = {name: counted(f) for name, f in env.filters.items()}
     return env.from_string(source)
 
 

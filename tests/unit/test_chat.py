@@ -119,6 +119,15 @@ def test_a_hostile_template_spends_one_budget_on_the_load_probes(
     "{% set ns.s = ns.s + ns.s %}{% endfor %}{{ ns.s|length }}",
     "{% for i in range(10**9) %}{% endfor %}",
     "{{ 1 // 0 }}",
+    # string methods and filters that build their value before anything could count it
+    "{{ 'x'.ljust(10**10) }}", "{{ 'x'.center(10**10) }}", "{{ 'x'.zfill(10**10) }}",
+    "{{ ('\t' * 1000).expandtabs(100000) }}",
+    "{% set s = 'x' * 8000000 %}{{ s.replace('x', 'yy') }}",
+    "{% set s = 'x' * 8000000 %}{{ [s, s]|join }}",
+    "{% set s = 'x' * 8000000 %}{{ ''.join([s, s]) }}",
+    # a filter's values count against the budget of what a rendering builds
+    "{% set l = [] %}{% for i in range(99999) %}{% set _ = l.append(i|string|center(60000)) %}"
+    "{% endfor %}",
 ])
 def test_one_operation_cannot_build_a_value_past_the_budget(source: str) -> None:
     """A single ``**``, ``*``, ``~``, ``%`` or padding filter would hold the interpreter (and

@@ -174,6 +174,31 @@ def test_idle_entries_wait_in_ram_while_requests_run_and_come_back_on_a_hit() ->
     assert cache.stats.evictions == 3
 
 
+def test_a_saved_state_comes_back_where_idle_entries_make_room_for_it() -> None:
+    """A state goes back whole: idle entries move to RAM to make room for it, oldest first,
+    but never the prompt's own KV hit (x, older than b) nor a pinned one (c)."""
+    mem = StateMemory()
+    mem.info = SimpleNamespace(n_ctx=100)
+    a, b, c = list(range(40)), list(range(100, 130)), list(range(200, 230))
+    cache = _kept(mem, (a[:10], False), (b, False), (c, True))
+    (x,) = [e for e in cache.entries if cache.index.tokens_of(e) == a[:10]]
+    cache.ram.put(a, bytes(range(40)))  # a's state waits in RAM
+    fill(cache, mem, 1, list(range(300, 320)))  # a running request: 90 of 100 cells held
+    assert cache.attach(0, [*a, 999], limit=41) == 40  # 40 cells made: b moved out
+    assert x in cache.entries and cache.ram.has(b)
+    assert sorted(cache.index.tokens_of(e) for e in cache.entries) == [a[:10], a, c]
+    # no room even with every idle entry moved (60 cells held by the running request and
+    # the pinned entry, 60 needed): nothing is moved, nothing tried
+    cache.release(0, keep=False)
+    fill(cache, mem, 1, list(range(320, 330)))
+    d = list(range(500, 560))
+    cache.ram.put(d, bytes(range(60)))
+    entries, restores = set(cache.entries), cache.ram.stats.restored
+    assert cache.attach(0, [*d, 7], limit=61) == 0
+    assert set(cache.entries) == entries and cache.ram.has(d)
+    assert cache.ram.stats.restored == restores
+
+
 def NEVER() -> bool:  # noqa: N802 (stash_idle's "interrupted": no message comes)
     return False
 

@@ -513,6 +513,7 @@ def _nested_arrays(levels: int) -> dict[str, Any]:
                                       for i in range(400)}},  # over 64 KiB
     _nested_arrays(40),  # over 32 levels
     {"type": "integer", "maximum": 10 ** 400},
+    {"type": "number", "minimum": float("inf")},  # (JSON's 1e400)
 ])
 def test_schemas_over_the_budget_say_grammar_too_large(schema: dict[str, Any]) -> None:
     """The README's table says every limit answers code grammar_too_large (the size, the
