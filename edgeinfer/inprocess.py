@@ -47,11 +47,7 @@ def sampling_params(sampling: dict[str, Any]) -> SamplingParams:
                             if isinstance(v, tuple) else v for k, v in sampling.items()}
     if isinstance(bias := body.get("logit_bias"), dict):  # token ids as ints, as in Python
         body["logit_bias"] = {str(k): v for k, v in bias.items()}
-    unknown = sorted(set(body) - SAMPLING)
-    if unknown:
-        raise InvalidRequest(f"unknown sampling argument {unknown[0]!r} (known: "
-                             f"{', '.join(sorted(SAMPLING))})", param=unknown[0])
-    b = fields.Body(body, set(SAMPLING))
+    b = fields.Body(body, set(SAMPLING))  # (an unknown one: "unrecognized ...", named)
     max_tokens = b.integer("max_tokens", 1, fields.MAX_TOKENS_LIMIT, None)
     params = dataclasses.replace(fields.sampling_params(b, max_tokens), **samplers.params(b))
     grammar = b.body.get("grammar")

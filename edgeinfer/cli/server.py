@@ -12,6 +12,7 @@ server shut down when that process is gone.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import logging
 import os
@@ -28,6 +29,7 @@ from sse_starlette.sse import AppStatus
 from edgeinfer import __version__
 from edgeinfer.api.guard import WILDCARD_HOSTS
 from edgeinfer.errors import ConfigError
+from edgeinfer.models.partial import partial_name
 from edgeinfer.models.pool import ModelState
 
 log = logging.getLogger("edgeinfer")
@@ -38,18 +40,20 @@ FORCED_EXIT_SECONDS = 5.0  # after a second signal, the process ends within this
 
 def announce_ready(info: dict[str, Any], ready_file: Path | None) -> bool:
     """The READY line on stdout, after the same JSON in ``ready_file`` if given (whole,
-    never half-written: a draft of this process's own name, renamed into place; another
-    process's draft is not taken for it). Whether ``ready_file`` was written (a failure
-    is logged: its folder was tried at start, but may have changed since)."""
+    never half-written: a draft of this writer's own name, ``models.partial``'s, renamed
+    into place; another process's draft is not taken for it). Whether ``ready_file`` was
+    written (a failure is logged: its folder was tried at start, but may have changed)."""
     ready, written = json.dumps(info), False
     if ready_file is not None:
-        tmp = ready_file.with_name(f".{ready_file.name}.{os.getpid()}.tmp")
+        tmp = partial_name(ready_file, "tmp")
         try:
             tmp.write_text(ready + "\n", encoding="utf-8")
             tmp.replace(ready_file)
             written = True
         except OSError as exc:
             log.error("cannot write the ready file %s: %s", ready_file, exc)
+            with contextlib.suppress(OSError):
+                tmp.unlink(missing_ok=True)  # (a draft half-written)
     sys.stdout.write(READY_PREFIX + ready + "\n")
     sys.stdout.flush()
     return written

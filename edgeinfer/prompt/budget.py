@@ -70,9 +70,8 @@ def check_schema_node(node: dict[str, Any], param: str) -> None:
         if isinstance(v, bool) or not isinstance(v, int | float):
             raise InvalidRequest(f"'{key}' must be a finite number", param=param)
         if not _finite(v) or abs(v) > 1e300:
-            raise InvalidRequest(f"'{key}' " + ("is out of range" if _finite(v) else
-                                 "must be a finite number"), param=param,
-                                 code="grammar_too_large")
+            what = "is out of range" if _finite(v) else "must be a finite number"
+            raise InvalidRequest(f"'{key}' {what}", param=param, code="grammar_too_large")
     for low, high in (("minLength", "maxLength"), ("minItems", "maxItems"),
                       ("minProperties", "maxProperties"), ("minimum", "maximum")):
         if isinstance(node.get(low), int | float) and isinstance(node.get(high), int | float) \

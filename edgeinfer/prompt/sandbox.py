@@ -4,8 +4,8 @@ budgets, because a template comes with a downloaded GGUF and is code.
 Each rendering (``rendering``) has a time budget (``RENDER_SECONDS``, checked on every
 call, item and attribute access), an output budget (``RENDER_BYTES``), a budget of the
 text and sequences it builds on the way (``RENDER_MADE``: a loop that stored a large
-string each time held gigabytes within the time budget), and arithmetic that may not
-build a value far past the output budget at once. Past a budget it raises
+string each time held gigabytes within the time budget), and operations, string methods
+and filters that may not build a value far past the output budget at once. Past a budget it raises
 ``BudgetExceeded``. After a rendering that failed, once its values are gone, the C
 allocator is told to hand freed memory back to the system (``release_memory``): what a
 hostile template built is not kept.
@@ -24,10 +24,11 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
-from jinja2 import TemplateError, Undefined, nodes
+from jinja2 import TemplateError, Undefined, nodes, pass_eval_context
 from jinja2.compiler import CodeGenerator, Frame
 from jinja2.exceptions import SecurityError
-from jinja2.filters import do_center, do_format, do_indent
+from jinja2.filters import do_center, do_format, do_indent, do_join
+from jinja2.nodes import EvalContext
 from jinja2.sandbox import ImmutableSandboxedEnvironment
 
 RENDER_SECONDS = 2.0  # time budget of one rendering
@@ -93,10 +94,8 @@ def release_memory(spent: Spent) -> None:
     if spent.made <= RELEASE_AFTER:
         return
     gc.collect()
-    with contextlib.suppress(OSError, AttributeError):
-        lib = _libc()
-        if lib is not None:
-            lib.malloc_trim(0)
+    with contextlib.suppress(OSError, AttributeError):  # (no malloc_trim: not glibc)
+        _libc().malloc_trim(0)
 
 
 _WIDE = re.compile(r"%[-+ #0]*\d{7,}")  # a %-format padding a value to megabytes
@@ -143,16 +142,10 @@ def _joined_size(items: Any, sep: Any) -> int:
 
 def counted(f: Any) -> Any:
     """The filter ``f`` with its result counted against the values budget (the compiled
-    template calls filters directly, not through ``call``); a ``join`` past the output
-    budget is refused before it is built."""
+    template calls filters directly, not through ``call``)."""
     @functools.wraps(f)  # (keeps jinja's pass_context / pass_eval_context mark)
     def filtered(*args: Any, **kwargs: Any) -> Any:
         check_deadline()
-        if f.__name__ == "do_join":  # (eval_ctx, value, d="", attribute=None)
-            value = args[1] if len(args) > 1 else kwargs.get("value")
-            sep = args[2] if len(args) > 2 else kwargs.get("d", "")
-            if _joined_size(value, sep) > RENDER_BYTES:
-                raise SecurityError("the chat template's join makes too large a value")
         return _made(f(*args, **kwargs))
     return filtered
 
@@ -255,6 +248,13 @@ def indent(s: Any, width: int | str = 4, first: bool = False, blank: bool = Fals
     if isinstance(width, int) and width * (str(s).count("\n") + 1) > RENDER_BYTES:
         raise SecurityError("the chat template indents a value too far")
     return do_indent(s, width, first, blank)
+
+
+@pass_eval_context
+def join(eval_ctx: EvalContext, value: Any, d: str = "", attribute: Any = None) -> str:
+    if _joined_size(value, d) > RENDER_BYTES:
+        raise SecurityError("the chat template's join makes too large a value")
+    return str(do_join(eval_ctx, value, d, attribute))
 
 
 def format_filter(value: Any, *args: Any, **kwargs: Any) -> str:

@@ -25,6 +25,7 @@ from edgeinfer.prompt.sandbox import (
     counted,
     format_filter,
     indent,
+    join,
     release_memory,
     rendering,
 )
@@ -95,14 +96,14 @@ def _listed(value: Any) -> Any:
 @lru_cache(maxsize=16)
 def _compile(source: str) -> Any:
     env = BudgetedEnvironment(trim_blocks=True, lstrip_blocks=True,
-                               extensions=["jinja2.ext.loopcontrols", _Generation])
+                              extensions=["jinja2.ext.loopcontrols", _Generation])
     # jinja's ``dict`` global is the type: ``dict.pop(messages[0], ...)`` would change
     # what the template was given; a function that builds one has no such methods
     env.globals["dict"] = lambda *args, **kwargs: dict(*args, **kwargs)
     env.globals["raise_exception"] = _raise_exception
     env.globals["strftime_now"] = _strftime_now
     env.filters["tojson"] = tojson
-    env.filters.update(center=center, indent=indent, format=format_filter)
+    env.filters.update(center=center, indent=indent, format=format_filter, join=join)
     env.filters = {name: counted(f) for name, f in env.filters.items()}
     return env.from_string(source)
 

@@ -139,10 +139,10 @@ async def generate(pool: ModelPool, req: GenerateRequest, leases: list[Lease],
             leases.pop().release()
         try:
             return await generate(pool, req, leases, request_id, (*skip, f.served.cfg.id))
-        except (NoneLeft, APIError) as other:  # no fallback could: the one named was busy
-            if isinstance(other, APIError):
-                log.warning("%s: the fallback of busy model %s could not take it: %s",
-                            request_id, f.served.cfg.id, other.message)
+        except NoneLeft:
+            raise exc from None
+        except APIError as other:  # no fallback could take it: the one named was busy
+            log.warning("%s: busy %s's fallback failed: %s", request_id, f.served.cfg.id, other)
             raise exc from None
 
 
