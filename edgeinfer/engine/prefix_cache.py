@@ -142,9 +142,10 @@ class PrefixCache:
                                      self.ram.fits(self.rt.seq_state_size(entry.seq_id)))
 
     def _from_checkpoint(self, slot: int, tokens: list[int], limit: int) -> int:
-        """Put the longest saved state that ``tokens[:limit]`` begins with into the
-        (empty) slot; returns the tokens it covers (0: none, or llama.cpp refused it)."""
-        n, hid = self.ram.whole_prefix(tokens, limit)
+        """Put the longest saved state ``tokens[:limit]`` begins with into the (empty) slot;
+        returns the tokens it covers (0: none that fits beside the others, or refused)."""
+        free = self.rt.info.n_ctx - self.index.num_tokens
+        n, hid = self.ram.whole_prefix(tokens, min(limit, free))
         if hid is None:
             return 0
         if not self.rt.set_seq_state(slot, self.ram.get(hid)) or self.rt.seq_pos_max(slot) != n - 1:
@@ -363,9 +364,8 @@ class PrefixCache:
         return n
 
     def cells_in_use(self, entries: list[CacheEntry]) -> int:
-        """KV cells the engine cannot free for new work: those of running requests (the
-        slots) and of pinned prefixes. Cells of other cached prefixes are evicted on demand,
-        so they count as free (as vLLM counts cached blocks no request uses)."""
+        """KV cells the engine cannot free for new work: the slots' and pinned prefixes'
+        (others are evicted on demand: free, as vLLM counts cached blocks no request uses)."""
         held = set(range(self.num_slots)) | {e.seq_id for e in entries if e.pinned}
         return self.index.tokens_held_by(held)
 

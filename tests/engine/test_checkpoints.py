@@ -12,6 +12,7 @@ checkpoint positions and so is computed in the same pieces.
 from __future__ import annotations
 
 import asyncio
+import logging
 from collections.abc import AsyncIterator
 from dataclasses import replace
 from pathlib import Path
@@ -31,8 +32,8 @@ EVERY = 64
 
 def _cfg(path: Path | None, **changes: object) -> ModelConfig:
     base = load_config().models[0]
-    cfg = override_model(base, context=1024, slots=2, batch=64, prefill_batch=64, threads=2,
-                         checkpoint_every=EVERY, **changes)
+    cfg = override_model(base, **{"context": 1024, "slots": 2, "batch": 64, "prefill_batch": 64,
+                                  "threads": 2, "checkpoint_every": EVERY, **changes})
     if path is not None:
         cfg = replace(cfg, id=f"synthetic-{path.stem}", path=path, source=None)
     return cfg
@@ -138,3 +139,38 @@ def test_a_ram_budget_of_zero_serves_cold() -> None:
         lp.close()
         path.unlink()
     assert last.cached_tokens == 0
+
+
+def test_a_saved_state_goes_back_only_where_it_fits(caplog: pytest.LogCaptureFixture) -> None:
+    """With another request holding most of the cells, the longest saved state that fits
+    beside it is restored (llama.cpp refused a longer one after the copy, logging errors);
+    the prompt that then finds no room waits for the other to end, and takes the longest
+    state when it is admitted again."""
+    lp = Loop(_cfg(None, cache_mode="checkpoint", context=512))
+    try:
+        saved = _prompt(lp, 280)
+        lp.first("saved", saved)  # states at 64, 128, 192, 256 and 279
+        rt = lp.served.runtime
+
+        async def main() -> list[Delta]:
+            hog = lp.served.engine.generate("hog", _prompt(lp, 300, salt="hog "), SamplingParams(
+                temperature=0, max_tokens=40, ignore_eos=True))
+            await hog.__anext__()  # over 300 cells held: fewer than 212 free
+            part = lp.served.engine.generate("part", saved[:270] + [7, 8, 9], FIRST)
+            parts = asyncio.ensure_future(_drain(part))
+            async for _ in hog:
+                pass
+            return await parts
+        with caplog.at_level(logging.INFO, logger="edgeinfer.llama"):
+            out = lp.loop.run_until_complete(main())
+        ram = lp.served.engine.cache.ram.snapshot()
+    finally:
+        lp.close()
+    assert rt.info.n_ctx == 512
+    assert out[-1].finish_reason == "length" and out[-1].cached_tokens == 256
+    assert ram["restored_tokens"] == 192 + 256  # the 192 that fitted, then after the wait
+    assert "available cells" not in caplog.text and "could not be restored" not in caplog.text
+
+
+async def _drain(gen: AsyncIterator[Delta]) -> list[Delta]:
+    return [d async for d in gen]
