@@ -13,9 +13,10 @@ answer 501: models come from models.toml (``edgeinfer pull`` installs their file
   ``tfs_z``, which llama.cpp dropped) must be numbers or booleans and are ignored;
   unknown names are logged and ignored, as Ollama does.
 - ``format``: "json" or a JSON schema (grammar-enforced). ``tools``: function tools the
-  model may call; ``tool_choice`` (OpenAI's values, an edgeinfer extension: Ollama has
-  none) forces a call. ``think``: to the chat template (``enable_thinking``,
-  ``reasoning_effort``); reasoning comes back in ``thinking``. ``logprobs`` (and
+  model may call; ``tool_choice`` (an edgeinfer extension: Ollama has none) forces a
+  call (``toolchoice.ollama_choice``: the shapes of every dialect; others are dropped).
+  ``think``: to the chat template (``enable_thinking``, ``reasoning_effort``); reasoning
+  comes back in ``thinking``. ``logprobs`` (and
   ``top_logprobs``, 0-20): each answer token's, with its alternatives, in ``logprobs``.
 - Messages: system / user / assistant (``tool_calls`` with object arguments,
   ``thinking``) / tool (answers the open call named by ``tool_name``, else the first);
@@ -58,6 +59,7 @@ from edgeinfer.api.messages import messages
 from edgeinfer.api.ollama_render import Parsed, answer, embeddings_answer, keep_alive
 from edgeinfer.api.openai_chat import parse_tools
 from edgeinfer.api.respond import pool
+from edgeinfer.api.toolchoice import ollama_choice
 from edgeinfer.config import ModelConfig
 from edgeinfer.engine.sequence import SamplingParams
 from edgeinfer.errors import APIError, InvalidRequest, NotFound
@@ -258,9 +260,7 @@ def parse_chat(body: Any, headers: dict[str, str]) -> Parsed:
     if isinstance(raw_tools, list):  # Ollama's clients may leave out "type"
         raw_tools = [{"type": "function", **t} if isinstance(t, dict) and "type" not in t
                      else t for t in raw_tools]
-    choice = b.body.get("tool_choice")
-    if raw_tools is None and choice in ("auto", "none"):
-        choice = None  # a harmless default without tools
+    choice = ollama_choice(b.body.get("tool_choice"), raw_tools)
     tools = parse_tools(Body({"tools": raw_tools, "tool_choice": choice},
                         {"tools", "tool_choice"}))
     msgs = b.body.get("messages")

@@ -11,10 +11,13 @@ that offers them all (OpenAI keeps it whole, for its prompt cache).
 
 from __future__ import annotations
 
+import logging
 from typing import Any
 
 from edgeinfer.errors import InvalidRequest
 from edgeinfer.prompt.tools import ToolSpec
+
+log = logging.getLogger("edgeinfer.api")
 
 
 def allowed_tools(raw: Any, tools: tuple[ToolSpec, ...], chat: bool
@@ -66,3 +69,26 @@ def responses_choice(raw: Any, tools: tuple[ToolSpec, ...]
     raise InvalidRequest("'tool_choice' must be 'none', 'auto', 'required', {'type': "
                          "'function', 'name': ...} or {'type': 'allowed_tools', ...}",
                          param="tool_choice")
+
+
+def ollama_choice(raw: Any, tools: Any) -> Any:
+    """An Ollama body's ``tool_choice`` (an edgeinfer extension: Ollama has none, and drops
+    it) in Chat Completions' shape, taken in the shapes clients of the other dialects send
+    too (the Vercel AI SDK's Ollama provider sends Responses' ``{"type": "function",
+    "name"}``): Responses' and Anthropic's (``{"type": "auto" | "any" | "none"}``,
+    ``{"type": "tool", "name"}``, ``"any"``). Without tools, or in no shape known, it is
+    dropped (logged), as Ollama drops it."""
+    if isinstance(raw, dict) and "function" not in raw:
+        kind, name = raw.get("type"), raw.get("name")
+        if kind in ("function", "tool") and isinstance(name, str):
+            raw = {"type": "function", "function": {"name": name}}
+        elif kind in ("auto", "any", "none"):
+            raw = kind
+    raw = "required" if raw == "any" else raw
+    known = raw in ("none", "auto", "required") or isinstance(raw, dict) and raw.get(
+        "type") in ("function", "allowed_tools")
+    if raw is not None and not (tools and known):
+        log.info("ignored a 'tool_choice' %s: %.100r", "of no shape known" if tools and not
+                 known else "without tools", raw)
+        return None
+    return raw
