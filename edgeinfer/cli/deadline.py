@@ -25,7 +25,7 @@ import importlib.util
 import logging
 import resource
 import time
-from typing import Any
+from typing import Any, cast
 
 from edgeinfer.api.errors import error_body
 from edgeinfer.errors import InvalidRequest
@@ -59,7 +59,7 @@ class HeaderDeadline:
     _refuse_pending = False  # a pipelined head passed the limit: 431 once the answer ends
 
     def connection_made(self, transport: asyncio.Transport) -> None:
-        super().connection_made(transport)  # type: ignore[misc]
+        super().connection_made(cast(asyncio.Transport, Abandoning(transport, self)))  # type: ignore[misc]
         if len(self.connections) > self.max_connections:
             idle = self._longest_idle()
             if idle is None:
@@ -211,6 +211,31 @@ class HeaderDeadline:
             log.info("closed a connection that sent no complete request headers in %g s",
                      self.header_timeout)
             self.transport.close()
+
+
+class Abandoning:
+    """A connection's transport as uvicorn's protocol and request cycles use it, whose
+    close, while a response is incomplete and bytes wait to be sent, aborts. uvicorn
+    closes the transport so when the app ends a stream its client stopped reading
+    (``send_timeout``): a close waits for the client to read what is buffered, that is
+    for as long as it stays connected (a suspended laptop: for good), holding the socket
+    and megabytes of kernel buffer, and a shutdown waits for it. A complete response is
+    closed as before, sent whole."""
+
+    def __init__(self, transport: asyncio.Transport, protocol: Any) -> None:
+        self._transport, self._protocol = transport, protocol
+        self.write, self.is_closing = transport.write, transport.is_closing
+
+    def close(self) -> None:
+        cycle = self._protocol.cycle
+        if cycle is not None and cycle.response_started and not cycle.response_complete \
+                and self._transport.get_write_buffer_size():
+            self._transport.abort()
+        else:
+            self._transport.close()
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._transport, name)
 
 
 _last_logged = {"refused": 0.0, "evicted": 0.0}

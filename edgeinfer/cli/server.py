@@ -13,12 +13,15 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import faulthandler
 import json
 import logging
 import os
+import signal
 import socket
 import sys
 import threading
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -153,10 +156,11 @@ class OneLineStartupFailure:
 class EdgeServer(uvicorn.Server):
     """uvicorn's server with edgeinfer's shutdown and start-up behaviour.
 
-    First SIGTERM/SIGINT: /ready answers 503 (draining); after ``drain_delay``
-    seconds of serving as before (0: at once), stop accepting, let running requests
-    finish for ``grace`` seconds, then end the rest with an error event; exit status 0.
-    Second signal: exit now.
+    First SIGTERM/SIGINT/SIGHUP (a closed terminal; unless ignored, as under ``nohup``):
+    /ready answers 503 (draining); after ``drain_delay`` seconds of serving as before (0:
+    at once), stop accepting, let running requests finish for ``grace`` seconds, then end
+    the rest with an error event; exit status 0. Second signal: exit now. A fatal signal
+    (SIGBUS, SIGSEGV, ...) writes every thread's traceback to stderr (``faulthandler``).
     """
 
     def __init__(self, config: uvicorn.Config, app: Any, grace: float,
@@ -171,6 +175,20 @@ class EdgeServer(uvicorn.Server):
         self.parent_pid = parent_pid
         # sse-starlette would cut every stream at the first signal; we drain instead
         AppStatus.disable_automatic_graceful_drain()  # type: ignore[no-untyped-call]
+
+    @contextlib.contextmanager
+    def capture_signals(self) -> Iterator[None]:
+        """uvicorn's (SIGINT, SIGTERM), and SIGHUP unless it is ignored; and faulthandler."""
+        hup = threading.current_thread() is threading.main_thread() and hasattr(
+            signal, "SIGHUP") and signal.getsignal(signal.SIGHUP) is not signal.SIG_IGN
+        before = signal.signal(signal.SIGHUP, self.handle_exit) if hup else None
+        faulthandler.enable()
+        try:
+            with super().capture_signals():
+                yield
+        finally:
+            if hup:
+                signal.signal(signal.SIGHUP, before)
 
     async def startup(self, sockets: Any = None) -> None:
         if self.parent_pid is not None:  # (from the start: loading may take minutes)

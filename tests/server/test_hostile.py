@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+import psutil
 import pytest
 from serverproc import ServerProcess, start_server, stop_server
 
@@ -348,6 +349,11 @@ def test_a_stream_nobody_reads_is_closed_and_frees_its_slot(
         assert "was not read for 2s" in srv.log.read_text()
         time.sleep(0.5)  # (uvicorn's line would follow the warning at once)
         assert "ASGI callable returned" not in srv.log.read_text()  # a client's doing: no ERROR
+        # the server lets go of the connection at once (a close waited for the client to
+        # read what was buffered: for as long as it stayed connected)
+        mine = sock.getsockname()[1]
+        assert not [c for c in psutil.Process(srv.proc.pid).net_connections()
+                    if c.raddr and c.raddr.port == mine]
     finally:
         sock.close()
     alive(srv)

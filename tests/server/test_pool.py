@@ -12,7 +12,7 @@ from pathlib import Path
 import httpx
 import openai
 import pytest
-from serverproc import ServerProcess, start_server, stop_server
+from serverproc import ServerProcess, smollm2_file, start_server, stop_server
 
 from edgeinfer.config import ModelConfig, PackageSource
 from edgeinfer.models.routing import Features, route
@@ -325,6 +325,34 @@ def test_load_and_unload_endpoints(pool_server: ServerProcess) -> None:
     during = httpx.post(f"{base}/v1/models/one-slot/unload")  # the load just began
     assert (during.status_code == 409 and during.json()["error"]["code"] == "model_loading"
             or during.status_code == 200 and during.json()["state"] == "unloaded"), during.text
+
+
+def test_a_model_file_written_to_while_loaded_is_loaded_again(tmp_path: Path) -> None:
+    """llama.cpp maps the weights from the file: truncated in place while loaded, the next
+    decode read past its end and the process died of SIGBUS, without a line in the log.
+    Now the next request finds the file changed and loads it again: a truncated file
+    fails to load (503, the server up), and once it is whole again it serves."""
+    original = smollm2_file()
+    model = tmp_path / "m.gguf"
+    model.write_bytes(original.read_bytes())
+    cfg = tmp_path / "models.toml"
+    cfg.write_text(f'[[models]]\nid = "m"\npath = "{model}"\ncontext = 1024\nslots = 2\n')
+    srv = start_server(tmp_path, "--config", str(cfg))
+    try:
+        assert _chat(srv.base_url, "m", 4).status_code == 200
+        with model.open("r+b") as f:  # (the same file: its pages are the mapped weights')
+            f.truncate(50_000_000)
+        cut = _chat(srv.base_url, "m", 4)
+        assert cut.status_code == 503 and cut.json()["error"]["code"] == "model_unavailable"
+        assert httpx.get(f"{srv.base_url}/health").status_code == 200
+        with model.open("r+b") as f:
+            f.write(original.read_bytes())
+        assert httpx.post(f"{srv.base_url}/v1/models/m/load", timeout=60).status_code == 200
+        again = _chat(srv.base_url, "m", 4)
+    finally:
+        stop_server(srv)
+    assert again.status_code == 200, again.text
+    assert "was written to while loaded" in srv.log.read_text()
 
 
 def test_models_command_lists_three(tmp_path: Path) -> None:

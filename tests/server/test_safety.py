@@ -324,8 +324,9 @@ def test_fuzz_the_api_from_its_openapi_description(small_server: ServerProcess) 
 
 # -- shutdown --------------------------------------------------------------------------------
 
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGHUP])  # (a closed terminal's)
 def test_sigterm_drains_then_ends_streams_with_an_error_and_exits_0(
-        tmp_path: Path) -> None:
+        tmp_path: Path, sig: signal.Signals) -> None:
     srv = start_server(tmp_path, "--slots", "2", "--shutdown-grace", "2")
     body = {"model": "default", "messages": HI, "max_tokens": 4000, "ignore_eos": True,
             "stream": True}
@@ -333,7 +334,7 @@ def test_sigterm_drains_then_ends_streams_with_an_error_and_exits_0(
         lines = r.iter_lines()
         next(lines)
         t0 = time.monotonic()
-        srv.proc.send_signal(signal.SIGTERM)
+        srv.proc.send_signal(sig)
         rest = list(lines)
     waited = time.monotonic() - t0
     events = [ln[6:] for ln in rest if ln.startswith("data: ")]
