@@ -77,7 +77,8 @@ def served_hosts(host: str) -> tuple[str, ...]:
 
 class HostGuard:
     """The Host header must name a loopback address or a configured host ("*": any);
-    a malformed one is refused either way. 403 ``invalid_host`` otherwise."""
+    a malformed one is refused either way. 403 ``invalid_host`` otherwise; 400 when an
+    HTTP/1.1 request has none or several (an HTTP/1.0 one without: served)."""
 
     def __init__(self, app: ASGIApp, allowed_hosts: tuple[str, ...] = ()) -> None:
         self.app = app
@@ -90,7 +91,13 @@ class HostGuard:
                 await _deny(scope, send, InvalidRequest(  # proxy may route on another one)
                     "more than one Host header", code="invalid_host"))
                 return
-            host = _host_only(_headers(scope).get("host", ""))
+            given = _headers(scope).get("host")
+            if given is None and scope.get("http_version") != "1.0":  # RFC 9112 3.2
+                await _deny(scope, send, InvalidRequest(
+                    "an HTTP/1.1 request needs a Host header", code="invalid_host"))
+                return
+            # HTTP/1.0 may leave it out (no browser does: rebinding pages cannot)
+            host = _host_only(given) if given is not None else "localhost"
             if host is None or not self.any_host and host not in self.hosts:
                 await _deny(scope, send, PermissionDenied(
                     "the Host header names an address this server does not serve",

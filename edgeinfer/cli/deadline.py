@@ -87,6 +87,9 @@ class HeaderDeadline:
     def on_headers_complete(self) -> None:
         super().on_headers_complete()  # type: ignore[misc]
         self._in_body = True  # until on_message_complete, at once for a request without
+        cycle = self.cycle  # (httptools': h11 frames an HTTP/1.0 answer itself)
+        if self._parser_events and cycle is not None and cycle.scope.get("http_version") == "1.0":
+            close_delimited(cycle)
 
     def on_message_complete(self) -> None:
         self._in_body = False  # uvicorn's own flag stays unset for an answered request
@@ -236,6 +239,30 @@ class Abandoning:
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self._transport, name)
+
+
+UNBOUNDED = 1 << 62
+
+
+def close_delimited(cycle: Any) -> None:
+    """An HTTP/1.0 request's answer framed as HTTP/1.0 frames it: a body of no given
+    length runs until the connection closes. uvicorn's httptools protocol sent it in
+    chunks, which HTTP/1.0 does not have (RFC 9112 6.1: a client of 1.0 reads the chunk
+    sizes as text), and sse-starlette's ``Connection: keep-alive`` beside its ``close``."""
+    send = cycle.send
+
+    async def framed(message: Any) -> None:
+        if message["type"] == "http.response.start":
+            message = {**message, "headers": [
+                (k, v) for k, v in message.get("headers", ()) if k.lower() != b"connection"]}
+            if not any(k.lower() in (b"content-length", b"transfer-encoding")
+                       for k, _ in message["headers"]):
+                cycle.chunked_encoding, cycle.expected_content_length = False, UNBOUNDED
+        elif cycle.chunked_encoding is False and cycle.expected_content_length > UNBOUNDED // 2 \
+                and not message.get("more_body", False):
+            cycle.expected_content_length = len(message.get("body", b""))  # (the last part)
+        await send(message)
+    cycle.send = framed
 
 
 _last_logged = {"refused": 0.0, "evicted": 0.0}

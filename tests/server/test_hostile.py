@@ -569,6 +569,36 @@ def test_two_host_headers_are_a_400_in_either_order(server: ServerProcess) -> No
         assert b"more than one Host header" in got
 
 
+@pytest.mark.parametrize(("version", "status"), [(b"1.0", b"200"), (b"1.1", b"400")])
+def test_a_request_without_host_is_served_in_http_1_0_only(
+        server: ServerProcess, version: bytes, status: bytes) -> None:
+    """HTTP/1.0 need not send a Host (no browser leaves it out, so no rebinding page can);
+    an HTTP/1.1 request without one is a 400 (RFC 9112 3.2), not "an address this server
+    does not serve"."""
+    with socket.create_connection(("127.0.0.1", server.port)) as sock:
+        sock.sendall(b"GET /v1/models HTTP/" + version + b"\r\nConnection: close\r\n\r\n")
+        got = _closed_within(sock, 10)
+    assert got.startswith(b"HTTP/1.1 " + status), got[:300]
+    assert status == b"200" or b"needs a Host header" in got
+
+
+def test_an_http_1_0_stream_runs_to_the_close_without_chunks(server: ServerProcess) -> None:
+    """HTTP/1.0 has no chunked encoding: a stream's body is the SSE text itself, ended by
+    the close (uvicorn sent chunk sizes inside it), with one Connection header."""
+    body = json.dumps({"model": "default", "messages": HI, "max_tokens": 3,
+                       "stream": True}).encode()
+    with socket.create_connection(("127.0.0.1", server.port)) as sock:
+        sock.sendall(b"POST /v1/chat/completions HTTP/1.0\r\nHost: 127.0.0.1\r\n"
+                     b"Content-Type: application/json\r\nContent-Length: "
+                     + str(len(body)).encode() + b"\r\n\r\n" + body)
+        got = _closed_within(sock, 60)
+    head, text = got.split(b"\r\n\r\n", 1)
+    fields = [ln.split(b":", 1)[0].lower() for ln in head.split(b"\r\n")[1:]]
+    assert head.startswith(b"HTTP/1.1 200") and b"transfer-encoding" not in fields, head
+    assert fields.count(b"connection") == 1 and b"connection: close" in head.lower()
+    assert text.startswith(b"data: {") and text.rstrip().endswith(b"data: [DONE]"), text[-200:]
+
+
 def test_a_body_that_trickles_gets_408(impatient_server: ServerProcess) -> None:
     srv = impatient_server
     with socket.create_connection(("127.0.0.1", srv.port)) as sock:
