@@ -51,7 +51,8 @@ def resolve_model_path(cfg: ModelConfig, models: dict[str, ModelConfig] | None =
     the cache folder). Blocking: call it off the event loop."""
     if cfg.path is not None:
         if not cfg.path.is_file():
-            raise ModelLoadError(f"model {cfg.id!r}: file not found: {cfg.path}")
+            what = "not a regular file" if cfg.path.exists() else "file not found"
+            raise ModelLoadError(f"model {cfg.id!r}: {what}: {cfg.path}")
         return cfg.path
     src = cfg.source
     if isinstance(src, DerivedSource):

@@ -40,3 +40,18 @@ def test_a_failed_write_leaves_neither_file(tmp_path: Path) -> None:
 def test_a_cache_folder_that_is_not_there_is_named(tmp_path: Path) -> None:
     with pytest.raises(ModelLoadError, match="EDGEINFER_CACHE"), _partial(tmp_path / "no" / "m"):
         pass
+
+
+def test_a_model_path_that_is_no_regular_file_is_named_so(tmp_path: Path) -> None:
+    from dataclasses import replace
+
+    from edgeinfer.config import load_config
+    from edgeinfer.models.source import resolve_model_path
+    fifo, folder = tmp_path / "pipe.gguf", tmp_path / "folder.gguf"
+    os.mkfifo(fifo)
+    folder.mkdir()
+    base = load_config().models[0]
+    for path, said in ((fifo, "not a regular file"), (folder, "not a regular file"),
+                       (tmp_path / "gone.gguf", "file not found")):
+        with pytest.raises(ModelLoadError, match=said):
+            resolve_model_path(replace(base, path=path, source=None))
