@@ -7,17 +7,17 @@ from typing import Any
 
 import numpy as np
 from starlette.requests import Request
-from starlette.responses import JSONResponse, Response
+from starlette.responses import Response
 
 from edgeinfer.api import fields
 from edgeinfer.api.body import read_json
 from edgeinfer.api.fields import Body
-from edgeinfer.api.respond import CLIENT_GONE, leases, pool, unless_disconnected
+from edgeinfer.api.respond import CLIENT_GONE, json_response, leases, pool, unless_disconnected
 from edgeinfer.errors import InvalidRequest
 from edgeinfer.service.embedding import embed, shortened
 from edgeinfer.service.request import EmbedRequest
 
-MAX_EMBED_INPUTS = 256
+MAX_EMBED_INPUTS = 2048  # inputs a request (OpenAI's limit; LangChain sends 512 at a time)
 
 
 def parse(body: Any) -> tuple[EmbedRequest, bool, int | None]:
@@ -50,6 +50,6 @@ async def embeddings(request: Request) -> Response:
         if as_base64:
             emb = base64.b64encode(np.asarray(v, dtype="<f4").tobytes()).decode("ascii")
         data.append({"object": "embedding", "index": i, "embedding": emb})
-    return JSONResponse({"object": "list", "data": data, "model": result.model,
-                         "usage": {"prompt_tokens": result.tokens,
-                                   "total_tokens": result.tokens}})
+    return await json_response({"object": "list", "data": data, "model": result.model,
+                                "usage": {"prompt_tokens": result.tokens,
+                                          "total_tokens": result.tokens}})

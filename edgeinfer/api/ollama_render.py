@@ -33,6 +33,7 @@ from edgeinfer.api.errors import shape
 from edgeinfer.api.openai_render import HeldLogprobs, token_entries, within
 from edgeinfer.api.respond import (
     CLIENT_GONE,
+    json_response,
     leases,
     pool,
     start_fitting,
@@ -361,9 +362,10 @@ async def embeddings_answer(request: Request, asked: str, name: str, texts: list
         vectors = shortened(vectors, dimensions)
     if legacy:
         return JSONResponse({"embedding": vectors[0] if vectors else []}, background=after)
-    return JSONResponse({"model": asked, "embeddings": vectors, "load_duration": load_ns,
-                         "total_duration": time.perf_counter_ns() - t0,
-                         "prompt_eval_count": result.tokens if result else 0}, background=after)
+    return await json_response({"model": asked, "embeddings": vectors, "load_duration": load_ns,
+                                "total_duration": time.perf_counter_ns() - t0,
+                                "prompt_eval_count": result.tokens if result else 0},
+                               background=after)
 
 
 def openapi_paths(routes: Iterable[Route], bodies: dict[str, set[str]]) -> dict[str, Any]:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from typing import Any, TypeVar
 
@@ -97,6 +98,15 @@ def sse(request: Request, events: AsyncIterator[dict[str, str]],
     server's ``send_timeout``."""
     return Stream(events, ping=PING_SECONDS, sep="\n",
                   send_timeout=request.app.state.send_timeout, ping_message_factory=ping)
+
+
+async def json_response(content: Any, **kwargs: Any) -> Response:
+    """A JSON response made off the event loop (a large one, such as 2,048 embeddings, is
+    seconds of ``json.dumps`` that would stall every other request and /health); as
+    starlette's JSONResponse writes it."""
+    body = await asyncio.to_thread(lambda: json.dumps(
+        content, ensure_ascii=False, allow_nan=False, separators=(",", ":")).encode())
+    return Response(body, media_type="application/json", **kwargs)
 
 
 async def unless_disconnected(request: Request, work: Awaitable[T]) -> T | None:
