@@ -82,14 +82,22 @@ def file_facts(entry: PoolEntry, configs: dict[str, ModelConfig]) -> FileFacts:
     return FileFacts(path, st.st_size, st.st_mtime, meta, quant)
 
 
+def tagged(name: str) -> str:
+    """A name as Ollama lists it, with its tag (``:latest`` unless it has one): clients
+    match a model they ask for against the list so (LangChain.js's ChatOllama pulls a
+    model it does not find there); a request may name it either way."""
+    return name if ":" in name else f"{name}:latest"
+
+
 def tags_body(entries: list[PoolEntry], configs: dict[str, ModelConfig]) -> dict[str, Any]:
-    """Every configured model, once under each of its names (as Ollama lists copies)."""
+    """Every configured model, once under each of its names (as Ollama lists copies),
+    tagged."""
     out = []
     for e in entries:
         f = file_facts(e, configs)
         card = {"modified_at": rfc3339(f.modified), "size": f.size, "digest": f.digest,
                 "details": f.details()}
-        out += [{"name": name, "model": name, **card} for name in e.cfg.names]
+        out += [{"name": tagged(name), "model": tagged(name), **card} for name in e.cfg.names]
     return {"models": out}
 
 
@@ -106,7 +114,7 @@ def ps_body(entries: list[PoolEntry], configs: dict[str, ModelConfig]) -> dict[s
         layers = int(f.meta.get(f"{f.arch}.block_count") or 0)
         gpu = served.cfg.gpu_layers if isinstance(served.cfg.gpu_layers, int) else 0
         ttl = e.ttl
-        out.append({"name": e.cfg.id, "model": e.cfg.id, "size": size,
+        out.append({"name": tagged(e.cfg.id), "model": tagged(e.cfg.id), "size": size,
                     "size_vram": size * min(gpu, layers) // layers if layers else 0,
                     "digest": f.digest, "details": f.details(), "context_length": served.n_ctx,
                     "expires_at": FOREVER if ttl is None or math.isinf(ttl) else rfc3339(

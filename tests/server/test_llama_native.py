@@ -133,7 +133,7 @@ def test_props_describe_the_model(server: ServerProcess) -> None:
     running = {m["model"] for m in httpx.get(f"{server.base_url}/api/ps").json()["models"]}
     other = httpx.get(f"{server.base_url}/props", params={"model": "gemma3"}, timeout=30).json()
     assert other["model_alias"] == "gemma-3-270m" and other["default_generation_settings"]
-    assert other["loaded"] == ("gemma-3-270m" in running)
+    assert other["loaded"] == ("gemma-3-270m:latest" in running)
     q8 = httpx.get(f"{server.base_url}/props", params={"model": "smollm2-q8"}, timeout=30).json()
     if not q8["loaded"] and q8["model_path"]:  # its tokens read from the file's header
         assert (q8["bos_token"], q8["eos_token"]) == (props["bos_token"], props["eos_token"])

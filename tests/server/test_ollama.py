@@ -29,6 +29,7 @@ from edgeinfer.service import events as ev
 
 HELLO = [{"role": "user", "content": "Say hello in one short sentence."}]
 MODEL = "smollm2-135m-instruct"
+LISTED = f"{MODEL}:latest"  # (as /api/tags and /api/ps name it: Ollama's names have a tag)
 WEATHER = {"type": "function", "function": {
     "name": "get_weather", "description": "The current weather in a city",
     "parameters": {"type": "object", "properties": {"city": {"type": "string"}},
@@ -263,14 +264,16 @@ def test_generate_context_continues_the_conversation(oc: ollama.Client,
     assert oc.generate(model="default", prompt="Hi", options=opts).done
 
 
-def test_list_show_ps(oc: ollama.Client) -> None:
+def test_list_show_ps(oc: ollama.Client, server: ServerProcess) -> None:
     listed = {m.model: m for m in oc.list().models}
-    assert {MODEL, "default", "smollm2"} <= set(listed)
-    default = listed["default"]
+    assert {LISTED, "default:latest", "smollm2:latest"} <= set(listed)
+    tags = httpx.get(f"{server.base_url}/api/tags").json()["models"]
+    assert all(m["model"] == m["name"] for m in tags)
+    default = listed["default:latest"]
     assert default.details and default.details.format == "gguf"
     assert default.details.family == "llama" and default.details.quantization_level == "Q4_1"
     assert default.details.parameter_size == "135M"
-    assert default.size and default.size > 50_000_000 and default.digest == listed[MODEL].digest
+    assert default.size and default.size > 50_000_000 and default.digest == listed[LISTED].digest
     shown = oc.show("default")
     assert shown.capabilities and {"completion", "tools"} <= set(shown.capabilities)
     assert shown.template and "<|im_start|>" in shown.template
@@ -281,9 +284,9 @@ def test_list_show_ps(oc: ollama.Client) -> None:
     assert shown.parameters and "num_ctx" in shown.parameters
     assert shown.details and shown.details.family == "llama"
     running = {m.model: m for m in oc.ps().models}
-    assert MODEL in running
-    assert running[MODEL].size and running[MODEL].size > default.size
-    assert running[MODEL].size_vram == 0 and running[MODEL].expires_at is not None
+    assert LISTED in running
+    assert running[LISTED].size and running[LISTED].size > default.size
+    assert running[LISTED].size_vram == 0 and running[LISTED].expires_at is not None
 
 
 def test_embed_and_embeddings(oc: ollama.Client, server: ServerProcess) -> None:
@@ -436,7 +439,7 @@ def test_unloading_a_busy_model_waits_for_its_requests(oc: ollama.Client,
     """``keep_alive: 0`` with no messages while the model streams: 200 "unload" (it was a
     409), and the model unloads once the stream ends, as Ollama's ``ollama stop`` does."""
     def loaded() -> bool:
-        return MODEL in {m.model for m in oc.ps().models}
+        return LISTED in {m.model for m in oc.ps().models}
 
     body = {"model": "default", "prompt": "1, 2, 3, 4, 5,", "raw": True,
             "options": {"num_predict": 4000, "temperature": 0}}
@@ -455,7 +458,7 @@ def test_unloading_a_busy_model_waits_for_its_requests(oc: ollama.Client,
 
 def test_load_unload_and_keep_alive_zero(oc: ollama.Client, server: ServerProcess) -> None:
     def loaded() -> bool:
-        return MODEL in {m.model for m in oc.ps().models}
+        return LISTED in {m.model for m in oc.ps().models}
 
     try:
         gone = oc.chat(model="default", messages=[], keep_alive=0)
@@ -473,17 +476,17 @@ def test_load_unload_and_keep_alive_zero(oc: ollama.Client, server: ServerProces
                         options={"num_predict": 3})
         assert again.load_duration and again.load_duration > 0 and loaded()
         # keep_alive "5m": expires in about five minutes, not with the model's ttl (none)
-        (card,) = [m for m in oc.ps().models if m.model == MODEL]
+        (card,) = [m for m in oc.ps().models if m.model == LISTED]
         assert card.expires_at is not None
         left = card.expires_at.timestamp() - time.time()
         assert 240 < left <= 301, left
         time.sleep(5)  # a load request's keep_alive runs from it, not from the last answer
         assert oc.chat(model="default", messages=[], keep_alive="10s").done_reason == "load"
-        (card,) = [m for m in oc.ps().models if m.model == MODEL]
+        (card,) = [m for m in oc.ps().models if m.model == LISTED]
         assert card.expires_at is not None
         assert 6.5 < card.expires_at.timestamp() - time.time() <= 10.5  # (was about 5)
         assert oc.embed(model="default", input="x", keep_alive="2m").embeddings
-        (card,) = [m for m in oc.ps().models if m.model == MODEL]  # embed's too (was not)
+        (card,) = [m for m in oc.ps().models if m.model == LISTED]  # embed's too (was not)
         assert card.expires_at is not None
         assert 100 < card.expires_at.timestamp() - time.time() <= 121
         assert oc.embeddings(model="default", prompt="x", keep_alive=0).embedding
