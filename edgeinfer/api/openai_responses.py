@@ -363,6 +363,13 @@ async def stored_response(request: Request) -> Response:
     return JSONResponse(found.response)
 
 
+async def compact(request: Request) -> Response:
+    """POST /v1/responses/compact: not served (it was a 405 of the stored-response route)."""
+    raise NotFound("Compaction (POST /v1/responses/compact) is not supported by this server; "
+                   "send the conversation whole ('truncation': 'auto' drops its oldest turns "
+                   "when it outgrows the context).", code="unsupported_endpoint")
+
+
 async def count_input_tokens(request: Request) -> Response:
     """The prompt tokens ``input`` (with instructions, tools and the previous response's
     conversation) would take, rendered with the model's chat template."""
@@ -380,6 +387,7 @@ async def count_input_tokens(request: Request) -> Response:
 ROUTES: list[Route] = [
     Route("/v1/responses", create_response, methods=["POST"]),
     Route("/v1/responses/input_tokens", count_input_tokens, methods=["POST"]),
+    Route("/v1/responses/compact", compact, methods=["POST"]),
     Route("/v1/responses/{response_id}/input_items", stored_response, methods=["GET"]),
     Route("/v1/responses/{response_id}/cancel", stored_response, methods=["POST"]),
     Route("/v1/responses/{response_id}", stored_response, methods=["GET", "DELETE"]),

@@ -117,6 +117,10 @@ def test_cancel_is_a_400_naming_background(client: openai.OpenAI) -> None:
     with pytest.raises(openai.BadRequestError, match="background"):
         client.responses.retrieve(r.id, stream=True)
     assert client.responses.retrieve(r.id).id == r.id
+    # compaction (the Agents SDK's compaction session) is not served: a 404 that says so
+    # (it was the stored-response route's 405 "Method Not Allowed")
+    with pytest.raises(openai.NotFoundError, match="Compaction"):
+        client.responses.compact(model="default", previous_response_id=r.id)
 
 
 def test_paths_without_v1(server: ServerProcess) -> None:
