@@ -101,12 +101,22 @@ def sse(request: Request, events: AsyncIterator[dict[str, str]],
 
 
 async def json_response(content: Any, **kwargs: Any) -> Response:
-    """A JSON response made off the event loop (a large one, such as 2,048 embeddings, is
-    seconds of ``json.dumps`` that would stall every other request and /health); as
-    starlette's JSONResponse writes it."""
-    body = await asyncio.to_thread(lambda: json.dumps(
-        content, ensure_ascii=False, allow_nan=False, separators=(",", ":")).encode())
-    return Response(body, media_type="application/json", **kwargs)
+    """A JSON response made in a worker thread, as starlette's JSONResponse writes it. A
+    large one (2,048 embeddings) is seconds of encoding: in one ``json.dumps`` call, which
+    holds the GIL throughout, every other request and /health would wait for it, so
+    objects and lists of objects are encoded part by part (``_encoded``)."""
+    return Response(await asyncio.to_thread(_encoded, content), media_type="application/json",
+                    **kwargs)
+
+
+def _encoded(value: Any) -> bytes:
+    if isinstance(value, dict):
+        return b"{" + b",".join(_encoded(str(k)) + b":" + _encoded(v)
+                                for k, v in value.items()) + b"}"
+    if isinstance(value, list) and value and isinstance(value[0], dict | list):
+        return b"[" + b",".join(map(_encoded, value)) + b"]"
+    return json.dumps(value, ensure_ascii=False, allow_nan=False,
+                      separators=(",", ":")).encode()
 
 
 async def unless_disconnected(request: Request, work: Awaitable[T]) -> T | None:

@@ -75,18 +75,24 @@ def ollama_choice(raw: Any, tools: Any) -> Any:
     """An Ollama body's ``tool_choice`` (an edgeinfer extension: Ollama has none, and drops
     it) in Chat Completions' shape, taken in the shapes clients of the other dialects send
     too (the Vercel AI SDK's Ollama provider sends Responses' ``{"type": "function",
-    "name"}``): Responses' and Anthropic's (``{"type": "auto" | "any" | "none"}``,
-    ``{"type": "tool", "name"}``, ``"any"``). Without tools, or in no shape known, it is
-    dropped (logged), as Ollama drops it."""
-    if isinstance(raw, dict) and "function" not in raw:
-        kind, name = raw.get("type"), raw.get("name")
+    "name"}``): Responses' (``allowed_tools`` too) and Anthropic's (``{"type": "auto" |
+    "any" | "none"}``, ``{"type": "tool", "name"}``, ``"any"``). Without tools, or in no
+    shape known, it is dropped (logged), as Ollama drops it."""
+    if isinstance(raw, dict) and "function" not in raw and "allowed_tools" not in raw:
+        kind, name, listed = raw.get("type"), raw.get("name"), raw.get("tools")
         if kind in ("function", "tool") and isinstance(name, str):
             raw = {"type": "function", "function": {"name": name}}
         elif kind in ("auto", "any", "none"):
             raw = kind
+        elif kind == "allowed_tools" and isinstance(listed, list):  # (Responses' shape)
+            raw = {"type": kind, "allowed_tools": {"mode": raw.get("mode"), "tools": [
+                {"type": "function", "function": {"name": t.get("name")}}
+                if isinstance(t, dict) else t for t in listed]}}
     raw = "required" if raw == "any" else raw
-    known = raw in ("none", "auto", "required") or isinstance(raw, dict) and raw.get(
-        "type") in ("function", "allowed_tools")
+    fn = raw.get("function") if isinstance(raw, dict) else None
+    known = raw in ("none", "auto", "required") or isinstance(raw, dict) and (
+        raw.get("type") == "function" and isinstance(fn, dict) and isinstance(fn.get("name"), str)
+        or raw.get("type") == "allowed_tools" and isinstance(raw.get("allowed_tools"), dict))
     if raw is not None and not (tools and known):
         log.info("ignored a 'tool_choice' %s: %.100r", "of no shape known" if tools and not
                  known else "without tools", raw)

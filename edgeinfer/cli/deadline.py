@@ -21,9 +21,12 @@ request being answered is the new one closed as it opens.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import importlib.util
 import logging
 import resource
+import socket
+import struct
 import time
 from typing import Any, cast
 
@@ -218,12 +221,13 @@ class HeaderDeadline:
 
 class Abandoning:
     """A connection's transport as uvicorn's protocol and request cycles use it, whose
-    close, while a response is incomplete and bytes wait to be sent, aborts. uvicorn
-    closes the transport so when the app ends a stream its client stopped reading
-    (``send_timeout``): a close waits for the client to read what is buffered, that is
-    for as long as it stays connected (a suspended laptop: for good), holding the socket
-    and megabytes of kernel buffer, and a shutdown waits for it. A complete response is
-    closed as before, sent whole."""
+    close, while a response is incomplete and bytes wait to be sent, resets the
+    connection. uvicorn closes the transport so when the app ends a stream its client
+    stopped reading (``send_timeout``): a close waits for the client to read what is
+    buffered, that is for as long as it stays connected (a suspended laptop: for good),
+    holding the socket and its buffers, and a shutdown waits for it. A complete response
+    is closed as before, sent whole. (The protocol's ``cycle`` is the newest request's:
+    with a request pipelined behind the stream, that one, not begun, is incomplete too.)"""
 
     def __init__(self, transport: asyncio.Transport, protocol: Any) -> None:
         self._transport, self._protocol = transport, protocol
@@ -231,11 +235,13 @@ class Abandoning:
 
     def close(self) -> None:
         cycle = self._protocol.cycle
-        if cycle is not None and cycle.response_started and not cycle.response_complete \
-                and self._transport.get_write_buffer_size():
-            self._transport.abort()
-        else:
+        if cycle is None or cycle.response_complete or not self._transport.get_write_buffer_size():
             self._transport.close()
+            return
+        sock = self._transport.get_extra_info("socket")
+        with contextlib.suppress(OSError, AttributeError, TypeError):  # a reset, not a linger
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+        self._transport.abort()
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self._transport, name)

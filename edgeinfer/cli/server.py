@@ -182,12 +182,13 @@ class EdgeServer(uvicorn.Server):
         hup = threading.current_thread() is threading.main_thread() and hasattr(
             signal, "SIGHUP") and signal.getsignal(signal.SIGHUP) is not signal.SIG_IGN
         before = signal.signal(signal.SIGHUP, self.handle_exit) if hup else None
-        faulthandler.enable()
         try:
+            with contextlib.suppress(ValueError, OSError, AttributeError):  # (no stderr file)
+                faulthandler.enable()
             with super().capture_signals():
                 yield
         finally:
-            if hup:
+            if before is not None:  # (None: a handler not set from Python, left as it is)
                 signal.signal(signal.SIGHUP, before)
 
     async def startup(self, sockets: Any = None) -> None:

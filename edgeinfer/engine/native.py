@@ -154,6 +154,9 @@ class LlamaRuntime:
         self._model = self._handles.enter_context(contextlib.closing(model))
         self._vocab: VocabPtr = llama_cpp.llama_model_get_vocab(model.ptr)
         self.memory_kind = self._memory_kind(model.ptr)
+        # a purely recurrent memory (Mamba): one cell a sequence, however long
+        self.recurrent = bool(llama_cpp.llama_model_is_recurrent(model.ptr)) and not bool(
+            llama_cpp.llama_model_is_hybrid(model.ptr))
         self._ctx = self._handles.enter_context(contextlib.closing(Context(
             model.ptr, self.context_params(),
             ModelLoadError(f"model {cfg.id!r}: llama.cpp could not create a context"))))
@@ -374,11 +377,6 @@ class LlamaRuntime:
         array = ctypes.c_uint8 * len(data)  # read in place where the buffer allows
         buf = array.from_buffer_copy(data) if isinstance(data, bytes) else array.from_buffer(data)
         return int(llama_cpp.llama_state_seq_set_data(self.ctx, buf, len(data), seq_id)) > 0
-
-    @property
-    def supports_prefix_sharing(self) -> bool:
-        """True when prefixes are shared in the KV cache (``memory_kind`` "kv")."""
-        return self.memory_kind == "kv"
 
     def _memory_kind(self, model: ModelPtr) -> str:
         """How this model's memory lets prefixes be reused: "kv" when cells can be shared

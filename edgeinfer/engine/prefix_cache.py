@@ -144,7 +144,7 @@ class PrefixCache:
     def _from_checkpoint(self, slot: int, tokens: list[int], limit: int) -> int:
         """Put the longest saved state ``tokens[:limit]`` begins with into the (empty) slot;
         returns the tokens it covers (0: none that fits beside the others, or refused)."""
-        free = self.rt.info.n_ctx - self.index.num_tokens
+        free = limit if self.rt.recurrent else self.rt.info.n_ctx - self.index.num_tokens
         n, hid = self.ram.whole_prefix(tokens, min(limit, free))
         if hid is None:
             return 0

@@ -20,7 +20,7 @@ from edgeinfer.models.offload import gpu_free_bytes
 from edgeinfer.models.prefix_store import drop_runtime_pins
 from edgeinfer.models.served import ServedModel, load_model
 from edgeinfer.models.source import resolve_model_path
-from edgeinfer.models.stamp import Stamp, stamp, written_in_place
+from edgeinfer.models.stamp import Loaded
 
 log = logging.getLogger("edgeinfer.models.pool")
 
@@ -48,8 +48,8 @@ class PoolEntry:
     keep_alive: float | None = None
     # when this server took the model in (Unix seconds): /v1/models' "created", loaded or not
     created: int = field(default_factory=lambda: int(time.time()))
-    # the loaded file and its stamp (``models.stamp``)
-    file: tuple[Path, Stamp | None] | None = None
+    # the files it was loaded from, stamped (``models.stamp``)
+    files: Loaded | None = None
 
     @property
     def ttl(self) -> float | None:
@@ -186,8 +186,9 @@ class ModelPool:
         if entry.state is ModelState.FAILED and (
                 time.monotonic() - entry.failed_at > RETRY_FAILED_SECONDS):
             entry.state = ModelState.UNLOADED  # its file may be back (a drive, a download)
-        if entry.state is ModelState.LOADED and entry.file and written_in_place(*entry.file):
-            await self._reload_written(entry)
+        if entry.state is ModelState.LOADED and entry.files is not None and (
+                written := await asyncio.to_thread(entry.files.written)) is not None:
+            await self._reload_written(entry, entry.files, written)
         for _ in range(3):  # (an unload may come between the load and this request's turn)
             if entry.state is not ModelState.LOADED and wait:
                 await self._ensure(entry)
@@ -197,14 +198,15 @@ class ModelPool:
                 break
         return self.get(name)
 
-    async def _reload_written(self, entry: PoolEntry) -> None:
-        """Unload a model whose file was written in place (``models.stamp``), so that it
-        loads again from the file as it is now (a truncated one then fails to load: a 503
-        naming why); while it serves requests, 503 ``model_reloading`` (new decodes could
-        crash)."""
-        assert entry.file is not None
-        log.error("model %s: its file %s was written to while loaded; loading it again",
-                  entry.cfg.id, entry.file[0])
+    async def _reload_written(self, entry: PoolEntry, files: Loaded, written: Path) -> None:
+        """Unload a model whose file (or draft model's) was written in place
+        (``models.stamp``), so that it loads again from the file as it is now (a truncated
+        one then fails to load: a 503 naming why); while it serves requests, 503
+        ``model_reloading`` (new decodes could crash)."""
+        if not files.reported:
+            files.reported = True
+            log.error("model %s: its file %s was written to while loaded; loading it again "
+                      "once its requests end", entry.cfg.id, written)
         if not await self.unload(entry.cfg.id):
             raise Unavailable(f"the model '{entry.cfg.id}': its file changed on disk while "
                               "loaded; it loads again once its running requests end",
@@ -239,7 +241,7 @@ class ModelPool:
                 cache_type_v=cfg.cache_type_v), draft[1]) if draft else 0
             cfg = await asyncio.to_thread(self._fitted, cfg, path, extra)
             await self._make_room(cfg, await asyncio.to_thread(estimate_bytes, cfg, path) + extra)
-            entry.file = path, stamp(path)
+            entry.files = Loaded.of(path, *([draft[1]] if draft else []))
             served = await asyncio.to_thread(load_model, cfg, path, draft)
             if self.stopped:  # stopped while it loaded: nobody is to use it
                 await _free(served)

@@ -1,13 +1,15 @@
-"""A loaded model file's stamp, to tell whether the file was written to while loaded.
+"""The files a loaded model was mapped from, to tell whether one was written to since.
 
-llama.cpp maps a model's weights from its file: their pages are the file's. A file
-truncated while loaded kills the process with SIGBUS at the next decode that reads past
-its new end, and one overwritten in place (a download into the same path) makes the model
-answer garbage. A file deleted, or replaced by a rename, leaves the mapped one intact.
+llama.cpp maps a model's weights from its file (and a draft model's from its own): their
+pages are the file's. A file truncated while loaded kills the process with SIGBUS at the
+next decode that reads past its new end, and one overwritten in place (a download into the
+same path) makes the model answer garbage. A file deleted, or replaced by a rename, leaves
+the mapped one intact.
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from pathlib import Path
 
 Stamp = tuple[int, int, int, int]  # device, inode, size, modification time (ns)
@@ -22,8 +24,22 @@ def stamp(path: Path) -> Stamp | None:
     return st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns
 
 
-def written_in_place(path: Path, loaded: Stamp | None) -> bool:
-    """Whether the file ``loaded`` stamped is still at ``path`` (the same device and
-    inode) with another size or modification time."""
-    now = stamp(path)
-    return loaded is not None and now is not None and now[:2] == loaded[:2] and now != loaded
+@dataclass(slots=True)
+class Loaded:
+    """A loaded model's files, each with its stamp when the load began."""
+
+    files: tuple[tuple[Path, Stamp | None], ...]
+    reported: bool = False  # a change was found and logged
+
+    @classmethod
+    def of(cls, *paths: Path) -> Loaded:
+        return cls(tuple((p, stamp(p)) for p in paths))
+
+    def written(self) -> Path | None:
+        """The first file still at its path (the same device and inode) with another size
+        or modification time (None: none). Blocking: a stat of each."""
+        for path, then in self.files:
+            now = stamp(path)
+            if then is not None and now is not None and now[:2] == then[:2] and now != then:
+                return path
+        return None

@@ -43,7 +43,8 @@ def test_modes_in_every_dialect_s_shape(choice: Any, meant: str) -> None:
     {"tool_choice": {"type": "function", "name": "weather"}},
     {"tools": [WEATHER], "tool_choice": "sometimes"},
     {"tools": [WEATHER], "tool_choice": {"type": "mystery"}},
-    {"tools": [WEATHER], "tool_choice": 3}])
+    {"tools": [WEATHER], "tool_choice": 3},
+    {"tools": [WEATHER], "tool_choice": {"type": "function"}}])
 def test_what_ollama_would_drop_is_dropped_not_refused(body: dict[str, Any]) -> None:
     choice, tools = _choice(**body)
     assert choice == ("auto" if tools else "none")
@@ -53,3 +54,13 @@ def test_a_named_tool_not_offered_is_still_a_400() -> None:
     with pytest.raises(InvalidRequest) as info:
         _choice(tools=[WEATHER], tool_choice={"type": "function", "name": "other"})
     assert info.value.param == "tool_choice"
+
+
+@pytest.mark.parametrize("choice", [
+    {"type": "allowed_tools", "mode": "required", "tools": [
+        {"type": "function", "name": "weather"}]},  # Responses'
+    {"type": "allowed_tools", "allowed_tools": {"mode": "required", "tools": [
+        {"type": "function", "function": {"name": "weather"}}]}}])  # Chat Completions'
+def test_allowed_tools_in_either_shape(choice: Any) -> None:
+    other = {"type": "function", "function": {"name": "other", "parameters": {}}}
+    assert _choice(tools=[WEATHER, other], tool_choice=choice) == ("required", ("weather",))
