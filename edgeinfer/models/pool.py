@@ -188,7 +188,7 @@ class ModelPool:
             entry.state = ModelState.UNLOADED  # its file may be back (a drive, a download)
         if entry.state is ModelState.LOADED and entry.files is not None and (
                 written := await asyncio.to_thread(entry.files.written)) is not None:
-            await self._reload_written(entry, entry.files, written)
+            await self._reload_written(entry, written)
         for _ in range(3):  # (an unload may come between the load and this request's turn)
             if entry.state is not ModelState.LOADED and wait:
                 await self._ensure(entry)
@@ -198,13 +198,14 @@ class ModelPool:
                 break
         return self.get(name)
 
-    async def _reload_written(self, entry: PoolEntry, files: Loaded, written: Path) -> None:
+    async def _reload_written(self, entry: PoolEntry, written: Path) -> None:
         """Unload a model whose file (or draft model's) was written in place
         (``models.stamp``), so that it loads again from the file as it is now (a truncated
         one then fails to load: a 503 naming why); while it serves requests, 503
         ``model_reloading`` (new decodes could crash)."""
-        if not files.reported:
-            files.reported = True
+        assert entry.files is not None
+        if not entry.files.reported:
+            entry.files.reported = True
             log.error("model %s: its file %s was written to while loaded; loading it again "
                       "once its requests end", entry.cfg.id, written)
         if not await self.unload(entry.cfg.id):
