@@ -325,9 +325,11 @@ async def create_response(request: Request) -> Response:
         meta.piece = gen.piece
 
     async def save(body: dict[str, Any]) -> None:
-        if d.store:
-            await kept_on(request.app.state).put(owner, StoredResponse(
-                meta.id, body, d.items, conversation + chat_messages(body["output"])))
+        """Store ``body`` when asked; one the store could not keep (a full or read-only
+        disk, too large) says ``"store": false``, as it cannot be retrieved."""
+        if d.store and not await kept_on(request.app.state).put(owner, StoredResponse(
+                meta.id, body, d.items, conversation + chat_messages(body["output"]))):
+            body["store"] = False
 
     if d.stream:
         return sse(request, sse_events(meta, gen.events, save, request.url.path))

@@ -635,6 +635,28 @@ def test_corrupt_database_degrades_to_not_found(keyed: tuple[ServerProcess, Path
     assert post(srv, BASE, key=KEY_A).status_code == 200
 
 
+def test_a_response_the_store_cannot_keep_says_store_false(
+        keyed: tuple[ServerProcess, Path]) -> None:
+    """A store that cannot be written (here: a folder where its file should be; on a
+    laptop, a full or read-only disk) answers ``"store": false``, streamed or not."""
+    srv, db = keyed
+    db.unlink(missing_ok=True)
+    db.mkdir()
+    try:
+        made = post(srv, BASE, key=KEY_A)
+        assert made.status_code == 200, made.text
+        assert made.json()["store"] is False
+        invalid(_get(srv, made.json()["id"], KEY_A), "response_id", 404)
+        with httpx.stream("POST", f"{srv.base_url}/v1/responses", timeout=60,
+                          json={**BASE, "stream": True}, headers=_auth(KEY_A)) as r:
+            last = [ln for ln in r.iter_lines() if ln.startswith("data:")][-1]
+        assert json.loads(last[5:])["response"]["store"] is False
+    finally:
+        db.rmdir()
+    kept = post(srv, BASE, key=KEY_A).json()  # a writable store again
+    assert kept["store"] is True and _get(srv, kept["id"], KEY_A).status_code == 200
+
+
 def test_truncation_auto_drops_oldest_turns(keyed: tuple[ServerProcess, Path]) -> None:
     srv, _ = keyed
     long = "Here is a long note about trains and stations. " * 40  # ~400 tokens
