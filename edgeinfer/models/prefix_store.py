@@ -132,7 +132,8 @@ class PrefixStore:
             return None, "corrupt data (checksum mismatch)"
         return body, ""
 
-    def _header(self, raw: bytes) -> tuple[dict[str, Any] | None, str]:
+    def _header(self, raw: bytes, any_identity: bool = False
+                ) -> tuple[dict[str, Any] | None, str]:
         if not raw.startswith(MAGIC) or len(raw) < len(MAGIC) + 4:
             older = raw.startswith(MAGIC[:-2])
             return None, "an older format" if older else "not a prefix cache file"
@@ -144,7 +145,8 @@ class PrefixStore:
             head = json.loads(raw[start:start + n])
         except ValueError:
             return None, "corrupt header"
-        if not isinstance(head, dict) or (self.identity and head.get("model") != self.identity):
+        if not isinstance(head, dict) or (self.identity and not any_identity
+                                          and head.get("model") != self.identity):
             return None, _FOREIGN
         head["_start"] = start + n
         return head, ""
@@ -166,7 +168,7 @@ class PrefixStore:
         """Every saved hot prefix (``save(..., hot=True)``), or with ``kind`` "runtime"
         every prefix pinned at run time, as (tokens, state); unusable files are removed,
         saying why."""
-        out = []
+        out, foreign = [], 0
         with self._lock:
             for _, _, path in self._files():
                 try:
@@ -178,6 +180,7 @@ class PrefixStore:
                     continue
                 body, why = self._check(raw, None)
                 if body is None and why == _FOREIGN:
+                    foreign += self._foreign_kind(raw, kind)
                     continue  # another configuration's (sharing the folder): aged by the budget
                 if body is None:
                     self.reject(path, why)
@@ -185,7 +188,16 @@ class PrefixStore:
                 n = int(head["n_tokens"]) if head else 0
                 out.append((list(struct.unpack_from(f"<{n}i", body)), body[4 * n:]))
                 self.stats.restores += 1
+        if foreign and kind == "runtime":
+            log.warning("%d prefixes pinned at run time were saved for another model file or "
+                        "other context parameters: not pinned again (POST /v1/cache/pin pins "
+                        "them anew)", foreign)
         return out
+
+    def _foreign_kind(self, raw: bytes, kind: str) -> int:
+        """1 when ``raw`` (a file of another identity) is saved as ``kind``, else 0."""
+        head = self._header(raw, any_identity=True)[0]
+        return int(head is not None and bool(head.get(kind)))
 
     def drop_hot(self, keep: list[list[int]], kind: str = "hot") -> None:
         """Remove the hot prefixes' files (with ``kind`` "runtime": those pinned at run

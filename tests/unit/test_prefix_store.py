@@ -151,6 +151,19 @@ def test_another_configurations_hot_files_are_left_to_it(tmp_path: Path) -> None
     assert [t for t, _ in theirs.load_hot()] == [TOKENS]
 
 
+def test_run_time_pins_of_another_model_file_are_not_pinned_silently(
+        tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    """A run-time pin saved for the model's old file (re-downloaded since) is not pinned
+    again, and a warning says so; another configuration's hot prefixes say nothing."""
+    old, new = store(tmp_path, identity="b" * 64), store(tmp_path)
+    assert old.save(TOKENS, DATA, runtime=True) and old.save(TOKENS[:50], DATA, hot=True)
+    with caplog.at_level(logging.WARNING, "edgeinfer.cache.disk"):
+        assert new.load_hot() == [] and not caplog.text
+        assert new.load_hot("runtime") == []
+    assert "1 prefixes pinned at run time were saved for another model file" in caplog.text
+    assert [t for t, _ in old.load_hot("runtime")] == [TOKENS]
+
+
 def test_partial_writes_of_a_dead_writer_are_removed_by_age(tmp_path: Path) -> None:
     """A partial write untouched for an hour was left by a writer that died; a fresh one
     may be another container's live writer, whose process id means nothing here (a dead
