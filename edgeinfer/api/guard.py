@@ -3,8 +3,9 @@
 - API keys (optional): ``Authorization: Bearer KEY`` or ``x-api-key: KEY``, compared
   in constant time, never logged. The probes ``GET /health`` and ``GET /ready`` stay open
   (a kubelet or load balancer sends no key), and ``/metrics`` with ``open_metrics``.
-- Host: the Host header must name a loopback address or a configured host, so a
-  page on another site that rebinds its DNS name to 127.0.0.1 gets nothing.
+- Host: the Host header must name a loopback address, this machine or network
+  (``local_name``) or a configured host, so a page on another site that rebinds its DNS
+  name to 127.0.0.1 gets nothing.
 - CORS: browsers may call from localhost origins and configured ones (a desktop
   app's ``tauri://localhost``, ``app://...``); other origins get no CORS headers,
   and their requests are refused outright.
@@ -14,6 +15,7 @@ from __future__ import annotations
 
 import hashlib
 import hmac
+import ipaddress
 import re
 import socket
 from collections.abc import Awaitable, Callable, MutableMapping
@@ -75,9 +77,27 @@ def served_hosts(host: str) -> tuple[str, ...]:
     return tuple(sorted(out))
 
 
+_LOCAL_SUFFIXES = (".localhost", ".local", ".internal")
+
+
+def local_name(host: str) -> bool:
+    """Whether ``host`` (a Host header's host part) is one no DNS-rebinding page can have,
+    as Ollama allows them: an IP address in a private, loopback or link-local range (a
+    rebinding page's Host is its own domain name; the unspecified 0.0.0.0 stays refused,
+    which a public page can reach localhost by), a name under .localhost (RFC 6761: always
+    this machine), .local (mDNS: this network) or .internal (private use: Docker's
+    host.docker.internal), and this machine's own name."""
+    try:
+        ip = ipaddress.ip_address(host.removeprefix("[").removesuffix("]"))
+    except ValueError:
+        return host.endswith(_LOCAL_SUFFIXES) or host == socket.gethostname().lower()
+    return not ip.is_unspecified and (ip.is_private or ip.is_loopback or ip.is_link_local)
+
+
 class HostGuard:
-    """The Host header must name a loopback address or a configured host ("*": any);
-    a malformed one is refused either way. 403 ``invalid_host`` otherwise; 400 when an
+    """The Host header must name a loopback address, a name or address of this machine or
+    network (``local_name``) or a configured host ("*": any); a malformed one is refused
+    either way. 403 ``invalid_host`` otherwise; 400 when an
     HTTP/1.1 request has none or several (an HTTP/1.0 one without: served)."""
 
     def __init__(self, app: ASGIApp, allowed_hosts: tuple[str, ...] = ()) -> None:
@@ -98,9 +118,10 @@ class HostGuard:
                 return
             # HTTP/1.0 may leave it out (no browser does: rebinding pages cannot)
             host = _host_only(given) if given is not None else "localhost"
-            if host is None or not self.any_host and host not in self.hosts:
+            if host is None or not (self.any_host or host in self.hosts or local_name(host)):
                 await _deny(scope, send, PermissionDenied(
-                    "the Host header names an address this server does not serve",
+                    "the Host header names an address this server does not serve (a "
+                    "name it should serve goes in [server] allowed_hosts of models.toml)",
                     code="invalid_host"))
                 return
         await self.app(scope, receive, send)

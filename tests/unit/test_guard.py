@@ -43,6 +43,23 @@ def test_host_header_defeats_dns_rebinding(host: str, status: int) -> None:
     assert call(g, "GET", "/v1/models", {"host": host}).status_code == status
 
 
+@pytest.mark.parametrize(("host", "status"), [
+    ("host.docker.internal:8080", 200), ("gateway.docker.internal", 200), ("my-pc.local", 200),
+    ("app.localhost:5173", 200), ("192.168.1.10", 200), ("10.0.0.5:8080", 200),
+    ("[fd00::2]:8080", 200), ("[fe80::1]", 200), ("169.254.1.1", 200),
+    ("0.0.0.0:8080", 403), ("[::]", 403), ("8.8.8.8", 403), ("localhost.evil.com", 403),
+    ("evil.internal.example.com", 403), ("local", 403)])
+def test_names_of_this_machine_or_network_are_served_on_loopback(host: str,
+                                                                    status: int) -> None:
+    """As Ollama: Open WebUI in Docker calls host.docker.internal; a LAN or mDNS name, or a
+    private address, cannot be a rebinding page's Host. 0.0.0.0 (how a public page reaches
+    localhost) and public names stay refused, saying where a name is allowed."""
+    r = call(front_door(ok_app), "GET", "/v1/models", {"host": host})
+    assert r.status_code == status, host
+    if status == 403:
+        assert "allowed_hosts" in r.json()["error"]["message"]
+
+
 def test_a_wildcard_bind_serves_this_machines_own_addresses_and_name(
         monkeypatch: pytest.MonkeyPatch) -> None:
     """With --host 0.0.0.0 (and keys), LAN clients name the machine's address: that was a
@@ -60,7 +77,7 @@ def test_a_wildcard_bind_serves_this_machines_own_addresses_and_name(
     g = front_door(ok_app, allowed_hosts=guard.served_hosts("0.0.0.0"))
     for host, status in (("192.168.1.5:8080", 200), ("[fe80::1]:8080", 200),
                          ("laptop.local:8080", 200), ("laptop", 200), ("0.0.0.0", 403),
-                         ("evil.example:8080", 403), ("192.168.1.6", 403)):
+                         ("evil.example:8080", 403), ("192.168.1.6", 200)):
         assert call(g, "GET", "/v1/models", {"host": host}).status_code == status, host
     assert guard.served_hosts("fd00::2") == ("[fd00::2]",)  # (as a Host header writes it)
     assert guard.served_hosts("192.0.2.2") == ("192.0.2.2",)
