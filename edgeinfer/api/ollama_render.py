@@ -119,8 +119,8 @@ class Meta:
             return line
         return {**line, "logprobs": token_entries(self.held.piece, items)}
 
-    def line(self, text: str = "", thinking: str = "",
-             calls: list[CallOutcome] | None = None, cut: bool = False) -> dict[str, Any]:
+    def line(self, text: str = "", thinking: str = "", calls: list[CallOutcome] | None = None,
+             cut: bool = False, first: int = 0) -> dict[str, Any]:
         out: dict[str, Any] = {"model": self.model, "created_at": rfc3339()}
         if self.chat:
             out["message"] = {"role": "assistant", "content": text}
@@ -128,7 +128,7 @@ class Meta:
         body["content" if self.chat else "response"] = text
         if thinking:
             body["thinking"] = thinking
-        if self.chat and calls and (whole := tool_calls(calls, cut)):  # (none: no field)
+        if self.chat and calls and (whole := tool_calls(calls, cut, first)):  # (none: no field)
             body["tool_calls"] = whole
         return {**out, "done": False}
 
@@ -156,13 +156,17 @@ def _arguments(call: CallOutcome) -> dict[str, Any] | None:
     return args if isinstance(args, dict) else None
 
 
-def tool_calls(calls: list[CallOutcome], cut: bool = False) -> list[dict[str, Any]]:
+def tool_calls(calls: list[CallOutcome], cut: bool = False, first: int = 0
+               ) -> list[dict[str, Any]]:
     """Ollama's ``tool_calls``: the complete calls, each one's arguments an object (``cut``:
-    the output ran out, so a last call with no arguments yet is no call)."""
+    the output ran out, so a last call with no arguments yet is no call), and its
+    ``index`` among the answer's calls (``first``: of the first one here; a stream sends
+    each call in its own line, and clients such as Open WebUI gather them by index)."""
     if cut and calls and not calls[-1].arguments:
         calls = calls[:-1]
     done = [(c, a) for c in calls if (a := _arguments(c)) is not None]
-    return [{"id": c.id, "function": {"name": c.name, "arguments": a}} for c, a in done]
+    return [{"id": c.id, "function": {"index": i, "name": c.name, "arguments": a}}
+            for i, (c, a) in enumerate(done, first)]
 
 
 async def stream_lines(meta: Meta, events: AsyncIterator[ev.Event]
@@ -170,7 +174,7 @@ async def stream_lines(meta: Meta, events: AsyncIterator[ev.Event]
     """The NDJSON lines of a streamed answer (one choice); closes ``events`` at the end or
     when abandoned, which aborts the generation."""
     calls: list[CallOutcome] = []  # the call begun, sent whole when the next begins or at the end
-    finish, usage, timings, raw, stopped = "stop", None, None, "", False
+    finish, usage, timings, raw, stopped, sent = "stop", None, None, "", False, 0
     try:
         async for e in events:
             if isinstance(e, ev.ErrorEvent):
@@ -184,7 +188,8 @@ async def stream_lines(meta: Meta, events: AsyncIterator[ev.Event]
             ends_call = isinstance(e, ev.Finish) or isinstance(e, ev.ToolCallDelta) and e.name
             cut = isinstance(e, ev.Finish) and e.reason == "length"
             if ends_call and tool_calls(calls, cut):
-                yield meta.line(calls=calls, cut=cut)
+                yield meta.line(calls=calls, cut=cut, first=sent)
+                sent += len(tool_calls(calls, cut))
             if ends_call:
                 calls = []
             if isinstance(e, ev.ToolCallDelta):

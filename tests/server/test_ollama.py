@@ -525,13 +525,16 @@ async def _all(lines: Any) -> list[dict[str, Any]]:
 def test_stream_lines_send_calls_whole_and_end_with_the_counts() -> None:
     closed: list[bool] = []
     items = [ev.TextDelta(0, "Hi"), ev.ToolCallDelta(0, 0, '{"city": ', id="a", name="w"),
-             ev.ToolCallDelta(0, 0, '"Oslo"}'), ev.ToolCallDelta(0, 1, '{"ci', id="b", name="w"),
+             ev.ToolCallDelta(0, 0, '"Oslo"}'), ev.ToolCallDelta(0, 1, "{}", id="b", name="v"),
+             ev.ToolCallDelta(0, 2, '{"ci', id="c", name="w"),
              ev.Finish(0, "length", 9, {"prompt_ms": 2.0, "predicted_ms": 3.5}),
              ev.UsageReport(5, 9, 0)]
     lines = asyncio.run(_all(stream_lines(Meta("m", True, "/api/chat"), _source(items, closed))))
-    assert [ln["message"]["content"] for ln in lines] == ["Hi", "", ""]
+    assert [ln["message"]["content"] for ln in lines] == ["Hi", "", "", ""]
     assert lines[1]["message"]["tool_calls"] == [
-        {"id": "a", "function": {"name": "w", "arguments": {"city": "Oslo"}}}]  # b: cut off
+        {"id": "a", "function": {"index": 0, "name": "w", "arguments": {"city": "Oslo"}}}]
+    assert lines[2]["message"]["tool_calls"] == [  # (c: cut off) each call in its own line,
+        {"id": "b", "function": {"index": 1, "name": "v", "arguments": {}}}]  # by its index
     last = lines[-1]
     assert last["done"] is True and last["done_reason"] == "length"
     assert (last["prompt_eval_count"], last["eval_count"]) == (5, 9)
