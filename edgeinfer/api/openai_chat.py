@@ -235,9 +235,7 @@ def parse(body: Any, headers: dict[str, str]) -> tuple[GenerateRequest, bool, bo
     if grammar is not None and (json_schema is not None or json_object or forced):
         raise InvalidRequest("use 'grammar' without a JSON 'response_format' or a forced "
                              "'tool_choice'", param="grammar")
-    max_tokens = b.integer("max_completion_tokens", 1, MAX_TOKENS_LIMIT, None)
-    if max_tokens is None:
-        max_tokens = samplers.max_tokens(b, None)
+    max_tokens = samplers.chat_max_tokens(b)
     stream, include_usage = fields.stream_options(b)
     reasoning_format, template_kwargs = reasoning(b)
     req = GenerateRequest(

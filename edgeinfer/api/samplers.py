@@ -98,6 +98,17 @@ def max_tokens(b: Body, default: int | None) -> int | None:
     return b.integer("max_tokens", 1, MAX_TOKENS_LIMIT, default)
 
 
+def chat_max_tokens(b: Body) -> int | None:
+    """A chat request's limit: ``max_completion_tokens`` where given, else as
+    ``max_tokens``. Its -1 or -2 is no limit of its own, as ``max_tokens``' (Roo Code sends
+    -1 for a model without a maximum): ``max_tokens`` then decides, if given."""
+    v = b.body.get("max_completion_tokens")
+    if v in (-1, -2) and not isinstance(v, bool):
+        return max_tokens(b, None)
+    given = b.integer("max_completion_tokens", 1, MAX_TOKENS_LIMIT, None)
+    return given if given is not None else max_tokens(b, None)
+
+
 def n_predict(b: Body, default: int | None) -> int | None:
     """``max_tokens`` from llama-server's ``n_predict`` (-1 or -2: no limit), or
     ``default`` when the request has none."""

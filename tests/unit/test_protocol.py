@@ -58,6 +58,24 @@ def test_chat_defaults_and_fields() -> None:
     assert r.stream and r.include_usage
 
 
+@pytest.mark.parametrize(("body", "limit"), [
+    ({"max_completion_tokens": -1}, None), ({"max_tokens": -1}, None),
+    ({"max_completion_tokens": -1, "max_tokens": 7}, 7), ({"max_completion_tokens": 9}, 9),
+    ({"max_completion_tokens": 9, "max_tokens": 7}, 9), ({"max_completion_tokens": -2}, None)])
+def test_a_limit_of_minus_one_is_no_limit_in_either_field(body: dict[str, object],
+                                                          limit: int | None) -> None:
+    """Roo Code sends max_completion_tokens -1 for a model without a maximum: no limit of
+    its own, as max_tokens -1 (llama-server's), not a 400."""
+    assert parse_chat(chat(**body), V).params.max_tokens == limit
+
+
+@pytest.mark.parametrize("value", [0, -3, 1.5, True, "9"])
+def test_other_max_completion_tokens_are_400(value: object) -> None:
+    with pytest.raises(InvalidRequest) as err:
+        parse_chat(chat(max_completion_tokens=value), V)
+    assert err.value.param == "max_completion_tokens"
+
+
 @pytest.mark.parametrize(("field", "value"), [
     ("temperature", 2.5), ("temperature", "hot"), ("top_p", -0.1), ("max_tokens", 0),
     ("max_tokens", 1.5), ("presence_penalty", 3), ("frequency_penalty", float("nan")),
