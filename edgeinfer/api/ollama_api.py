@@ -6,34 +6,35 @@
 /api/version``. ``/api/pull``, ``push``, ``create``, ``delete``, ``copy`` and ``blobs``
 answer 501: models come from models.toml (``edgeinfer pull`` installs their files).
 
-- ``options``: ``SAMPLING_OPTIONS`` map to the sampling settings (num_predict -1 / -2: no
-  limit but the model's ``max_tokens`` and the context, 0 refused; seed < 0: random;
-  repeat_last_n -1: the whole context); absent ones take the server's defaults, not
-  Ollama's. ``IGNORED_OPTIONS`` (load-time settings that models.toml fixes, and
-  ``tfs_z``, which llama.cpp dropped) must be numbers or booleans and are ignored;
-  unknown names are logged and ignored, as Ollama does.
+- ``options``: ``SAMPLING_OPTIONS`` map to the sampling settings (num_predict -1 / -2 / 0:
+  no limit but the model's ``max_tokens`` and the context, as Ollama's runner takes 0;
+  ``INTEGER_OPTIONS`` given as floats are cut to integers, as Ollama does; seed < 0: random;
+  repeat_last_n -1: the whole context); absent ones take the server's defaults, not Ollama's.
+  ``IGNORED_OPTIONS`` (load-time settings that models.toml fixes, and ``tfs_z``, which
+  llama.cpp dropped) must be numbers or booleans and are ignored; unknown names are logged
+  and ignored, as Ollama does.
 - ``format``: "json" or a JSON schema (grammar-enforced). ``tools``: function tools the
-  model may call; ``tool_choice`` (an edgeinfer extension: Ollama has none) forces a
-  call (``toolchoice.ollama_choice``: the shapes of every dialect; others are dropped).
-  ``think``: to the chat template (``enable_thinking``, ``reasoning_effort``); reasoning
-  comes back in ``thinking``. ``logprobs`` (and
-  ``top_logprobs``, 0-20): each answer token's, with its alternatives, in ``logprobs``.
-- Messages: system / user / assistant (``tool_calls`` with object arguments,
-  ``thinking``) / tool (answers the open call named by ``tool_name``, else the first);
-  ``images`` are refused: no model here sees them.
+  model may call; ``tool_choice`` (an edgeinfer extension: Ollama has none) forces a call
+  (``toolchoice.ollama_choice``: the shapes of every dialect; others are dropped). ``think``:
+  to the chat template (``enable_thinking``, ``reasoning_effort``); reasoning comes back in
+  ``thinking``. ``logprobs`` (and ``top_logprobs``, 0-20): each answer token's, with its
+  alternatives, in ``logprobs``.
+- Messages (``ollama_messages``): system / user / assistant (``tool_calls`` with object
+  arguments, ``thinking``) / tool (answers the open call named by ``tool_name``, else the
+  first); ``images`` are refused: no model here sees them.
 - ``keep_alive`` (seconds or "5m"-style; negative: forever): 0 unloads the model once the
   answer is sent, if nothing else uses it; another value keeps the model loaded that long
   after its last request, instead of its models.toml ``ttl``, until it is unloaded
-  (``ModelPool.keep``); a request without it changes nothing. No messages / an empty prompt loads
-  the model, or with keep_alive 0 unloads it (while it serves requests: once they end).
+  (``ModelPool.keep``); a request without it changes nothing. No messages / an empty prompt
+  loads the model, or with keep_alive 0 unloads it (while it serves requests: once they end).
 - /api/generate: ``system``; ``raw`` skips the template (and ``system`` and ``context``,
-  ignored as Ollama ignores them); a non-empty ``template``,
-  ``suffix`` or ``images`` is refused. ``context`` (token ids, deprecated by Ollama) comes
-  before the rendered prompt, after its BOS; the last line of an answer that is not
-  ``raw`` gives ``context``: the prompt's tokens (BOS left out) and the answer's, so that
-  sending it back continues the conversation (from the prefix cache).
-  A prompt longer than the context keeps its first ``options.num_keep`` tokens (4) and its
-  tail, room left for the answer (``truncate`` false: a 400); ``shift`` is ignored.
+  ignored as Ollama ignores them); a non-empty ``template``, ``suffix`` or ``images`` is
+  refused. ``context`` (token ids, deprecated by Ollama) comes before the rendered prompt,
+  after its BOS; the last line of an answer that is not ``raw`` gives ``context``: the
+  prompt's tokens (BOS left out) and the answer's, so that sending it back continues the
+  conversation (from the prefix cache). A prompt longer than the context keeps its first
+  ``options.num_keep`` tokens (4) and its tail, room left for the answer (``truncate``
+  false: a 400); ``shift`` is ignored.
 - Unknown body fields are logged and ignored, as Ollama does. A name may end in ``:latest``.
   Errors: ``{"error": "..."}`` (``api.errors``); an unknown model: 404 "model 'x' not found".
 """
@@ -41,8 +42,8 @@ answer 501: models come from models.toml (``edgeinfer pull`` installs their file
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
+import math
 from dataclasses import replace
 from typing import Any
 
@@ -55,7 +56,7 @@ from edgeinfer.api import fields, ollama_models, ollama_render, samplers
 from edgeinfer.api.body import read_json_any
 from edgeinfer.api.embeddings import MAX_EMBED_INPUTS
 from edgeinfer.api.fields import MAX_TOKENS_LIMIT, Body
-from edgeinfer.api.messages import messages
+from edgeinfer.api.ollama_messages import conversation
 from edgeinfer.api.ollama_render import Parsed, answer, embeddings_answer, keep_alive
 from edgeinfer.api.openai_chat import parse_tools
 from edgeinfer.api.respond import pool
@@ -76,6 +77,7 @@ GENERATE_FIELDS = COMMON | {"prompt", "suffix", "system", "template", "context",
 SAMPLING_OPTIONS = {"temperature", "top_p", "top_k", "min_p", "seed", "num_predict", "stop",
                     "repeat_penalty", "repeat_last_n", "presence_penalty", "frequency_penalty",
                     "typical_p", "mirostat", "mirostat_tau", "mirostat_eta"}
+INTEGER_OPTIONS = {"top_k", "seed", "num_predict", "repeat_last_n", "mirostat"}
 IGNORED_OPTIONS = {
     "num_ctx", "num_batch", "num_gpu", "main_gpu", "num_thread", "num_keep", "numa",
     "low_vram", "f16_kv", "logits_all", "vocab_only", "use_mmap", "use_mlock",
@@ -105,10 +107,12 @@ def _options(b: Body) -> tuple[dict[str, Any], int | None]:
                                  param=f"options.{key}")
         if key not in SAMPLING_OPTIONS and key not in IGNORED_OPTIONS:
             log.warning("ignoring an unknown Ollama option: %r", key[:64])
+    out |= {k: int(v) for k, v in out.items()  # a float cut to an integer, as Ollama does
+            if k in INTEGER_OPTIONS and isinstance(v, float) and math.isfinite(v)}
     predict = out.pop("num_predict", None)
     if predict is not None and (isinstance(predict, bool) or not isinstance(predict, int)
-                                or not (predict in (-1, -2) or 0 < predict <= MAX_TOKENS_LIMIT)):
-        raise InvalidRequest("'options.num_predict' must be -1, -2 or a positive integer",
+                                or not -2 <= predict <= MAX_TOKENS_LIMIT):
+        raise InvalidRequest("'options.num_predict' must be -1, -2, 0 or a positive integer",
                              param="options.num_predict")
     if out.get("repeat_last_n") == -1:
         out["repeat_last_n"] = 1 << 16  # the whole context
@@ -133,9 +137,10 @@ def sampling(b: Body) -> SamplingParams:
     body, max_tokens = _options(b)
     hot = body.get("temperature")
     hot = hot if isinstance(hot, int | float) and not isinstance(hot, bool) and hot > 2 else None
-    if hot is not None and not hot <= 1e300:  # (an int past a float's range)
-        raise InvalidRequest("'options.temperature' is out of range", param="options.temperature")
     if hot is not None:  # checked as OpenAI's highest, then taken as sent
+        if not hot <= 1e300:  # (an int past a float's range)
+            raise InvalidRequest("'options.temperature' is out of range",
+                                 param="options.temperature")
         body = {**body, "temperature": 2.0}
     try:
         params = samplers.sampling_params(Body(body, SAMPLING_OPTIONS), max_tokens)
@@ -161,63 +166,6 @@ def _think(b: Body) -> dict[str, Any]:
         return {"enable_thinking": True, "reasoning_effort": think}
     raise InvalidRequest("'think' must be true, false, \"low\", \"medium\" or \"high\"",
                          param="think")
-
-
-def _past_calls(calls: Any, i: int) -> list[dict[str, Any]]:
-    """An assistant message's Ollama ``tool_calls`` (arguments objects) in OpenAI's shape."""
-    where, out = f"messages[{i}].tool_calls", []
-    for j, call in enumerate(calls if isinstance(calls, list) else [None]):
-        fn = call.get("function") if isinstance(call, dict) else None
-        args = fn.get("arguments") if isinstance(fn, dict) else None
-        args = {} if args is None else args  # (null: none)
-        if not isinstance(fn, dict) or not isinstance(fn.get("name"), str) or not isinstance(
-                args, dict):
-            raise InvalidRequest(f"'{where}' must be a list of {{'function': {{'name': ..., "
-                                 "'arguments': {...}}}}", param=f"{where}[{j}]")
-        assert isinstance(call, dict)
-        call_id = call["id"] if isinstance(call.get("id"), str) else f"call_{i}_{j}"
-        out.append({"id": call_id, "type": "function", "function": {
-            "name": fn["name"], "arguments": json.dumps(args)}})
-    return out
-
-
-def _message(m: Any, i: int, open_calls: list[dict[str, Any]]) -> dict[str, Any]:
-    """One Ollama message as an OpenAI one; ``open_calls``: the calls not yet answered."""
-    where = f"messages[{i}]"
-    if not isinstance(m, dict):
-        raise InvalidRequest(f"'{where}' must be an object", param=where)
-    if m.get("images"):  # (other fields Ollama does not know it ignores, as here)
-        raise InvalidRequest(f"'{where}.images' is not supported: no model here sees images",
-                             param=f"{where}.images")
-    if not isinstance(m.get("content", ""), str | None):
-        raise InvalidRequest(f"'{where}.content' must be a string", param=f"{where}.content")
-    out: dict[str, Any] = {"role": m.get("role"), "content": m.get("content") or ""}
-    if m.get("role") == "assistant":
-        if m.get("tool_calls"):
-            out["tool_calls"] = open_calls[:] = _past_calls(m["tool_calls"], i)
-        if m.get("thinking") and isinstance(m["thinking"], str):
-            out["reasoning_content"] = m["thinking"]
-    elif m.get("role") == "tool":
-        name = m.get("tool_name")
-        answered = next((c for c in open_calls if c["function"]["name"] == name),
-                        open_calls[0] if open_calls else None)
-        if answered is not None:
-            open_calls.remove(answered)
-        given = m.get("tool_call_id")
-        out["tool_call_id"] = given if isinstance(given, str) else (
-            answered["id"] if answered else f"call_{i}")
-        if isinstance(name, str):
-            out["name"] = name
-    return out
-
-
-def conversation(raw: Any) -> tuple[dict[str, Any], ...]:
-    """Ollama messages as validated OpenAI messages (``api.messages``)."""
-    if not isinstance(raw, list):
-        raise InvalidRequest("'messages' must be a list", param="messages")
-    open_calls: list[dict[str, Any]] = []
-    converted = [_message(m, i, open_calls) for i, m in enumerate(raw)]
-    return messages(Body({"messages": converted}, {"messages"}))
 
 
 def _parsed(b: Body, prompt: ChatPrompt | TextPrompts | None, headers: dict[str, str],
@@ -264,8 +212,8 @@ def parse_chat(body: Any, headers: dict[str, str]) -> Parsed:
     tools = parse_tools(Body({"tools": raw_tools, "tool_choice": choice},
                         {"tools", "tool_choice"}))
     msgs = b.body.get("messages")
-    return _parsed(b, None if msgs in (None, []) else ChatPrompt(conversation(msgs)), headers,
-                   tools)
+    prompt = None if msgs in (None, []) else ChatPrompt(conversation(msgs))
+    return _parsed(b, prompt, headers, tools)
 
 
 def parse_generate(body: Any, headers: dict[str, str]) -> Parsed:

@@ -349,7 +349,9 @@ BAD: list[tuple[str, dict[str, Any], str]] = [
      "options.temperature"),
     ("/api/chat", {"model": "default", "messages": HELLO, "options": {"num_ctx": "big"}},
      "options.num_ctx"),
-    ("/api/chat", {"model": "default", "messages": HELLO, "options": {"num_predict": 0}},
+    ("/api/chat", {"model": "default", "messages": HELLO, "options": {"num_predict": -3}},
+     "options.num_predict"),
+    ("/api/chat", {"model": "default", "messages": HELLO, "options": {"num_predict": "3"}},
      "options.num_predict"),
     ("/api/chat", {"model": "default", "messages": HELLO, "format": "xml"}, "format"),
     ("/api/chat", {"model": "default", "messages": HELLO, "keep_alive": "soon"}, "keep_alive"),
@@ -654,6 +656,20 @@ def test_a_temperature_above_two_is_taken_as_ollama_takes_it() -> None:
         with pytest.raises(InvalidRequest) as info:
             parse_generate({"model": "m", "prompt": "x", "options": {"temperature": bad}}, {})
         assert info.value.param == "options.temperature"
+
+
+def test_integer_options_given_as_floats_and_num_predict_zero_as_ollama_takes_them() -> None:
+    """Ollama cuts a float to an integer (its FromMap), and its runner takes num_predict 0
+    as no limit: Open WebUI and Continue send such values."""
+    from edgeinfer.api.ollama_api import parse_generate
+    p = parse_generate({"model": "m", "prompt": "x", "options": {
+        "num_predict": 3.0, "top_k": 40.7, "seed": 7.0, "repeat_last_n": 64.0}}, {})
+    assert p.req is not None
+    got = p.req.params
+    assert (got.max_tokens, got.top_k, got.seed, got.repeat_last_n) == (3, 40, 7, 64)
+    for none in (0, -1, -2, 0.0):
+        p = parse_generate({"model": "m", "prompt": "x", "options": {"num_predict": none}}, {})
+        assert p.req is not None and p.req.params.max_tokens is None
 
 
 def test_fields_ollama_ignores_are_ignored_and_latest_names_work_everywhere(
