@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from edgeinfer.api.ollama_render import rfc3339
-from edgeinfer.config import ModelConfig
+from edgeinfer.config import DerivedSource, ModelConfig
 from edgeinfer.engine.sequence import SamplingParams
 from edgeinfer.models.modelinfo import describe, gguf_facts, gguf_metadata
 from edgeinfer.models.pool import ModelState, PoolEntry
@@ -20,6 +20,7 @@ from edgeinfer.prompt.reasoning import splits
 from edgeinfer.prompt.template import CHATML
 
 _FOUND: dict[ModelConfig, Path] = {}
+_SINCE = time.time()  # the modified_at of a file not there yet: the same in every listing
 FOREVER = "9999-12-31T23:59:59Z"  # expires_at of a model kept loaded for good
 _ARRAYS = {"tokenizer.ggml.tokens", "tokenizer.ggml.token_type", "tokenizer.ggml.merges",
            "tokenizer.ggml.scores", "general.languages", "general.tags"}
@@ -66,18 +67,35 @@ def _gguf(path: Path, mtime_ns: int) -> tuple[dict[str, Any], str]:
 
 
 def file_facts(entry: PoolEntry, configs: dict[str, ModelConfig]) -> FileFacts:
-    """The model's file as it is now: nothing is installed or made to find it."""
-    path = entry.served.runtime.path if entry.served is not None else _FOUND.get(entry.cfg)
+    """The model's file as it is now: nothing is installed or made to find it. A copy made
+    on first use from another model (``quantize``) and not made yet shows its base's
+    metadata, which quantizing keeps (chat template, architecture, context length: clients
+    such as Zed read its tools capability and context from /api/show), with no file."""
+    if entry.served is not None:
+        return _facts(entry.cfg, entry.served.runtime.path)
+    facts, src = _facts(entry.cfg, _found(entry.cfg, configs)), entry.cfg.source
+    if facts.path is None and isinstance(src, DerivedSource) and src.base in configs:
+        base = configs[src.base]
+        meta = _facts(base, _found(base, configs)).meta
+        return FileFacts(None, modified=_SINCE, meta=meta, quant=src.quantize.upper())
+    return facts
+
+
+def _found(cfg: ModelConfig, configs: dict[str, ModelConfig]) -> Path | None:
+    path = _FOUND.get(cfg)
+    if path is None and (row := describe(cfg, configs))["status"] == "cached":
+        path = _FOUND[cfg] = Path(row["path"])
+    return path
+
+
+def _facts(cfg: ModelConfig, path: Path | None) -> FileFacts:
     if path is None:
-        row = describe(entry.cfg, configs)
-        if row["status"] != "cached":
-            return FileFacts(None, modified=time.time())
-        path = _FOUND[entry.cfg] = Path(row["path"])
+        return FileFacts(None, modified=_SINCE)
     try:
         st = path.stat()
     except OSError:  # removed since it was found
-        _FOUND.pop(entry.cfg, None)
-        return FileFacts(None, modified=time.time())
+        _FOUND.pop(cfg, None)
+        return FileFacts(None, modified=_SINCE)
     meta, quant = _gguf(path, st.st_mtime_ns)
     return FileFacts(path, st.st_size, st.st_mtime, meta, quant)
 

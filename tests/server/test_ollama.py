@@ -289,6 +289,22 @@ def test_list_show_ps(oc: ollama.Client, server: ServerProcess) -> None:
     assert running[LISTED].size_vram == 0 and running[LISTED].expires_at is not None
 
 
+def test_show_a_model_whose_file_is_made_on_first_use(server: ServerProcess) -> None:
+    """The q8 copy of the default model is made when it first loads; until then /api/show
+    gives its base's metadata (Zed reads tools and the context length from it, once), and
+    every listing the same modified_at, made or not (gemma's package may be absent)."""
+    def show(name: str) -> dict[str, Any]:
+        r = httpx.post(f"{server.base_url}/api/show", json={"model": name}, timeout=60)
+        assert r.status_code == 200, r.text
+        return dict(r.json())
+    q8 = show("smollm2-q8")
+    assert {"completion", "tools"} <= set(q8["capabilities"])
+    assert q8["model_info"]["llama.context_length"] == 8192
+    assert "<|im_start|>" in q8["template"] and q8["details"]["quantization_level"] == "Q8_0"
+    for name in ("smollm2-q8", "gemma3"):
+        assert show(name)["modified_at"] == show(name)["modified_at"], name
+
+
 def test_embed_and_embeddings(oc: ollama.Client, server: ServerProcess) -> None:
     size = oc.show("default").modelinfo["llama.embedding_length"]  # type: ignore[index]
     two = oc.embed(model="default", input=["a red apple", "the stock market"])
