@@ -175,7 +175,7 @@ async def _started(f: _Fitted, req: GenerateRequest, leases: list[Lease],
         budget = req.reasoning_budget if req.reasoning_budget is not None else 1 << 30
         params = replace(params, reasoning_budget=budget, reasoning_close=tuple(close),
                          reasoning_end_closes=waits)
-    jobs = [(pi, prompt, _choice_params(params, i))
+    jobs = [(pi, prompt, rq.choice_params(params, i, len(prompts) * req.n == 1))
             for pi, prompt in enumerate(prompts) for i in range(req.n)]
     # checked again right before submitting (model_for's check ran before rendering and
     # tokenizing, while other requests kept arriving), and the places held from here on
@@ -324,13 +324,6 @@ def _without_marker_start(text: str, markers: tuple[str, ...]) -> str:
     """``text`` less a tail that starts one of ``markers``: the output ran out (max_tokens)
     while a base model wrote the ChatML marker that would have ended its answer."""
     return text[:len(text) - max(partial_suffix(text, m) for m in markers)]
-
-
-def _choice_params(params: SamplingParams, i: int) -> SamplingParams:
-    """Choice i of n: a seeded request gives each choice its own, reproducible seed."""
-    if i == 0 or params.seed is None:
-        return params
-    return replace(params, seed=params.seed + i)
 
 
 async def merge(gens: list[AsyncIterator[Delta]]) -> AsyncIterator[tuple[int, Delta]]:

@@ -8,7 +8,7 @@ service picks: token ids against its vocabulary, the prompt against its context)
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from edgeinfer.engine.sequence import SamplingParams
@@ -136,3 +136,16 @@ def check_chars(chars: int, n_ctx: int, where: str) -> None:
             f"{where} has {chars} characters, more than any {n_ctx} tokens hold. Please "
             "reduce the prompt.", param=where, prompt_tokens=max(n_ctx + 1, chars // 4),
             max_tokens=0, n_ctx=n_ctx)
+
+
+def choice_params(params: SamplingParams, i: int, alone: bool) -> SamplingParams:
+    """Choice i of a request's sequences: a seeded request gives each choice its own,
+    reproducible seed. Sequences that share the KV cache with others of their request
+    (``alone`` false: n > 1, several prompts) do not draft: the cells a sequence's rejected
+    drafts leave are taken by the others, in another order than without drafts, which
+    changes their numbers' last bits, so speculation would change the output."""
+    if not alone:
+        params = replace(params, speculative=False)
+    if i == 0 or params.seed is None:
+        return params
+    return replace(params, seed=params.seed + i)

@@ -671,6 +671,27 @@ def test_the_llama_cpp_web_uis_default_request_is_taken(server: ServerProcess) -
     assert bad.status_code == 400 and bad.json()["error"]["param"] == "max_tokens"
 
 
+def test_n_choices_give_the_same_output_with_and_without_speculation(
+        client: openai.OpenAI) -> None:
+    """Choices of one request share the KV cache: one's rejected drafts leave cells the
+    other takes, in another order than without drafts, so they do not draft, and a seeded
+    n = 2 answers as without speculation, bit for bit (it differed in its logprobs)."""
+    text = ("The quick brown fox jumps over the lazy dog near the river bank. Every morning "
+            "the baker opens his shop at six and sells fresh bread to the village.")
+    ask: dict[str, Any] = {
+        "model": "default", "max_tokens": 40, "temperature": 0.9, "seed": 1, "n": 2,
+        "logprobs": True, "messages": [{"role": "user", "content": f"Repeat exactly: {text}"}]}
+
+    def answers(**extra: Any) -> list[tuple[str | None, list[float]]]:
+        body = {"cache_prompt": False, **extra}  # (a cached prompt is pieced otherwise)
+        r = client.chat.completions.create(**ask, extra_body=body)
+        return [(c.message.content, [t.logprob for t in c.logprobs.content or []])
+                for c in r.choices if c.logprobs is not None]
+    plain = answers(speculative=False)
+    assert len(plain) == 2 and answers() == plain
+    assert answers(prediction={"type": "content", "content": text}) == plain
+
+
 def test_predicted_outputs_draft_the_answer_and_leave_it_unchanged(
         client: openai.OpenAI) -> None:
     """OpenAI's ``prediction``: the expected answer (a file being edited) is drafted from
