@@ -241,7 +241,7 @@ def _props(entry: PoolEntry, configs: dict[str, ModelConfig]) -> dict[str, Any]:
               "top_k": d.top_k, "top_p": d.top_p, "min_p": d.min_p, "seed": -1}
     return {
         "default_generation_settings": {"n_ctx": n_ctx, "params": params},
-        "total_slots": cfg.slots, "model_alias": cfg.id,
+        "total_slots": (served.cfg if served else cfg).slots, "model_alias": cfg.id,
         "model_path": str(facts.path or ""), "loaded": served is not None,
         "modalities": {"vision": False, "video": False, "audio": False},
         "endpoint_slots": True, "endpoint_props": False, "endpoint_metrics": True,

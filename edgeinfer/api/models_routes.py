@@ -27,7 +27,7 @@ def model_card(entry: PoolEntry) -> dict[str, Any]:
         info = served.runtime.info
         card["meta"] = {"description": info.description, "n_ctx": info.n_ctx,
                         "n_ctx_train": info.n_ctx_train, "n_vocab": info.n_vocab,
-                        "slots": cfg.slots, "size_bytes": info.size_bytes,
+                        "slots": served.cfg.slots, "size_bytes": info.size_bytes,
                         "memory_bytes": served.runtime.memory_bytes(),
                         "tool_format": served.tool_format.name,
                         "reasoning_format": cfg.reasoning_format,

@@ -4,7 +4,8 @@ without loading anything.
 
 - context: the model's training context (at most ``AUTO_CONTEXT_MAX``), lowered in steps
   of 256 cells until its weights, its KV cache (in the configured K/V types) and
-  ``MODEL_OVERHEAD`` fit the free RAM, and, for the layers on a GPU, their share of the
+  ``MODEL_OVERHEAD`` (and its draft model's, whose KV cache has as many cells) fit the free
+  RAM, and, for the layers on a GPU, their share of the
   weights and KV fits the GPU's free memory; never below ``MIN_CONTEXT`` (a model that
   does not fit even then loads with that and says so);
 - slots: the configured count (8 by default), fewer when the context would give a slot
@@ -37,13 +38,17 @@ class Memory:
     context_train: int | None
     ram_free: int  # bytes this model may take (free RAM less a reserve, or the budget)
     vram_free: int | None = None  # the GPU's free bytes, when layers are offloaded
+    # a draft model's file and KV bytes a token (0: none): its context is the target's
+    draft_file_bytes: int = 0
+    draft_kv_bytes_per_token: int = 0
 
 
 def _needs(cfg: ModelConfig, m: Memory, ctx: int) -> tuple[int, int]:
     """(RAM, VRAM) bytes the model takes with ``ctx`` cells."""
     layers = cfg.gpu_layers if isinstance(cfg.gpu_layers, int) else 0
     on_gpu = min(layers, m.n_layers + 1) / (m.n_layers + 1) if m.n_layers > 0 else 0.0
-    weights, kv = m.file_bytes, m.kv_bytes_per_token * ctx
+    weights = m.file_bytes + (m.draft_file_bytes + MODEL_OVERHEAD if m.draft_file_bytes else 0)
+    kv = (m.kv_bytes_per_token + m.draft_kv_bytes_per_token) * ctx
     vram = round((weights + kv) * on_gpu)
     return weights + kv + MODEL_OVERHEAD - vram, vram
 

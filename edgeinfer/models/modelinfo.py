@@ -159,10 +159,14 @@ def kv_per_token(cfg: ModelConfig, facts: dict[str, Any]) -> int:
 
 
 def fit_file(cfg: ModelConfig, path: Path, facts: dict[str, Any], room: int,
-             vram_free: int | None = None) -> tuple[ModelConfig, str]:
-    """The fit step (``models.fit``) for the GGUF at ``path`` in ``room`` bytes of RAM."""
+             vram_free: int | None = None, draft: tuple[int, dict[str, Any]] | None = None
+             ) -> tuple[ModelConfig, str]:
+    """The fit step (``models.fit``) for the GGUF at ``path`` in ``room`` bytes of RAM, with
+    its draft model's file size and facts (``_draft_facts``), whose cache grows with the
+    context chosen."""
     return fit(cfg, Memory(path.stat().st_size, kv_per_token(cfg, facts), int(facts["layers"]),
-                           facts["context_train"], room, vram_free))
+                           facts["context_train"], room, vram_free,
+                           draft[0] if draft else 0, kv_per_token(cfg, draft[1]) if draft else 0))
 
 
 def describe(cfg: ModelConfig, models: dict[str, ModelConfig] | None = None) -> dict[str, Any]:
@@ -184,7 +188,7 @@ def describe(cfg: ModelConfig, models: dict[str, ModelConfig] | None = None) -> 
     except (ModelLoadError, ValueError, OSError) as exc:
         return {**row, "status": "unavailable", "error": str(exc)}
     size = path.stat().st_size
-    draft = _draft_facts(cfg, models)  # its size and facts, or its error
+    draft = draft_facts(cfg, models)  # its size and facts, or its error
     if isinstance(draft, str):
         return {**row, "status": "unavailable", "error": draft}
 
@@ -192,8 +196,8 @@ def describe(cfg: ModelConfig, models: dict[str, ModelConfig] | None = None) -> 
         return serving_bytes(draft[0], kv_per_token(cfg, draft[1]), cfg.context) if draft else 0
 
     if not {"context", "slots"} <= set(cfg.explicit):  # what the fit step would choose now
-        cfg, _ = fit_file(cfg, path, facts,
-                          psutil.virtual_memory().available - MEMORY_RESERVE - draft_bytes())
+        cfg, _ = fit_file(cfg, path, facts, psutil.virtual_memory().available - MEMORY_RESERVE,
+                          draft=draft)
         row.update(slots=cfg.slots, context=cfg.context, fit=True)
     per_token = kv_per_token(cfg, facts)
     kv, drafted = per_token * cfg.context, draft_bytes()  # at the fitted context
@@ -210,7 +214,7 @@ def describe(cfg: ModelConfig, models: dict[str, ModelConfig] | None = None) -> 
             "cache": cache_tiers(cfg, facts)}
 
 
-def _draft_facts(cfg: ModelConfig, models: dict[str, ModelConfig] | None
+def draft_facts(cfg: ModelConfig, models: dict[str, ModelConfig] | None
                  ) -> tuple[int, dict[str, Any]] | str | None:
     """The file size and facts of ``cfg``'s draft model (None: it has none; a string: why
     it cannot be read)."""

@@ -236,11 +236,11 @@ class ModelPool:
         try:
             path = await asyncio.to_thread(resolve_model_path, cfg, self._configs())
             draft = await asyncio.to_thread(self._draft_file, cfg)
-            # the draft model's context has the target's cells and K/V types
+            cfg = await asyncio.to_thread(self._fitted, cfg, path, draft[1] if draft else None)
+            # the draft model's context has the target's (fitted) cells and K/V types
             extra = estimate_bytes(replace(
                 draft[0], context=cfg.context, cache_type_k=cfg.cache_type_k,
                 cache_type_v=cfg.cache_type_v), draft[1]) if draft else 0
-            cfg = await asyncio.to_thread(self._fitted, cfg, path, extra)
             await self._make_room(cfg, await asyncio.to_thread(estimate_bytes, cfg, path) + extra)
             entry.files = Loaded.of(path, *([draft[1]] if draft else []))
             served = await asyncio.to_thread(load_model, cfg, path, draft)
@@ -312,18 +312,19 @@ class ModelPool:
                                  "configured")
         return draft, resolve_model_path(draft, configs)
 
-    def _fitted(self, cfg: ModelConfig, path: Path, extra: int = 0) -> ModelConfig:
+    def _fitted(self, cfg: ModelConfig, path: Path, draft: Path | None = None) -> ModelConfig:
         """``cfg`` with the context and slots models.toml left out chosen to fit the memory
-        free now (less ``extra``, a draft model's), idle models counted as free
-        (``models.fit``; blocking)."""
+        free now, with its draft model's (its file at ``draft``) at the same context, idle
+        models counted as free (``models.fit``; blocking)."""
         if {"context", "slots"} <= set(cfg.explicit):
             return cfg
         try:
             facts = gguf_facts(path)
-        except ValueError:  # a broken file fails to load, with its reason
+            drafted = (draft.stat().st_size, gguf_facts(draft)) if draft else None
+        except (ValueError, OSError):  # a broken file fails to load, with its reason
             return cfg
-        fitted, note = fit_file(cfg, path, facts, self._room() - extra,
-                                gpu_free_bytes() if cfg.gpu_layers else None)
+        fitted, note = fit_file(cfg, path, facts, self._room(),
+                                gpu_free_bytes() if cfg.gpu_layers else None, drafted)
         log.info("%s", note)
         return fitted
 

@@ -414,9 +414,30 @@ def test_fit_step_sizes_a_model_without_context_to_the_memory_budget(tmp_path: P
         assert meta["n_ctx"] == 2816  # the training context (8,192) lowered to fit 220 MiB
         slots = httpx.get(f"{srv.base_url}/slots").json()["data"][0]["slots"]
         assert len(slots) == 5  # 512 cells a slot at least
+        assert meta["slots"] == 5  # (the slots chosen, not the configured 8)
+        props = httpx.get(f"{srv.base_url}/props").json()
+        assert props["total_slots"] == 5
         log = srv.log.read_text()
         assert "fit: context 2816, lowered from 8192 to fit, 5 slots" in log
         assert "2816 KV cells (fit)" in log
         assert _chat(srv.base_url, "a", 2).status_code == 200
+    finally:
+        stop_server(srv)
+
+
+def test_fit_step_counts_a_draft_models_cache_at_the_context_it_chooses(
+        tmp_path: Path) -> None:
+    """A draft model's cache has the target's cells: the fit counted it at the context before
+    fitting (8,192 cells), so a target and draft that fit at a lower context did not start."""
+    cfg = tmp_path / "models.toml"
+    cfg.write_text(f'[server]\nmemory_budget_mb = 360\n[[models]]\nid = "t"\n{SMOL}\n'
+                   'preload = true\ncache_type_k = "q4_0"\ncache_type_v = "q4_0"\n'
+                   'speculative = "draft"\ndraft_model = "d"\n'
+                   f'[[models]]\nid = "d"\n{SMOL}\ncontext = 1024\nslots = 1\n')
+    srv = start_server(tmp_path, "--config", str(cfg))
+    try:
+        log = srv.log.read_text()
+        assert "model t: fit: context" in log and "does not fit" not in log, log
+        assert _chat(srv.base_url, "t", 2).status_code == 200
     finally:
         stop_server(srv)

@@ -6,6 +6,7 @@ import asyncio
 import json
 import math
 import time
+from typing import Any
 
 import httpx
 import openai

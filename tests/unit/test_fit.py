@@ -68,3 +68,16 @@ def test_values_set_in_models_toml_or_on_the_command_line_are_kept(tmp_path: Pat
     both = override_model(b, context=4096, slots=3)
     assert fit(both, tight) == (both, "")
     assert fit(ModelConfig(id="m", path=Path("m.gguf")), tight)[1] == ""  # built in code: as given
+
+
+def test_a_draft_models_cache_is_fitted_at_the_context_chosen() -> None:
+    """The draft's KV cache has the target's cells: counted at the context being tried, not
+    at the one before the fit (a config that fits at 2,048 cells was refused at start-up)."""
+    draft = 64 * MIB + MODEL_OVERHEAD  # the draft's weights and buffers
+    per_token = (128 << 10) + (32 << 10)  # the target's KV bytes a token, and the draft's
+    room = 1024 * MIB + MODEL_OVERHEAD + draft + per_token * 3000
+    cfg, note = fit(AUTO, Memory(1024 * MIB, 128 << 10, 32, 131072, ram_free=room,
+                                 draft_file_bytes=64 * MIB, draft_kv_bytes_per_token=32 << 10))
+    assert cfg.context == 2816 and "does not fit" not in note
+    alone, _ = fit(AUTO, Memory(1024 * MIB, 128 << 10, 32, 131072, ram_free=room))
+    assert alone.context > cfg.context  # without a draft, more cells fit
