@@ -22,7 +22,7 @@ from edgeinfer.engine import native
 from edgeinfer.engine.kv import kv_bytes_per_token, kv_scale, serving_bytes
 from edgeinfer.engine.ram_tier import default_mb
 from edgeinfer.errors import ConfigError, EdgeInferError, ModelLoadError
-from edgeinfer.models.fit import MEMORY_RESERVE, Memory, fit
+from edgeinfer.models.fit import MEMORY_RESERVE, MODEL_OVERHEAD, Memory, fit
 from edgeinfer.models.source import cache_dir, check_gguf, resolve_model_path
 from edgeinfer.prompt.reasoning import splits
 from edgeinfer.prompt.template import CHATML
@@ -156,6 +156,17 @@ def gguf_facts(path: Path) -> dict[str, Any]:
 def kv_per_token(cfg: ModelConfig, facts: dict[str, Any]) -> int:
     """Bytes of KV cache one token takes in ``cfg``'s cache types (``facts``: gguf_facts)."""
     return round(int(facts["kv_bytes_per_token"]) * kv_scale(cfg.cache_type_k, cfg.cache_type_v))
+
+
+def estimate_bytes(cfg: ModelConfig, path: Path) -> int:
+    """Memory a model will take once loaded: weights, its KV cache (the one formula,
+    ``engine.kv``, from the GGUF's shapes) and MODEL_OVERHEAD. Blocking (reads the file's
+    header)."""
+    try:
+        per_token = kv_per_token(cfg, gguf_facts(path))
+    except Exception:  # a broken file fails to load later, with its reason
+        per_token = 0
+    return path.stat().st_size + per_token * cfg.context + MODEL_OVERHEAD
 
 
 def fit_file(cfg: ModelConfig, path: Path, facts: dict[str, Any], room: int,

@@ -15,7 +15,7 @@ import psutil
 from edgeinfer.config import ModelConfig, ServerConfig
 from edgeinfer.errors import APIError, ConfigError, ModelLoadError, NotFound, Unavailable
 from edgeinfer.models.fit import MEMORY_RESERVE, MODEL_OVERHEAD
-from edgeinfer.models.modelinfo import fit_file, gguf_facts, kv_per_token
+from edgeinfer.models.modelinfo import estimate_bytes, fit_file, gguf_facts
 from edgeinfer.models.offload import gpu_free_bytes
 from edgeinfer.models.prefix_store import drop_runtime_pins
 from edgeinfer.models.served import ServedModel, load_model
@@ -50,6 +50,9 @@ class PoolEntry:
     created: int = field(default_factory=lambda: int(time.time()))
     # the files it was loaded from, stamped (``models.stamp``)
     files: Loaded | None = None
+    # preloading: the fitted models still to load at start-up, this one included; its fit
+    # takes that share of the room, so that each of them fits beside the others
+    fit_share: int = 1
 
     @property
     def ttl(self) -> float | None:
@@ -63,15 +66,6 @@ class PoolEntry:
         return now - max(self.last_used, done[-1] if done else 0.0)
 
 
-def estimate_bytes(cfg: ModelConfig, path: Path) -> int:
-    """Memory a model will take once loaded: weights, its KV cache (the one formula,
-    ``engine.kv``, from the GGUF's shapes) and MODEL_OVERHEAD. Blocking (reads the file's
-    header)."""
-    try:
-        per_token = kv_per_token(cfg, gguf_facts(path))
-    except Exception:  # a broken file fails to load later, with its reason
-        per_token = 0
-    return path.stat().st_size + per_token * cfg.context + MODEL_OVERHEAD
 REAP_SECONDS = 1.0
 RETRY_FAILED_SECONDS = 30.0  # a request this long after a failed load tries it again
 
@@ -151,9 +145,14 @@ class ModelPool:
     async def start(self) -> None:
         """Load the preloaded models (the first one always) and start the idle reaper."""
         self.stopped = False
-        for i, cfg in enumerate(self.config.models):
-            if cfg.preload or i == 0:
-                await self._ensure(self.entries[cfg.id])
+        first = [e for i, e in enumerate(self.entries.values()) if e.cfg.preload or i == 0]
+        fitted = [e for e in first if not {"context", "slots"} <= set(e.cfg.explicit)]
+        for entry in first:
+            entry.fit_share = len(fitted) - fitted.index(entry) if entry in fitted else 1
+            try:
+                await self._ensure(entry)
+            finally:
+                entry.fit_share = 1
         if not self.models and all(e.state is ModelState.FAILED for e in self.entries.values()):
             raise ModelLoadError("; ".join(self.failed.values()) or "no model configured")
         self._reaper = asyncio.ensure_future(self._reap())
@@ -236,7 +235,8 @@ class ModelPool:
         try:
             path = await asyncio.to_thread(resolve_model_path, cfg, self._configs())
             draft = await asyncio.to_thread(self._draft_file, cfg)
-            cfg = await asyncio.to_thread(self._fitted, cfg, path, draft[1] if draft else None)
+            cfg = await asyncio.to_thread(self._fitted, cfg, path, draft[1] if draft else None,
+                                          entry.fit_share)
             # the draft model's context has the target's (fitted) cells and K/V types
             extra = estimate_bytes(replace(
                 draft[0], context=cfg.context, cache_type_k=cfg.cache_type_k,
@@ -312,10 +312,12 @@ class ModelPool:
                                  "configured")
         return draft, resolve_model_path(draft, configs)
 
-    def _fitted(self, cfg: ModelConfig, path: Path, draft: Path | None = None) -> ModelConfig:
+    def _fitted(self, cfg: ModelConfig, path: Path, draft: Path | None = None,
+                share: int = 1) -> ModelConfig:
         """``cfg`` with the context and slots models.toml left out chosen to fit the memory
-        free now, with its draft model's (its file at ``draft``) at the same context, idle
-        models counted as free (``models.fit``; blocking)."""
+        free now (a ``share``-th of it: ``PoolEntry.fit_share``), with its draft model's
+        (its file at ``draft``) at the same context, idle models counted as free
+        (``models.fit``; blocking)."""
         if {"context", "slots"} <= set(cfg.explicit):
             return cfg
         try:
@@ -323,7 +325,7 @@ class ModelPool:
             drafted = (draft.stat().st_size, gguf_facts(draft)) if draft else None
         except (ValueError, OSError):  # a broken file fails to load, with its reason
             return cfg
-        fitted, note = fit_file(cfg, path, facts, self._room(),
+        fitted, note = fit_file(cfg, path, facts, self._room() // max(share, 1),
                                 gpu_free_bytes() if cfg.gpu_layers else None, drafted)
         log.info("%s", note)
         return fitted

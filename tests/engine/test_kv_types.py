@@ -17,7 +17,8 @@ from edgeinfer.engine import native
 from edgeinfer.engine.logprobs import TokenLogprob
 from edgeinfer.engine.loop import Delta
 from edgeinfer.engine.sequence import SamplingParams
-from edgeinfer.models.pool import MODEL_OVERHEAD, estimate_bytes
+from edgeinfer.models.modelinfo import estimate_bytes
+from edgeinfer.models.pool import MODEL_OVERHEAD
 from edgeinfer.models.served import load_model
 from edgeinfer.models.source import resolve_model_path
 

@@ -441,3 +441,20 @@ def test_fit_step_counts_a_draft_models_cache_at_the_context_it_chooses(
         assert _chat(srv.base_url, "t", 2).status_code == 200
     finally:
         stop_server(srv)
+
+
+def test_preloaded_models_fitted_together_all_load(tmp_path: Path) -> None:
+    """Two preloaded models without a context under one budget: each is fitted to a share
+    of it, and both load. The first took all it could (8,192 cells), the second did not fit
+    beside it even at 2,048, and start-up unloaded the first to make room."""
+    cfg = tmp_path / "models.toml"
+    cfg.write_text("[server]\nmemory_budget_mb = 500\n" + "".join(
+        f'[[models]]\nid = "{m}"\n{SMOL}\npreload = true\n' for m in "ab"))
+    srv = start_server(tmp_path, "--config", str(cfg))
+    try:
+        cards = httpx.get(f"{srv.base_url}/v1/models").json()["data"]
+        assert {c["id"]: c["state"] for c in cards} == {"a": "loaded", "b": "loaded"}
+        assert all(2048 <= c["meta"]["n_ctx"] < 8192 for c in cards), cards
+        assert "to make room" not in srv.log.read_text()
+    finally:
+        stop_server(srv)
