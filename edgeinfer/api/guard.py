@@ -91,6 +91,7 @@ def local_name(host: str) -> bool:
         ip = ipaddress.ip_address(host.removeprefix("[").removesuffix("]"))
     except ValueError:
         return host.endswith(_LOCAL_SUFFIXES) or host == socket.gethostname().lower()
+    ip = getattr(ip, "ipv4_mapped", None) or ip  # [::ffff:0.0.0.0] is 0.0.0.0
     return not ip.is_unspecified and (ip.is_private or ip.is_loopback or ip.is_link_local)
 
 

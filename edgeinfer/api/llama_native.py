@@ -221,8 +221,7 @@ async def props(request: Request) -> Response:
     is loaded, else from models.toml and the GGUF header (nothing is loaded for it)."""
     p = pool(request)
     entry = p.entries[p.resolve(request.query_params.get("model") or p.config.models[0].id)]
-    return JSONResponse(await asyncio.to_thread(_props, entry,
-                                                {e.cfg.id: e.cfg for e in p.entries.values()}))
+    return JSONResponse(await asyncio.to_thread(_props, entry, p.configs()))
 
 
 def _props(entry: PoolEntry, configs: dict[str, ModelConfig]) -> dict[str, Any]:

@@ -112,8 +112,8 @@ def _options(b: Body) -> tuple[dict[str, Any], int | None]:
     predict = out.pop("num_predict", None)
     if predict is not None and (isinstance(predict, bool) or not isinstance(predict, int)
                                 or not -2 <= predict <= MAX_TOKENS_LIMIT):
-        raise InvalidRequest("'options.num_predict' must be -1, -2, 0 or a positive integer",
-                             param="options.num_predict")
+        raise InvalidRequest("'options.num_predict' must be -1, -2, 0 or a positive integer "
+                             f"up to {MAX_TOKENS_LIMIT}", param="options.num_predict")
     if out.get("repeat_last_n") == -1:
         out["repeat_last_n"] = 1 << 16  # the whole context
     seed = out.get("seed")
@@ -126,6 +126,7 @@ def _num_keep(b: Body) -> int:
     """``options.num_keep``: prompt tokens kept at the head when a prompt is cut (default 4,
     as Ollama's; negative: as many as the cut allows)."""
     keep = (b.body.get("options") or {}).get("num_keep")
+    keep = int(keep) if isinstance(keep, float) and math.isfinite(keep) else keep
     if not isinstance(keep, int) or isinstance(keep, bool):
         return 4
     return keep if keep >= 0 else 1 << 30
@@ -281,7 +282,7 @@ async def embeddings(request: Request) -> Response:
 
 
 def _configs(p: ModelPool) -> dict[str, ModelConfig]:
-    return {e.cfg.id: e.cfg for e in p.entries.values()}
+    return p.configs()  # (the library's too: a served model's base or draft may be there)
 
 
 async def tags(request: Request) -> Response:

@@ -74,10 +74,15 @@ def file_facts(entry: PoolEntry, configs: dict[str, ModelConfig]) -> FileFacts:
     if entry.served is not None:
         return _facts(entry.cfg, entry.served.runtime.path)
     facts, src = _facts(entry.cfg, _found(entry.cfg, configs)), entry.cfg.source
-    if facts.path is None and isinstance(src, DerivedSource) and src.base in configs:
-        base = configs[src.base]
-        meta = _facts(base, _found(base, configs)).meta
-        return FileFacts(None, modified=_SINCE, meta=meta, quant=src.quantize.upper())
+    if facts.path is not None or not isinstance(src, DerivedSource):
+        return facts
+    quant, seen = src.quantize.upper(), {entry.cfg.id}
+    while isinstance(src, DerivedSource) and src.base in configs and src.base not in seen:
+        base = configs[src.base]  # (a base may itself be a copy not made yet)
+        seen.add(base.id)
+        if (found := _facts(base, _found(base, configs))).path is not None:
+            return FileFacts(None, modified=_SINCE, meta=found.meta, quant=quant)
+        src = base.source
     return facts
 
 

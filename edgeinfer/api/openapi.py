@@ -98,7 +98,7 @@ def _get(summary: str) -> dict[str, Any]:
 def _chat_fields() -> dict[str, Any]:
     """The body fields of /v1/chat/completions."""
     return {**_SAMPLING, "messages": {"type": "array", "items": _MESSAGE, "minItems": 1},
-            "max_completion_tokens": {"type": "integer", "minimum": 1},
+            "max_completion_tokens": {"type": "integer", "minimum": -2},
             "logprobs": _BOOL, "top_logprobs": {"type": "integer", "minimum": 0, "maximum": 20},
             "response_format": {"type": "object"}, "tools": {"type": "array"},
             "tool_choice": {}, "parallel_tool_calls": _BOOL, "grammar": _STR,

@@ -44,13 +44,16 @@ class Memory:
 
 
 def _needs(cfg: ModelConfig, m: Memory, ctx: int) -> tuple[int, int]:
-    """(RAM, VRAM) bytes the model takes with ``ctx`` cells."""
+    """(RAM, VRAM) bytes the model takes with ``ctx`` cells: its layers' share on the GPU,
+    and its draft model's, which goes to the GPU whole when the target has any layer there
+    (``engine.draft_model``); each with ``MODEL_OVERHEAD`` of buffers in RAM."""
     layers = cfg.gpu_layers if isinstance(cfg.gpu_layers, int) else 0
     on_gpu = min(layers, m.n_layers + 1) / (m.n_layers + 1) if m.n_layers > 0 else 0.0
-    weights = m.file_bytes + (m.draft_file_bytes + MODEL_OVERHEAD if m.draft_file_bytes else 0)
-    kv = (m.kv_bytes_per_token + m.draft_kv_bytes_per_token) * ctx
-    vram = round((weights + kv) * on_gpu)
-    return weights + kv + MODEL_OVERHEAD - vram, vram
+    own = m.file_bytes + m.kv_bytes_per_token * ctx
+    draft = m.draft_file_bytes + m.draft_kv_bytes_per_token * ctx if m.draft_file_bytes else 0
+    vram = round(own * on_gpu) + (draft if layers > 0 else 0)
+    buffers = MODEL_OVERHEAD * (2 if draft else 1)
+    return own + draft + buffers - vram, vram
 
 
 def _fits(cfg: ModelConfig, m: Memory, ctx: int) -> bool:

@@ -233,7 +233,7 @@ class ModelPool:
         cfg = entry.cfg
         entry.state = ModelState.LOADING
         try:
-            path = await asyncio.to_thread(resolve_model_path, cfg, self._configs())
+            path = await asyncio.to_thread(resolve_model_path, cfg, self.configs())
             draft = await asyncio.to_thread(self._draft_file, cfg)
             cfg = await asyncio.to_thread(self._fitted, cfg, path, draft[1] if draft else None,
                                           entry.fit_share)
@@ -296,7 +296,7 @@ class ModelPool:
         if entry.state is ModelState.LOADED:
             entry.keep_alive, entry.last_used = seconds, time.monotonic()
 
-    def _configs(self) -> dict[str, ModelConfig]:
+    def configs(self) -> dict[str, ModelConfig]:
         """Every configured model by id, served or not (as served where it is)."""
         return {**{m.id: m for m in self.config.library},
                 **{e.cfg.id: e.cfg for e in self.entries.values()}}
@@ -305,7 +305,7 @@ class ModelPool:
         """The configuration and file of ``cfg``'s draft model (None: it has none)."""
         if cfg.speculative != "draft" or cfg.draft_model is None:
             return None
-        configs = self._configs()
+        configs = self.configs()
         draft = next((m for m in configs.values() if cfg.draft_model in m.names), None)
         if draft is None:
             raise ModelLoadError(f"model {cfg.id!r}: draft model {cfg.draft_model!r} is not "

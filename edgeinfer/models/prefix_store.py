@@ -76,6 +76,7 @@ class StoreStats:
 
 
 _FOREIGN = "saved for another model file or other context parameters"
+_WARNED: set[Path] = set()  # folders whose foreign run-time pins were reported
 
 
 class PrefixStore:
@@ -188,10 +189,11 @@ class PrefixStore:
                 n = int(head["n_tokens"]) if head else 0
                 out.append((list(struct.unpack_from(f"<{n}i", body)), body[4 * n:]))
                 self.stats.restores += 1
-        if foreign and kind == "runtime":
+        if foreign and kind == "runtime" and self.folder not in _WARNED:
+            _WARNED.add(self.folder)  # (once: they stay until DELETE /v1/cache/pins or aged out)
             log.warning("%d prefixes pinned at run time were saved for another model file or "
                         "other context parameters: not pinned again (POST /v1/cache/pin pins "
-                        "them anew)", foreign)
+                        "them anew; DELETE /v1/cache/pins removes them)", foreign)
         return out
 
     def _foreign_kind(self, raw: bytes, kind: str) -> int:
@@ -201,12 +203,14 @@ class PrefixStore:
 
     def drop_hot(self, keep: list[list[int]], kind: str = "hot") -> None:
         """Remove the hot prefixes' files (with ``kind`` "runtime": those pinned at run
-        time) other than those of ``keep``."""
+        time, saved for any model file or context parameters: unpinning all is for the
+        model) other than those of ``keep``."""
         wanted = {self.path_for(t) for t in keep}
         with self._lock:
             for _, _, path in self._files():
                 with contextlib.suppress(OSError):
-                    head = self._head_of(path)
+                    head = self._header(read_file(path, _HEADER_MAX + len(MAGIC) + 4),
+                                        any_identity=kind == "runtime")[0]
                     if head is not None and head.get(kind) and path not in wanted:
                         path.unlink()
 

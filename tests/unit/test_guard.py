@@ -47,7 +47,8 @@ def test_host_header_defeats_dns_rebinding(host: str, status: int) -> None:
     ("host.docker.internal:8080", 200), ("gateway.docker.internal", 200), ("my-pc.local", 200),
     ("app.localhost:5173", 200), ("192.168.1.10", 200), ("10.0.0.5:8080", 200),
     ("[fd00::2]:8080", 200), ("[fe80::1]", 200), ("169.254.1.1", 200),
-    ("0.0.0.0:8080", 403), ("[::]", 403), ("8.8.8.8", 403), ("localhost.evil.com", 403),
+    ("0.0.0.0:8080", 403), ("[::]", 403), ("[::ffff:0.0.0.0]", 403), ("[::ffff:10.0.0.5]", 200),
+    ("8.8.8.8", 403), ("localhost.evil.com", 403),
     ("evil.internal.example.com", 403), ("local", 403)])
 def test_names_of_this_machine_or_network_are_served_on_loopback(host: str,
                                                                     status: int) -> None:

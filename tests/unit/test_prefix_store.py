@@ -162,6 +162,11 @@ def test_run_time_pins_of_another_model_file_are_not_pinned_silently(
         assert new.load_hot("runtime") == []
     assert "1 prefixes pinned at run time were saved for another model file" in caplog.text
     assert [t for t, _ in old.load_hot("runtime")] == [TOKENS]
+    caplog.clear()
+    with caplog.at_level(logging.WARNING, "edgeinfer.cache.disk"):
+        assert new.load_hot("runtime") == [] and not caplog.text  # said once
+    new.drop_hot([], "runtime")  # DELETE /v1/cache/pins: the model's, of any file
+    assert old.load_hot("runtime") == [] and old.path_for(TOKENS[:50]).exists()
 
 
 def test_partial_writes_of_a_dead_writer_are_removed_by_age(tmp_path: Path) -> None:
