@@ -61,7 +61,6 @@ from edgeinfer.api.ollama_render import Parsed, answer, embeddings_answer, keep_
 from edgeinfer.api.openai_chat import parse_tools
 from edgeinfer.api.respond import pool
 from edgeinfer.api.toolchoice import ollama_choice
-from edgeinfer.config import ModelConfig
 from edgeinfer.engine.sequence import SamplingParams
 from edgeinfer.errors import APIError, InvalidRequest, NotFound
 from edgeinfer.models.pool import ModelPool
@@ -107,8 +106,7 @@ def _options(b: Body) -> tuple[dict[str, Any], int | None]:
                                  param=f"options.{key}")
         if key not in SAMPLING_OPTIONS and key not in IGNORED_OPTIONS:
             log.warning("ignoring an unknown Ollama option: %r", key[:64])
-    out |= {k: int(v) for k, v in out.items()  # a float cut to an integer, as Ollama does
-            if k in INTEGER_OPTIONS and isinstance(v, float) and math.isfinite(v)}
+    out |= {k: _whole(v) for k, v in out.items() if k in INTEGER_OPTIONS}
     predict = out.pop("num_predict", None)
     if predict is not None and (isinstance(predict, bool) or not isinstance(predict, int)
                                 or not -2 <= predict <= MAX_TOKENS_LIMIT):
@@ -122,11 +120,17 @@ def _options(b: Body) -> tuple[dict[str, Any], int | None]:
     return out, predict if predict is not None and predict > 0 else None
 
 
+def _whole(value: Any) -> Any:
+    """A finite float cut to an integer, as Ollama's ``FromMap`` reads an integer option;
+    anything else as it is (checked where it is read)."""
+    return int(value) if isinstance(value, float) and math.isfinite(value) else value
+
+
 def _num_keep(b: Body) -> int:
     """``options.num_keep``: prompt tokens kept at the head when a prompt is cut (default 4,
     as Ollama's; negative: as many as the cut allows)."""
     keep = (b.body.get("options") or {}).get("num_keep")
-    keep = int(keep) if isinstance(keep, float) and math.isfinite(keep) else keep
+    keep = _whole(keep)
     if not isinstance(keep, int) or isinstance(keep, bool):
         return 4
     return keep if keep >= 0 else 1 << 30
@@ -281,20 +285,16 @@ async def embeddings(request: Request) -> Response:
                                    keep=keep_alive(b.body.get("keep_alive")))
 
 
-def _configs(p: ModelPool) -> dict[str, ModelConfig]:
-    return p.configs()  # (the library's too: a served model's base or draft may be there)
-
-
 async def tags(request: Request) -> Response:
     p = pool(request)
     return JSONResponse(await asyncio.to_thread(
-        ollama_models.tags_body, list(p.entries.values()), _configs(p)))
+        ollama_models.tags_body, list(p.entries.values()), p.configs()))
 
 
 async def ps(request: Request) -> Response:
     p = pool(request)
     return JSONResponse(await asyncio.to_thread(
-        ollama_models.ps_body, list(p.entries.values()), _configs(p)))
+        ollama_models.ps_body, list(p.entries.values()), p.configs()))
 
 
 async def show(request: Request) -> Response:
@@ -305,7 +305,7 @@ async def show(request: Request) -> Response:
         raise InvalidRequest("'model' is required", param="model")
     p = pool(request)
     entry = p.entries[p.resolve(model_name(p, asked))]
-    return JSONResponse(await asyncio.to_thread(ollama_models.show_body, entry, _configs(p)))
+    return JSONResponse(await asyncio.to_thread(ollama_models.show_body, entry, p.configs()))
 
 
 # The Ollama release whose documented API this dialect follows. Clients gate features on

@@ -187,9 +187,9 @@ async def stream_lines(meta: Meta, events: AsyncIterator[ev.Event]
                 yield meta.line(thinking=e.text)
             ends_call = isinstance(e, ev.Finish) or isinstance(e, ev.ToolCallDelta) and e.name
             cut = isinstance(e, ev.Finish) and e.reason == "length"
-            if ends_call and tool_calls(calls, cut):
+            if ends_call and (n := len(tool_calls(calls, cut))):
                 yield meta.line(calls=calls, cut=cut, first=sent)
-                sent += len(tool_calls(calls, cut))
+                sent += n
             if ends_call:
                 calls = []
             if isinstance(e, ev.ToolCallDelta):

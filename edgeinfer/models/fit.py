@@ -7,7 +7,8 @@ without loading anything.
   ``MODEL_OVERHEAD`` (and its draft model's, whose KV cache has as many cells) fit the free
   RAM, and, for the layers on a GPU, their share of the
   weights and KV fits the GPU's free memory; never below ``MIN_CONTEXT`` (a model that
-  does not fit even then loads with that and says so);
+  does not fit even then is tried with that and the note says so; the pool's memory check
+  then decides);
 - slots: the configured count (8 by default), fewer when the context would give a slot
   less than ``MIN_CELLS_PER_SLOT`` cells.
 

@@ -199,7 +199,7 @@ def describe(cfg: ModelConfig, models: dict[str, ModelConfig] | None = None) -> 
     except (ModelLoadError, ValueError, OSError) as exc:
         return {**row, "status": "unavailable", "error": str(exc)}
     size = path.stat().st_size
-    draft = draft_facts(cfg, models)  # its size and facts, or its error
+    draft = _draft_facts(cfg, models)  # its size and facts, or its error
     if isinstance(draft, str):
         return {**row, "status": "unavailable", "error": draft}
 
@@ -225,8 +225,8 @@ def describe(cfg: ModelConfig, models: dict[str, ModelConfig] | None = None) -> 
             "cache": cache_tiers(cfg, facts)}
 
 
-def draft_facts(cfg: ModelConfig, models: dict[str, ModelConfig] | None
-                 ) -> tuple[int, dict[str, Any]] | str | None:
+def _draft_facts(cfg: ModelConfig, models: dict[str, ModelConfig] | None
+                  ) -> tuple[int, dict[str, Any]] | str | None:
     """The file size and facts of ``cfg``'s draft model (None: it has none; a string: why
     it cannot be read)."""
     if cfg.speculative != "draft" or cfg.draft_model is None:

@@ -152,10 +152,10 @@ class PrefixStore:
         head["_start"] = start + n
         return head, ""
 
-    def _head_of(self, path: Path) -> dict[str, Any] | None:
+    def _head_of(self, path: Path, any_identity: bool = False) -> dict[str, Any] | None:
         """The header of the file at ``path`` (its first bytes only), None when there is
-        none this identity wrote; OSError when it cannot be read."""
-        return self._header(read_file(path, _HEADER_MAX + len(MAGIC) + 4))[0]
+        none this identity (``any_identity``: any) wrote; OSError when it cannot be read."""
+        return self._header(read_file(path, _HEADER_MAX + len(MAGIC) + 4), any_identity)[0]
 
     def flagged(self, tokens: list[int], kind: str) -> bool:
         """Whether the file of ``tokens`` is saved as ``kind`` ("hot", "runtime")."""
@@ -209,8 +209,7 @@ class PrefixStore:
         with self._lock:
             for _, _, path in self._files():
                 with contextlib.suppress(OSError):
-                    head = self._header(read_file(path, _HEADER_MAX + len(MAGIC) + 4),
-                                        any_identity=kind == "runtime")[0]
+                    head = self._head_of(path, any_identity=kind == "runtime")
                     if head is not None and head.get(kind) and path not in wanted:
                         path.unlink()
 
