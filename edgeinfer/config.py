@@ -39,7 +39,7 @@ _MODEL_KEYS = {
     "reasoning_format", "chat_template_file", "tool_format", "cache_disk_mb",
     "cache_ram_mb", "swa_full", "prefill_batch", "step_target_ms", "cache_mode",
     "checkpoint_every", "cache_disk_hot", "speculative", "draft_max", "cache_type_k",
-    "cache_type_v", "deterministic", "draft_model", "draft_min", "flash_attn",
+    "cache_type_v", "deterministic", "draft_model", "draft_min", "flash_attn", "prefill_ahead",
 }
 TOOL_FORMATS = tuple("""auto hermes llama3 mistral granite nemotron firefunction mistral_args
 deepseek_v3 deepseek_r1 qwen3_coder seed_oss glm minimax gemma4 harmony lfm2 kimi_k2 dsml
@@ -80,6 +80,7 @@ class ModelConfig:
     aliases: tuple[str, ...] = ()
     context: int = 8192
     slots: int = 8
+    prefill_ahead: int | None = None  # see engine.kv.seats (None: as many as slots)
     threads: int = field(default_factory=lambda: min(8, os.cpu_count() or 1))
     gpu_layers: int | str = 0  # a count, or "auto": what fits the GPU's free memory
     batch: int = 256
@@ -155,14 +156,14 @@ class ModelConfig:
         if self.max_queue < 0 or self.request_timeout <= 0 or not (self.ttl or 0) >= 0:
             raise ConfigError(f"model {self.id!r}: max_queue and ttl must be >= 0 and "
                               "request_timeout > 0")
-        if self.batch < self.slots:
-            raise ConfigError(f"model {self.id!r}: batch must be >= slots")
-        # llama.cpp's limit is 256 sequences (one is kept spare)
-        if self.cache_entries < 0 or self.slots + self.cache_entries > 255:
-            raise ConfigError(f"model {self.id!r}: slots plus cache_entries must be at most 255 "
-                              "(llama.cpp's sequence limit, less one)")
         if not isinstance(self.deterministic, bool):
             raise ConfigError(f"model {self.id!r}: deterministic must be true or false")
+        if self.batch < self.slots:
+            raise ConfigError(f"model {self.id!r}: batch must be >= slots")
+        ahead = self.prefill_ahead or 0  # llama.cpp's limit: 256 sequences (one kept spare)
+        if min(self.cache_entries, ahead) < 0 or self.slots + ahead + self.cache_entries > 255:
+            raise ConfigError(f"model {self.id!r}: slots plus prefill_ahead plus cache_entries "
+                              "must be at most 255 (llama.cpp's sequence limit, less one)")
         if not set(self.tags) <= TAGS:
             raise ConfigError(f"model {self.id!r}: tags must be among {sorted(TAGS)}")
         if self.max_tokens is not None and self.max_tokens < 1:
@@ -239,8 +240,7 @@ def _template_file(kwargs: dict[str, Any], base: Path) -> str:
     if "chat_template" in kwargs:
         raise ConfigError(f"model {kwargs['id']!r}: give 'chat_template' or "
                           "'chat_template_file', not both")
-    p = Path(os.path.expanduser(str(name)))
-    p = p if p.is_absolute() else base / p
+    p = base / Path(os.path.expanduser(str(name)))  # (an absolute one stays itself)
     try:
         return p.read_text(encoding="utf-8")
     except (OSError, UnicodeDecodeError) as exc:
@@ -278,15 +278,14 @@ def _model_from_table(table: dict[str, Any], base: Path) -> ModelConfig:
     _check_types(table, {f.name: f.default for f in dataclasses.fields(ModelConfig)} | {
         "id": "", "path": "", "chat_template": "", "chat_template_file": "", "draft_model": "",
         "max_tokens": 0, "max_slots_per_request": 0, "ttl": 0.0, "threads": 0,
-        "cache_ram_mb": 0}, where)
+        "cache_ram_mb": 0, "prefill_ahead": 0}, where)
     for key in ("aliases", "tags", "fallback", "pinned_prompts"):  # ("abc": 3 aliases)
         if not isinstance(v := table.get(key, []), list) or not all(isinstance(x, str) and x
                                                                     for x in v):
             raise ConfigError(f"{where}: {key} must be a list of non-empty texts, not {v!r}")
     kwargs = dict(table)
-    if "path" in kwargs:
-        p = Path(os.path.expanduser(str(kwargs["path"])))
-        kwargs["path"] = p if p.is_absolute() else (base / p)
+    if "path" in kwargs:  # (base / an absolute path: that path)
+        kwargs["path"] = base / Path(os.path.expanduser(str(kwargs["path"])))
     if "source" in kwargs:
         kwargs["source"] = _source(kwargs["source"], table["id"])
     if "chat_template_file" in kwargs:

@@ -1,5 +1,5 @@
 """Checks of ``edgeinfer serve``'s flags: a bad value is a one-line error at start, not a
-traceback later (or a server that cuts every stream)."""
+traceback later (or a server that cuts every stream); and its flags for a Ray cluster."""
 
 from __future__ import annotations
 
@@ -57,3 +57,17 @@ def check_serve_flags(args: argparse.Namespace) -> None:
     except OSError as exc:
         raise ConfigError(f"--ready-file {ready}: its folder cannot be written "
                           f"({exc.strerror or exc})") from None
+
+
+def ray_options(p: argparse.ArgumentParser) -> None:
+    g = p.add_argument_group("on a Ray cluster (pip install 'edgeinfer[ray]'; docs/ray.md)")
+    g.add_argument("--ray", nargs="?", const="", default=None, metavar="ADDRESS",
+                   help="serve on Ray Serve: join the cluster at ADDRESS (without it: the "
+                   "local one `ray start` started, or a new one); --host/--port are its proxy's")
+    g.add_argument("--replicas", type=int, default=2,
+                   help="engine replicas (with --max-replicas: the fewest); default 2")
+    g.add_argument("--max-replicas", type=int, default=None,
+                   help="autoscale up to this many replicas on ongoing requests per replica")
+    g.add_argument("--router", choices=["prefix", "pow2"], default="prefix",
+                   help="prefix: send a prompt where its prefix is cached (default); "
+                   "pow2: Ray Serve's default power of two choices")

@@ -37,7 +37,11 @@ def _common(p: argparse.ArgumentParser) -> None:
                    choices=["debug", "info", "warning", "error"], help="logging verbosity")
 
 
-def _speculation_args(p: argparse.ArgumentParser) -> None:
+def _engine_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--batch", type=int, default=None,
+                   help="token budget of one engine step (chunked prefill)")
+    p.add_argument("--prefill-ahead", type=int, default=None, help="requests past the slots "
+                   "whose prompts are computed while they wait for one (default: slots)")
     p.add_argument("--draft-model", "-md", default=None,
                    help="speculative decoding with a draft model: a smaller model with the same "
                    "vocabulary (a .gguf path, or an id or alias from the config)")
@@ -54,7 +58,7 @@ def _serve_parser(sub: Sub) -> None:
     _common(p)
     p.add_argument("--model", "-m", default=None,
                    help="serve only this model: an id or alias from the config, or a .gguf path")
-    _speculation_args(p)
+    _engine_args(p)
     p.add_argument("--host", default=None, help="address to bind (default 127.0.0.1)")
     p.add_argument("--port", type=flags.port, default=None,
                    help="port to listen on (default 8080; 0 picks a free one)")
@@ -62,8 +66,6 @@ def _serve_parser(sub: Sub) -> None:
     p.add_argument("--context", "-c", type=int, default=None,
                    help="KV cells per model context, shared by its slots")
     p.add_argument("--threads", "-t", type=int, default=None, help="CPU threads per model")
-    p.add_argument("--batch", type=int, default=None,
-                   help="token budget of one engine step (chunked prefill)")
     p.add_argument("--gpu-layers", type=flags.gpu_layers, help="GPU layers, or auto (what fits)")
     p.add_argument("--flash-attn", "-fa", choices=("auto", "on", "off"), default=None,
                    help="flash attention (models.toml flash_attn; default auto: llama.cpp's)")
@@ -105,22 +107,8 @@ def _serve_parser(sub: Sub) -> None:
     p.add_argument("--allow-unauthenticated-network", action="store_true",
                    help="let --host bind a non-loopback address without API keys: anyone who "
                    "can reach the address can use the server")
-    _ray_options(p)
+    flags.ray_options(p)
     p.set_defaults(func=serve)
-
-
-def _ray_options(p: argparse.ArgumentParser) -> None:
-    g = p.add_argument_group("on a Ray cluster (pip install 'edgeinfer[ray]'; docs/ray.md)")
-    g.add_argument("--ray", nargs="?", const="", default=None, metavar="ADDRESS",
-                   help="serve on Ray Serve: join the cluster at ADDRESS (without it: the "
-                   "local one `ray start` started, or a new one); --host/--port are its proxy's")
-    g.add_argument("--replicas", type=int, default=2,
-                   help="engine replicas (with --max-replicas: the fewest); default 2")
-    g.add_argument("--max-replicas", type=int, default=None,
-                   help="autoscale up to this many replicas on ongoing requests per replica")
-    g.add_argument("--router", choices=["prefix", "pow2"], default="prefix",
-                   help="prefix: send a prompt where its prefix is cached (default); "
-                   "pow2: Ray Serve's default power of two choices")
 
 
 def _models_parser(sub: Sub) -> None:
@@ -224,7 +212,8 @@ def _select(config: ServerConfig, args: argparse.Namespace) -> ServerConfig:
         override_model(m, slots=args.slots, context=args.context, threads=args.threads,
                        batch=args.batch, gpu_layers=args.gpu_layers, max_queue=args.max_queue,
                        request_timeout=args.request_timeout, draft_max=args.draft_max,
-                       draft_min=args.draft_min, flash_attn=args.flash_attn)
+                       draft_min=args.draft_min, flash_attn=args.flash_attn,
+                       prefill_ahead=args.prefill_ahead)
         for m in models
     )
     library = config.library

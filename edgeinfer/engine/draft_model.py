@@ -34,6 +34,7 @@ import numpy as np
 from edgeinfer.config import ModelConfig
 from edgeinfer.engine.batch import Run
 from edgeinfer.engine.decode_errors import DECODE_OK
+from edgeinfer.engine.kv import seats
 from edgeinfer.engine.native import LlamaRuntime
 from edgeinfer.engine.prefix_index import common_prefix
 from edgeinfer.errors import ModelLoadError
@@ -53,7 +54,8 @@ class DraftModel:
         tcfg = target.cfg
         own = replace(
             cfg, id=f"{tcfg.id}:draft", path=path, source=None, context=target.info.n_ctx,
-            slots=tcfg.slots, cache_entries=0, batch=tcfg.batch, prefill_batch=0,
+            slots=(n := seats(tcfg, target.memory_kind)), prefill_ahead=0, cache_entries=0,
+            batch=max(n, tcfg.batch), prefill_batch=0,  # (a sequence for each of the target's)
             threads=tcfg.threads, gpu_layers=999 if tcfg.gpu_layers else 0,
             cache_type_k=tcfg.cache_type_k, cache_type_v=tcfg.cache_type_v,
             cache_mode="auto", swa_full=True, speculative="off", draft_model=None)

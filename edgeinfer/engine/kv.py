@@ -8,6 +8,8 @@ the same shapes and the same defaults for shapes a file leaves out.
 
 from __future__ import annotations
 
+from edgeinfer.config import ModelConfig
+
 F16_BYTES = 2
 FLASH_ATTN = {"auto": -1, "off": 0, "on": 1}  # llama.cpp's llama_flash_attn_type
 # ggml type ids (ggml.h) and bytes per element of the KV cache types (quantized types are
@@ -54,3 +56,15 @@ def kv_bytes_per_token(n_layer: int, n_embd: int, n_head: int, n_head_kv: int = 
 def serving_bytes(weights: int, kv_per_token: int, n_ctx: int) -> int:
     """Memory a model takes to serve: its weights plus the KV cache of ``n_ctx`` tokens."""
     return weights + kv_per_token * n_ctx
+
+
+def seats(cfg: ModelConfig, memory_kind: str) -> int:
+    """The sequence ids of a context's running requests: its slots, and where cells are
+    shared (``memory_kind`` "kv") seats for requests computed ahead while they wait for a
+    slot (``engine.scheduler``): ``prefill_ahead``, by default as many as the slots within
+    llama.cpp's 255 sequences. Cached prefixes take the ids after these."""
+    if memory_kind != "kv":  # (a recurrent state or a window per sequence: memory each)
+        return cfg.slots
+    ahead = min(cfg.slots, 255 - cfg.slots - cfg.cache_entries) if cfg.prefill_ahead is None \
+        else cfg.prefill_ahead
+    return cfg.slots + max(0, ahead)

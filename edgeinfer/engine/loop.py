@@ -28,6 +28,7 @@ from edgeinfer.engine.delta import Delta, Failure, FailureCode
 from edgeinfer.engine.draft_model import DraftModel
 from edgeinfer.engine.dry import DryCache
 from edgeinfer.engine.finishing import DeltaSink, LogitsSource, Output, Sampled, overdue
+from edgeinfer.engine.kv import seats
 from edgeinfer.engine.lane import SEQ, Lane
 from edgeinfer.engine.messages import Abort, Call, FailAll, Message, Stop, Submit, Unpin
 from edgeinfer.engine.native import LlamaRuntime
@@ -51,8 +52,10 @@ class Engine:
         drafts = speculation.drafter_for(cfg, runtime.memory_kind, SamplingParams(), draft)
         self.scheduler = Scheduler(cfg.slots, cfg.batch, cfg.max_slots_per_request,
                                    cfg.prefill_batch, cfg.step_target_ms / 1000,
-                                   draft_budget=2 * cfg.draft_max if drafts else 0)
-        self.cache = open_cache(runtime)
+                                   2 * cfg.draft_max if drafts else 0,
+                                   seats(cfg, runtime.memory_kind) - cfg.slots)
+        self.cache = open_cache(runtime)  # (prompts go ahead in cells free of pinned ones)
+        self.scheduler.free_cells = lambda: runtime.info.n_ctx - self.cache.pinned_cells()
         self.dry = DryCache(runtime.vocab, runtime.info.n_ctx)  # prototypes, by setting
         self.stats = EngineStats()
         self.observer: LatencyObserver | None = None
@@ -301,8 +304,7 @@ class Engine:
         for chunk in chunks:
             seq = chunk.seq
             is_prompt = chunk.start < seq.num_prompt
-            if is_prompt:
-                self.stats.prompt_tokens += len(chunk.tokens)
+            self.stats.prompt_tokens += len(chunk.tokens) if is_prompt else 0
             if not chunk.wants_logits:
                 continue
             out = self._outputs[seq]
@@ -365,12 +367,10 @@ class Engine:
         if out is None or delta is None:  # aborted (or already ended): nobody reads more
             return
         self._outbox.append((out.sink, delta))
-        log.info(
-            "request %s finished: %s, slot %s, prompt %d (cached %d), generated %d%s",
-            seq.request_id, status.finish_reason, seq.slot if was_running else "-",
-            seq.num_prompt, seq.num_cached, seq.num_generated,
-            f", error: {failure.message}" if failure else "",
-        )
+        log.info("request %s finished: %s, slot %s, prompt %d (cached %d), generated %d%s",
+                 seq.request_id, status.finish_reason, seq.slot if was_running else "-",
+                 seq.num_prompt, seq.num_cached, seq.num_generated,
+                 f", error: {failure.message}" if failure else "")
 
     def _on_decode_error(self, rc: int, chunks: list[Chunk], lane: Lane | None) -> None:
         self.stats.decode_errors += 1

@@ -35,7 +35,7 @@ from edgeinfer.engine.handles import (
     model_params,
 )
 from edgeinfer.engine.host_memory import State, host_buffer
-from edgeinfer.engine.kv import KV_TYPES, flash_attn_type, kv_bytes_per_token, serving_bytes
+from edgeinfer.engine.kv import KV_TYPES, flash_attn_type, kv_bytes_per_token, seats, serving_bytes
 from edgeinfer.errors import ModelLoadError
 
 log = logging.getLogger("edgeinfer.llama")
@@ -179,7 +179,8 @@ class LlamaRuntime:
         cparams: llama_cpp.llama_context_params = llama_cpp.llama_context_default_params()
         cparams.n_ctx = cfg.context
         # cache entries hold finished prefixes in the KV cache; checkpoints live in RAM
-        cparams.n_seq_max = cfg.slots + (cfg.cache_entries if self.memory_kind == "kv" else 0)
+        cparams.n_seq_max = seats(cfg, self.memory_kind) + (
+            cfg.cache_entries if self.memory_kind == "kv" else 0)
         # llama.cpp asserts (aborting the process) unless a batch can hold one output per
         # sequence; the scheduler's own budget stays cfg.batch
         cparams.n_batch = cparams.n_ubatch = max(self.max_step, cparams.n_seq_max)

@@ -1,7 +1,7 @@
 """Prompt-prefix reuse in one unified KV cache: attach, keep, evict, pin.
 
-A context has ``slots`` sequence ids for running requests and ``entries``
-more for finished ones kept as cache (ids ``slots .. slots+entries-1``).
+A context has ``slots`` sequence ids for running requests (``kv.seats``: its slots and
+seats ahead) and ``entries`` more for finished ones kept as cache (the ids after them).
 Sharing a prefix is ``llama_memory_seq_cp``: the cells gain another sequence
 id, no tensor is copied. The ``PrefixIndex`` says which id holds what.
 
@@ -28,6 +28,7 @@ import time
 from collections.abc import Callable
 
 from edgeinfer.engine.cache_entry import CacheEntry, CacheStats
+from edgeinfer.engine.kv import seats
 from edgeinfer.engine.native import LlamaRuntime
 from edgeinfer.engine.prefix_index import PrefixIndex
 from edgeinfer.engine.ram_tier import RamTier, State, default_mb
@@ -299,11 +300,9 @@ class PrefixCache:
         return saved
 
     def evict_one(self) -> bool:
-        """Free KV cells by evicting least recently used unpinned entries.
-
-        Evicts until some cells were actually freed (an entry whose cells are
-        shared frees none). Returns False when nothing could be freed.
-        """
+        """Free KV cells by evicting least recently used unpinned entries, until some cells
+        were actually freed (an entry whose cells are shared frees none). Returns False
+        when nothing could be freed."""
         before = self.index.num_tokens
         while self._evict_lru():
             if self.index.num_tokens < before:
@@ -356,12 +355,13 @@ class PrefixCache:
         return out[:n]
 
     def unpin_all(self) -> int:
-        n = self.ram.unpin_all()
-        for e in self.entries.values():
-            if e.pinned:
-                e.pinned = False
-                n += 1
-        return n
+        pinned = [e for e in self.entries.values() if e.pinned]
+        for e in pinned:
+            e.pinned = False
+        return self.ram.unpin_all() + len(pinned)
+
+    def pinned_cells(self) -> int:  # (no request frees them: ``Scheduler.admit``'s room)
+        return self.index.tokens_held_by({e.seq_id for e in self.entries.values() if e.pinned})
 
     def cells_in_use(self, entries: list[CacheEntry]) -> int:
         """KV cells the engine cannot free for new work: the slots' and pinned prefixes'
@@ -395,6 +395,6 @@ def open_cache(runtime: LlamaRuntime) -> PrefixCache:
         log.info("model %s: prefixes are reused from whole saved states (checkpoints every "
                  "%d tokens, in the RAM tier%s)", cfg.id, cfg.checkpoint_every,
                  "" if cfg.cache_ram_mb != 0 else ": cache_ram_mb is 0, so none is kept")
-    return PrefixCache(runtime, cfg.slots, cfg.cache_entries, enabled=cfg.prefix_cache,
-                       ram_bytes=default_mb(cfg.cache_ram_mb) << 20,
-                       checkpoint_every=cfg.checkpoint_every if checkpoints else None)
+    return PrefixCache(runtime, seats(cfg, runtime.memory_kind), cfg.cache_entries,
+                       cfg.prefix_cache, default_mb(cfg.cache_ram_mb) << 20,
+                       cfg.checkpoint_every if checkpoints else None)

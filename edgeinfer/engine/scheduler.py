@@ -21,12 +21,20 @@ request of several choices never takes the last free slot (several such requests
 would fill every slot: it is kept for a request of one, an interactive chat). A long
 prompt therefore never stalls the streams already generating, and requests join and
 leave at any step.
+
+Prefill ahead: with every slot taken, up to ``ahead`` more sequences take seats past the
+slots; their prompts are computed in the step's spare budget and their first token sent,
+then they wait (cells kept) till a sequence admitted before them ends: only the first
+``num_slots`` running ones generate. One goes ahead only while all running sequences'
+prompts and ``max_tokens``, its own with them, fit the cells free of pinned prefixes, so
+it never takes cells a generating stream will need.
 """
 
 from __future__ import annotations
 
 import functools
 from collections import Counter, deque
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from edgeinfer.engine.drafts import NgramDrafter, SourceDrafter
@@ -51,7 +59,6 @@ class Chunk:
 
 AGING_SECONDS = 10.0
 
-
 # the smallest prompt chunk a step-time target leaves a step (below it, per-step costs
 # dominate and the prompt would crawl)
 MIN_CHUNK = 32
@@ -73,7 +80,7 @@ class Scheduler:
 
     def __init__(self, num_slots: int, token_budget: int,
                  max_per_request: int | None = None, prefill_budget: int = 0,
-                 step_target: float = 0.0, draft_budget: int = 0) -> None:
+                 step_target: float = 0.0, draft_budget: int = 0, ahead: int = 0) -> None:
         if num_slots < 1:
             raise ValueError("num_slots must be >= 1")
         if token_budget < num_slots:
@@ -95,7 +102,9 @@ class Scheduler:
         self.max_per_request = max_per_request or max(1, num_slots - 1)
         self.waiting: deque[Sequence] = deque()
         self.running: list[Sequence] = []  # in admission order
-        self._free_slots: list[int] = list(range(num_slots))
+        self.ahead = ahead  # seats past the slots, for prompts computed ahead (see above)
+        self.free_cells: Callable[[], int] = lambda: 0  # (the engine's; 0: none goes ahead)
+        self._free_slots: list[int] = list(range(num_slots + ahead))
 
     # -- queries ---------------------------------------------------------
     @property
@@ -105,6 +114,11 @@ class Scheduler:
     @property
     def num_waiting(self) -> int:
         return len(self.waiting)
+
+    @property
+    def num_ahead(self) -> int:
+        """Running sequences past the slots: computing their prompt ahead, or waiting."""
+        return max(0, len(self.running) - self.num_slots)
 
     def has_work(self) -> bool:
         return bool(self.waiting or self.running)
@@ -142,7 +156,7 @@ class Scheduler:
         top = max(s.priority for s in self.waiting)
         best: Sequence | None = None
         best_key: tuple[float, int, int] | None = None
-        last = len(self._free_slots) == 1 and self.max_per_request < self.num_slots
+        last = len(self.running) == self.num_slots - 1 and self.max_per_request < self.num_slots
         waiting = Counter(s.group for s in self.waiting) if last else Counter()
         for s in self.waiting:
             held = running[s.group]
@@ -157,14 +171,24 @@ class Scheduler:
             self.waiting.remove(best)
         return best
 
+    def _put_back(self, seq: Sequence) -> None:  # (taken by ``_next``: back in its place)
+        self.waiting.insert(next((i for i, s in enumerate(self.waiting)
+                                  if s.arrival > seq.arrival), len(self.waiting)), seq)
+
     def admit(self, now: float = 0.0) -> list[Sequence]:
-        """Move waiting sequences into free slots (see ``_next`` for the order)."""
+        """Move waiting sequences into free slots (see ``_next`` for the order), and past
+        the slots into seats ahead while ``free_cells()`` (the context's cells less pinned
+        prefixes': the engine's) holds all running sequences' prompts and ``max_tokens``."""
         admitted = []
         running = Counter(s.group for s in self.running)
         lane_busy = any(s.deterministic for s in self.running)
         while self.waiting and self._free_slots:
             seq = self._next(now, running, lane_busy)
             if seq is None:
+                break
+            if len(self.running) >= self.num_slots and self.free_cells() < sum(
+                    s.num_prompt + s.max_tokens for s in (*self.running, seq)):
+                self._put_back(seq)
                 break
             lane_busy |= seq.deterministic
             running[seq.group] += 1
@@ -181,7 +205,7 @@ class Scheduler:
         request is computing the prefix it will share.
         """
         chunks: list[Chunk] = []
-        for seq in self.running:
+        for seq in self.running[: self.num_slots]:  # the others wait ahead (see above)
             if not seq.is_prefilling and seq.num_uncomputed > 0:
                 assert seq.num_uncomputed == 1, "a generating sequence feeds one token per step"
                 chunks.append(Chunk(seq, seq.num_computed, [seq.tokens[-1]], True))
@@ -266,7 +290,7 @@ class Scheduler:
         cost is saved only where every stream gets ahead). ``others`` sequences drafted by
         a draft model, with ``reserved`` rows, draft too. Each draft left out lowers the
         share, so the rest are judged again until none is left out."""
-        waiting = bool(self.waiting) and not self._free_slots
+        waiting = bool(self.waiting) and not self._free_slots or self.num_ahead > 0
         kept = proposed
         while True:
             share = 1.0 if waiting or not streams else (len(kept) + others) / streams

@@ -268,3 +268,43 @@ def test_dry_prototypes_are_made_once_and_close_waits_for_a_build_under_way() ->
             assert building.done() and not cache._building and not cache._protos
         cache.prepare(params)  # closed: nothing is made any more
         assert cache.made == 2
+
+
+def test_a_request_waiting_for_a_slot_gets_its_first_token_ahead() -> None:
+    """Prefill ahead: with the one slot taken, a second request's prompt is computed and
+    its first token sent while the first still generates; it then waits for the slot
+    (``/slots`` says so) and generates from there, its whole answer."""
+    with _model(context=1024, slots=1, batch=64, threads=2, prefill_ahead=1) as served:
+        prompt = served.tokenize_chat(served.template.render(
+            [{"role": "user", "content": "Count to one thousand."}]))
+        params = SamplingParams(temperature=0, ignore_eos=True, max_tokens=40)
+        events: list[tuple[str, int]] = []
+        states: list[str] = []
+
+        async def one(rid: str) -> Delta:
+            last = None
+            async for d in served.engine.generate(rid, prompt, params):
+                events.append((rid, d.completion_tokens))
+                states.extend(str(s["state"]) for s in served.engine.slots_snapshot())
+                last = d
+            assert last is not None
+            return last
+
+        async def main() -> list[Delta]:
+            served.engine.start(asyncio.get_running_loop())
+            try:
+                first = asyncio.ensure_future(one("first"))
+                while not events:  # the first generates
+                    await asyncio.sleep(0.005)
+                return list(await asyncio.gather(first, one("second")))
+            finally:
+                served.engine.stop()
+
+        finals = asyncio.run(main())
+        assert [d.completion_tokens for d in finals] == [40, 40]
+        second_first = next(i for i, (rid, _) in enumerate(events) if rid == "second")
+        first_last = max(i for i, (rid, _) in enumerate(events) if rid == "first")
+        assert second_first < first_last  # its first token came while the first ran
+        assert "waiting_for_slot" in states
+        stats = served.engine.stats_snapshot()
+        assert stats["queued"] == 0 and stats["ahead"] == 0 and stats["slots_busy"] == 0

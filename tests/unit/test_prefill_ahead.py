@@ -1,0 +1,114 @@
+"""Prefill ahead: requests past the slots compute their prompt and send their first token
+while they wait for a slot (``engine.scheduler``), driven by a fake decode."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from test_scheduler import FakeEngine, make_seq, own_token
+
+from edgeinfer.config import ModelConfig
+from edgeinfer.engine.kv import seats
+from edgeinfer.engine.report import EngineStats, slots_json, stats_json
+from edgeinfer.engine.scheduler import Scheduler
+from edgeinfer.engine.sequence import SequenceStatus
+from edgeinfer.errors import ConfigError
+
+
+def _ahead(slots: int = 2, ahead: int = 2, cells: int = 10_000) -> Scheduler:
+    sched = Scheduler(num_slots=slots, token_budget=64, ahead=ahead)
+    sched.free_cells = lambda: cells
+    return sched
+
+
+def test_waiting_requests_get_their_first_token_then_wait_for_a_slot() -> None:
+    sched = _ahead()
+    seqs = [make_seq(f"r{i}", 5, max_tokens=4) for i in range(5)]
+    for s in seqs:
+        sched.add(s)
+    eng = FakeEngine(sched)
+    eng.step()  # every prompt fits one step: two in slots, two ahead, one queued
+    assert [s.num_generated for s in seqs] == [1, 1, 1, 1, 0]
+    assert sched.num_ahead == 2 and sched.num_waiting == 1
+    for _ in range(2):  # the two ahead wait: only the first two generate
+        chunks = eng.step()
+        assert {c.seq.request_id for c in chunks} == {"r0", "r1"}
+    assert [s.num_generated for s in seqs] == [3, 3, 1, 1, 0]
+    eng.step()  # r0 and r1 reach max_tokens: their slots go to r2 and r3, r4 goes ahead
+    assert seqs[0].status is SequenceStatus.FINISHED_LENGTH
+    chunks = eng.step()
+    assert [c.seq.request_id for c in chunks][:2] == ["r2", "r3"]  # r2 and r3 generate on
+    assert chunks[0].start == seqs[2].num_prompt  # from the token sent first: no recompute
+    assert seqs[4].num_generated == 1 and sched.num_ahead == 1
+    eng.run()
+    for s in seqs:  # every request ends with its own tokens, in order
+        assert s.tokens[s.num_prompt:] == [own_token(s, k) for k in range(s.max_tokens)]
+
+
+def test_nobody_goes_ahead_whose_cells_are_not_free() -> None:
+    # two running requests commit 2 x (5 + 4) cells: a third of 9 fits 27, not 26
+    for cells, ahead in ((27, 1), (26, 0)):
+        sched = _ahead(cells=cells)
+        seqs = [make_seq(f"r{i}", 5, max_tokens=4) for i in range(4)]
+        for s in seqs:
+            sched.add(s)
+        sched.admit()
+        assert sched.num_ahead == ahead
+        assert list(sched.waiting) == seqs[2 + ahead:]  # the queue keeps its order
+
+
+def test_without_the_engines_free_cells_nobody_goes_ahead() -> None:
+    sched = Scheduler(num_slots=2, token_budget=64, ahead=2)
+    for i in range(3):
+        sched.add(make_seq(f"r{i}", 5))
+    assert len(sched.admit()) == 2 and sched.num_waiting == 1
+
+
+def test_a_request_of_several_choices_keeps_off_the_last_slot_not_the_last_seat() -> None:
+    sched = _ahead(slots=3, ahead=3)
+    sched.add(make_seq("a", 5))
+    choices = [make_seq("b", 5) for _ in range(2)]
+    for s in choices:
+        s.group = "b"
+        sched.add(s)
+    sched.admit()
+    assert [s.request_id for s in sched.running] == ["a", "b"]  # the last slot kept
+    sched.add(make_seq("c", 5))
+    sched.admit()  # c takes the last slot; b's other choice then goes ahead
+    assert [s.request_id for s in sched.running] == ["a", "b", "c", "b"]
+
+
+def test_slots_and_stats_show_the_requests_ahead_as_waiting_for_a_slot() -> None:
+    sched = _ahead()
+    seqs = [make_seq(f"r{i}", 5) for i in range(3)]
+    for s in seqs:
+        sched.add(s)
+    FakeEngine(sched).step()
+    listed = slots_json(sched)
+    assert [(e["id"], e["state"]) for e in listed] == [
+        (0, "generating"), (1, "generating"), (2, "waiting_for_slot")]
+
+    class NoCache:
+        def snapshot(self) -> dict[str, object]:
+            return {}
+    stats = stats_json(EngineStats(), sched, 8192, NoCache())  # type: ignore[arg-type]
+    assert (stats["slots_busy"], stats["slots_total"], stats["queued"], stats["ahead"]) == (
+        2, 2, 1, 1)
+
+
+def _cfg(**kw: object) -> ModelConfig:
+    return ModelConfig(id="m", path=Path("/x.gguf"), **kw)  # type: ignore[arg-type]
+
+
+def test_seats_follow_prefill_ahead_within_llamas_sequences() -> None:
+    assert seats(_cfg(slots=8), "kv") == 16  # by default as many as the slots
+    assert seats(_cfg(slots=8, prefill_ahead=0), "kv") == 8
+    assert seats(_cfg(slots=8, prefill_ahead=3), "kv") == 11
+    assert seats(_cfg(slots=200, batch=256), "kv") == 223  # 255 less 32 cache entries
+    assert seats(_cfg(slots=8), "checkpoint") == 8  # a state per sequence: none ahead
+    with pytest.raises(ConfigError, match="prefill_ahead"):
+        _cfg(slots=8, prefill_ahead=-1)
+    with pytest.raises(ConfigError, match="prefill_ahead"):
+        _cfg(slots=200, batch=256, prefill_ahead=30)
+
