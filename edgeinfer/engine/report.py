@@ -90,20 +90,22 @@ def timings_json(seq: Sequence, t: Timing) -> dict[str, float]:
 
 
 def slots_json(scheduler: Scheduler) -> list[dict[str, object]]:
-    """Each slot's state, for GET /slots (read off the engine thread: a snapshot)."""
+    """Each slot's state, for GET /slots (read off the engine thread: a snapshot): the
+    slots, by position (idle ones after the busy), then the requests ahead of a slot
+    (``scheduler``: their prompts computed, then ``waiting_for_slot``)."""
     running = list(scheduler.running)
-    busy = {seq.slot: seq for seq in running}
-    ahead = {id(seq) for seq in running[scheduler.num_slots:]}  # (their first token sent,
-    out: list[dict[str, object]] = []  # they wait till one before them ends)
-    for slot in range(scheduler.num_slots + scheduler.ahead):
-        seq = busy.get(slot)
-        if seq is None:  # (a seat past the slots is listed while a request holds it)
-            out += [{"id": slot, "state": "idle"}] if slot < scheduler.num_slots else []
+    inside = [s for s in running if not s.ahead]
+    listed = inside + [None] * (scheduler.num_slots - len(inside)) + [
+        s for s in running if s.ahead]
+    out: list[dict[str, object]] = []
+    for n, seq in enumerate(listed):
+        if seq is None:
+            out.append({"id": n, "state": "idle"})
             continue
         state = ("waiting_for_prefix" if seq.waiting_on is not None
                  else "prefilling" if seq.is_prefilling
-                 else "waiting_for_slot" if id(seq) in ahead else "generating")
-        out.append({"id": slot, "state": state, "request_id": seq.request_id,
+                 else "waiting_for_slot" if seq.ahead else "generating")
+        out.append({"id": n, "state": state, "request_id": seq.request_id,
                     "prompt_tokens": seq.num_prompt, "cached_tokens": seq.num_cached,
                     "computed_tokens": seq.num_computed, "generated_tokens": seq.num_generated,
                     "max_tokens": seq.max_tokens})
@@ -114,10 +116,12 @@ def stats_json(stats: EngineStats, scheduler: Scheduler, n_ctx: int,
                cache: PrefixCache) -> dict[str, object]:
     """The engine's counters, slots, queue and prefix cache (read off the engine thread)."""
     s: dict[str, object] = dict(stats.snapshot())
-    s["slots_busy"] = len(scheduler.running) - scheduler.num_ahead
+    running = list(scheduler.running)  # (one copy: the counts agree)
+    ahead = sum(seq.ahead for seq in running)
+    s["slots_busy"] = len(running) - ahead
     s["slots_total"] = scheduler.num_slots
-    s["queued"] = scheduler.num_waiting + scheduler.num_ahead  # (still waiting for a slot)
-    s["ahead"] = scheduler.num_ahead  # of them, prompts computed ahead (``scheduler``)
+    s["queued"] = scheduler.num_waiting + ahead  # (still waiting for a slot)
+    s["ahead"] = ahead  # of them, prompts computed ahead (``scheduler``)
     s["n_ctx"] = n_ctx
     s["prefix_cache"] = with_time_saved(cache.snapshot(), scheduler.rate)
     return s

@@ -13,21 +13,16 @@ uncomputed token first; the rest of the token budget (``prefill_budget`` when no
 sequence generates, so that a lone prompt goes in large pieces) goes to prompt chunks of
 sequences still prefilling (chunked prefill): those with little left first (at most a
 quarter of the budget each, half in all: a short chat is not held back by a long
-document), then oldest first. Waiting sequences take free slots by priority, then
-fairness between requests (the request with the fewest running sequences first: one
-request's ``n`` choices alternate with other requests instead of going first), then
-arrival. One request never holds more than ``max_per_request`` slots at once, and a
-request of several choices never takes the last free slot (several such requests together
-would fill every slot: it is kept for a request of one, an interactive chat). A long
-prompt therefore never stalls the streams already generating, and requests join and
-leave at any step.
+document), then oldest first. Waiting sequences take free slots in ``admission``'s order
+(priority, fairness between requests, arrival; a request's cap, the last free slot kept
+for a request of one). A long prompt therefore never stalls the streams already
+generating, and requests join and leave at any step.
 
 Prefill ahead: with every slot taken, up to ``ahead`` more sequences take seats past the
 slots; their prompts are computed in the step's spare budget and their first token sent,
-then they wait (cells kept) till a sequence admitted before them ends: only the first
-``num_slots`` running ones generate. One goes ahead only while all running sequences'
-prompts and ``max_tokens``, its own with them, fit the cells free of pinned prefixes, so
-it never takes cells a generating stream will need.
+then they wait (cells kept) and take the slots ended sequences leave, in the same order.
+One goes ahead only while all running sequences' prompts and ``max_tokens``, its own with
+them, fit the cells free of pinned prefixes (``free_cells``, the engine's).
 """
 
 from __future__ import annotations
@@ -37,6 +32,7 @@ from collections import Counter, deque
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from edgeinfer.engine.admission import pick, promote
 from edgeinfer.engine.drafts import NgramDrafter, SourceDrafter
 from edgeinfer.engine.sequence import Sequence, SequenceStatus
 from edgeinfer.engine.step_cost import StepCost
@@ -56,8 +52,6 @@ class Chunk:
     def end(self) -> int:
         return self.start + len(self.tokens)
 
-
-AGING_SECONDS = 10.0
 
 # the smallest prompt chunk a step-time target leaves a step (below it, per-step costs
 # dominate and the prompt would crawl)
@@ -116,9 +110,12 @@ class Scheduler:
         return len(self.waiting)
 
     @property
-    def num_ahead(self) -> int:
-        """Running sequences past the slots: computing their prompt ahead, or waiting."""
-        return max(0, len(self.running) - self.num_slots)
+    def num_generating(self) -> int:  # running sequences in slots (not ahead)
+        return sum(not s.ahead for s in self.running)
+
+    @property
+    def num_ahead(self) -> int:  # running sequences ahead of a slot (see above)
+        return len(self.running) - self.num_generating
 
     def has_work(self) -> bool:
         return bool(self.waiting or self.running)
@@ -139,37 +136,20 @@ class Scheduler:
         self.waiting.append(seq)
 
     def _next(self, now: float, running: Counter[str], lane_busy: bool) -> Sequence | None:
-        """The waiting sequence to admit next (None: every waiting request is at its cap,
-        or is deterministic while one deterministic sequence runs: ``engine.lane``).
-
-        Order: effective priority, then the request with the fewest running
-        sequences, then arrival. Effective priority = priority + seconds waited /
-        AGING_SECONDS, capped at the highest priority waiting: a low-priority
-        request gains a level every AGING_SECONDS and is never starved by a stream
-        of higher-priority ones, but waiting longer never outranks fairness among
-        requests of the top level.
-        """
-        # cells are short: nobody joins before a prompt sent back to wait is computed
-        if any(s.held for s in self.waiting) or any(
-                s.preempted and s.is_prefilling for s in self.running):
+        """The waiting sequence to admit next (``admission.pick``; None: none may be now)."""
+        if self._blocked():
             return None
-        top = max(s.priority for s in self.waiting)
-        best: Sequence | None = None
-        best_key: tuple[float, int, int] | None = None
-        last = len(self.running) == self.num_slots - 1 and self.max_per_request < self.num_slots
-        waiting = Counter(s.group for s in self.waiting) if last else Counter()
-        for s in self.waiting:
-            held = running[s.group]
-            if held >= self.max_per_request or (s.deterministic and lane_busy) or (
-                    last and held + waiting[s.group] > 1):  # (see the module's docstring)
-                continue
-            key = (min(s.priority + (now - s.queued_at) / AGING_SECONDS, top), -held,
-                   -s.arrival)
-            if best_key is None or key > best_key:
-                best, best_key = s, key
+        last = self.num_generating == self.num_slots - 1 and self.max_per_request < self.num_slots
+        best = pick(self.waiting, now, running, lane_busy=lane_busy,
+                    max_per_request=self.max_per_request, last_slot=last)
         if best is not None:
             self.waiting.remove(best)
         return best
+
+    def _blocked(self) -> bool:
+        """Cells are short: nobody joins before a prompt sent back to wait is computed."""
+        return any(s.held for s in self.waiting) or any(
+            s.preempted and s.is_prefilling for s in self.running)
 
     def _put_back(self, seq: Sequence) -> None:  # (taken by ``_next``: back in its place)
         self.waiting.insert(next((i for i, s in enumerate(self.waiting)
@@ -179,23 +159,34 @@ class Scheduler:
         """Move waiting sequences into free slots (see ``_next`` for the order), and past
         the slots into seats ahead while ``free_cells()`` (the context's cells less pinned
         prefixes': the engine's) holds all running sequences' prompts and ``max_tokens``."""
+        promote(self.running, self.waiting if self._free_slots and not self._blocked() else (),
+                now, num_slots=self.num_slots, max_per_request=self.max_per_request)
         admitted = []
         running = Counter(s.group for s in self.running)
         lane_busy = any(s.deterministic for s in self.running)
+        committed: int | None = None  # (cells of the running: summed once, when needed)
         while self.waiting and self._free_slots:
             seq = self._next(now, running, lane_busy)
             if seq is None:
                 break
-            if len(self.running) >= self.num_slots and self.free_cells() < sum(
-                    s.num_prompt + s.max_tokens for s in (*self.running, seq)):
-                self._put_back(seq)
-                break
+            seq.ahead = self.num_generating >= self.num_slots
+            if seq.ahead:
+                if committed is None:
+                    committed = sum(s.num_prompt + s.max_tokens for s in self.running)
+                committed += seq.num_prompt + seq.max_tokens
+                if committed > self.free_cells():
+                    seq.ahead = False
+                    self._put_back(seq)
+                    break
             lane_busy |= seq.deterministic
             running[seq.group] += 1
             seq.slot = self._free_slots.pop(0)
             seq.status = SequenceStatus.RUNNING
             self.running.append(seq)
             admitted.append(seq)
+        if self.num_generating < self.num_slots:  # a slot left to a waiting one not taken
+            promote(self.running, (), now, num_slots=self.num_slots,
+                    max_per_request=self.max_per_request)
         return admitted
 
     def schedule(self) -> list[Chunk]:
@@ -205,8 +196,8 @@ class Scheduler:
         request is computing the prefix it will share.
         """
         chunks: list[Chunk] = []
-        for seq in self.running[: self.num_slots]:  # the others wait ahead (see above)
-            if not seq.is_prefilling and seq.num_uncomputed > 0:
+        for seq in self.running:  # (those ahead wait: see above)
+            if not seq.ahead and not seq.is_prefilling and seq.num_uncomputed > 0:
                 assert seq.num_uncomputed == 1, "a generating sequence feeds one token per step"
                 chunks.append(Chunk(seq, seq.num_computed, [seq.tokens[-1]], True))
         budget = (self.streaming_budget() if chunks else self.prefill_budget) - len(chunks)
@@ -230,7 +221,8 @@ class Scheduler:
         the step's budget: those whose rest takes at most a quarter of it first, up to half
         of it in all (a short chat's first token is not held back by a long document that
         came before it: it comes after one step), then the others oldest first."""
-        ready = [s for s in self.running if s.is_prefilling and s.waiting_on is None]
+        ready = sorted((s for s in self.running if s.is_prefilling and s.waiting_on is None),
+                       key=lambda s: s.ahead)  # (those in slots first)
         quick: list[Sequence] = []
         room = budget // 2  # the others keep at least half: a steady run of short prompts
         for s in ready:  # does not starve a long one
@@ -290,7 +282,7 @@ class Scheduler:
         cost is saved only where every stream gets ahead). ``others`` sequences drafted by
         a draft model, with ``reserved`` rows, draft too. Each draft left out lowers the
         share, so the rest are judged again until none is left out."""
-        waiting = bool(self.waiting) and not self._free_slots or self.num_ahead > 0
+        waiting = bool(self.waiting) and self.num_generating >= self.num_slots or self.num_ahead
         kept = proposed
         while True:
             share = 1.0 if waiting or not streams else (len(kept) + others) / streams
@@ -348,7 +340,7 @@ class Scheduler:
         is admitted before that is done."""
         assert seq.status is SequenceStatus.RUNNING and not seq.num_generated
         slot = self._free(seq)
-        seq.slot, seq.status, seq.held = None, SequenceStatus.WAITING, True
+        seq.slot, seq.status, seq.held, seq.ahead = None, SequenceStatus.WAITING, True, False
         seq.preempted += 1
         seq.num_computed = seq.num_cached = 0
         seq.waiting_on, seq.checkpoints = None, ()

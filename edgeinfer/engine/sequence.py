@@ -141,6 +141,7 @@ class Sequence:
     # until a running sequence ends (``Scheduler.preempt``); how many times it was
     held: bool = False
     preempted: int = 0
+    ahead: bool = False  # in a seat past the slots: its prompt computed, it waits (Scheduler)
 
     def __post_init__(self) -> None:
         if not self.tokens:

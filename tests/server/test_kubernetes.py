@@ -170,8 +170,9 @@ def test_metrics_for_an_endpoint_picker_and_open_probes(tmp_path: Path) -> None:
         [(labels, per_model)] = busy["edgeinfer_model_kv_cache_usage_ratio"]
         assert labels == {"model": "smollm2-135m-instruct"}
         assert per_model == value(busy, "edgeinfer_kv_cache_usage_ratio")
-        # two requests of ~40 prompt + <= 40 generated tokens in 8192 cells
-        assert 0 < per_model * 8192 <= 2 * 100
+        # two requests of ~40 prompt + <= 40 generated tokens in 8192 cells, and up to three
+        # waiting for a slot with their ~40-token prompts computed ahead (prefill_ahead)
+        assert 0 < per_model * 8192 <= 2 * 100 + 3 * 50
         done = scrape(srv)
         assert value(done, "edgeinfer_requests_waiting") == 0
         assert value(done, "edgeinfer_requests_running") == 0

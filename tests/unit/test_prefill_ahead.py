@@ -97,6 +97,40 @@ def test_slots_and_stats_show_the_requests_ahead_as_waiting_for_a_slot() -> None
         2, 2, 1, 1)
 
 
+def test_requests_ahead_take_freed_slots_by_priority_not_admission() -> None:
+    sched = _ahead(slots=1, ahead=2)
+    first, low, high = make_seq("first", 5, max_tokens=2), make_seq("low", 5), make_seq("high", 5)
+    low.priority, high.priority = -5, 5
+    for s in (first, low):
+        sched.add(s)
+    eng = FakeEngine(sched)
+    eng.step()  # first in the slot, low ahead
+    sched.add(high)
+    eng.step()  # high ahead too; first ends
+    assert first.status is SequenceStatus.FINISHED_LENGTH
+    assert (low.num_generated, high.num_generated) == (1, 1)
+    chunks = eng.step()  # the freed slot goes to high, low waits on
+    assert [c.seq.request_id for c in chunks] == ["high"]
+    assert [(e["id"], e["state"], e["request_id"]) for e in slots_json(sched)] == [
+        (0, "generating", "high"), (1, "waiting_for_slot", "low")]
+
+
+def test_a_freed_slot_goes_to_a_waiting_request_that_comes_before_those_ahead() -> None:
+    sched = _ahead(slots=1, ahead=1)
+    first, low, high = make_seq("first", 5, max_tokens=3), make_seq("low", 5), make_seq("high", 5)
+    low.priority, high.priority = -5, 5
+    eng = FakeEngine(sched)
+    for s in (first, low, high):
+        sched.add(s)
+        eng.step()  # first in the slot, then low ahead, then high waits: no seat left
+    assert first.status is SequenceStatus.FINISHED_LENGTH and list(sched.waiting) == [high]
+    chunks = eng.step()  # the slot is high's (priority), low waits on ahead
+    assert [c.seq.request_id for c in chunks] == ["high"] and high.num_computed == 5
+    assert low.ahead and low.num_generated == 1
+    eng.run()
+    assert low.num_generated == low.max_tokens
+
+
 def _cfg(**kw: object) -> ModelConfig:
     return ModelConfig(id="m", path=Path("/x.gguf"), **kw)  # type: ignore[arg-type]
 
