@@ -159,8 +159,9 @@ class Scheduler:
         """Move waiting sequences into free slots (see ``_next`` for the order), and past
         the slots into seats ahead while ``free_cells()`` (the context's cells less pinned
         prefixes': the engine's) holds all running sequences' prompts and ``max_tokens``."""
-        promote(self.running, self.waiting if self._free_slots and not self._blocked() else (),
-                now, num_slots=self.num_slots, max_per_request=self.max_per_request)
+        if self.ahead and any(s.ahead for s in self.running):
+            promote(self.running, self.waiting if self._free_slots and not self._blocked()
+                    else (), now, num_slots=self.num_slots, max_per_request=self.max_per_request)
         admitted = []
         running = Counter(s.group for s in self.running)
         lane_busy = any(s.deterministic for s in self.running)
@@ -184,7 +185,8 @@ class Scheduler:
             seq.status = SequenceStatus.RUNNING
             self.running.append(seq)
             admitted.append(seq)
-        if self.num_generating < self.num_slots:  # a slot left to a waiting one not taken
+        if self.ahead and self.num_generating < self.num_slots:  # (a slot left to a waiting
+            # one that was not admitted after all)
             promote(self.running, (), now, num_slots=self.num_slots,
                     max_per_request=self.max_per_request)
         return admitted
