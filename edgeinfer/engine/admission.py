@@ -47,7 +47,8 @@ def promote(running: list[Sequence], waiting: Iterable[Sequence], now: float, *,
             num_slots: int, max_per_request: int) -> None:
     """Sequences computed ahead (``Sequence.ahead``) take the slots ended ones left, in
     ``pick``'s order among them and the ``waiting`` ones that may be admitted now: where a
-    waiting one comes first, the slot is left to it (the scheduler admits it next)."""
+    waiting one comes first, a slot is left to it (the scheduler admits it next) and the
+    others are given on."""
     ahead = [s for s in running if s.ahead]
     generating = Counter(s.group for s in running if not s.ahead)
     lane_busy = any(s.deterministic for s in running)  # (a waiting one cannot join it)
@@ -56,8 +57,8 @@ def promote(running: list[Sequence], waiting: Iterable[Sequence], now: float, *,
         best = pick(ahead + rivals, now, generating, lane_busy=False,
                     max_per_request=max_per_request,
                     last_slot=free == 1 and max_per_request < num_slots)
-        if best is None or not best.ahead:
+        if best is None:
             return
-        best.ahead = False
-        ahead.remove(best)
+        (ahead if best.ahead else rivals).remove(best)
+        best.ahead = False  # (a waiting one's: already)
         generating[best.group] += 1

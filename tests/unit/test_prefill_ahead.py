@@ -131,6 +131,46 @@ def test_a_freed_slot_goes_to_a_waiting_request_that_comes_before_those_ahead() 
     assert low.num_generated == low.max_tokens
 
 
+def test_slots_freed_together_go_to_the_waiting_one_first_then_to_those_ahead() -> None:
+    sched = _ahead(slots=2, ahead=2)
+    eng = FakeEngine(sched)
+    busy = [make_seq(f"busy{i}", 5, max_tokens=3) for i in range(2)]
+    low = [make_seq(f"low{i}", 5) for i in range(3)]
+    high = make_seq("high", 5)
+    high.priority = 10
+    for s in (*busy, *low):
+        sched.add(s)
+    eng.step()  # busy0 and busy1 in the slots, low0 and low1 ahead, low2 queued
+    sched.add(high)
+    eng.step()
+    assert [s.ahead for s in low[:2]] == [True, True] and list(sched.waiting) == [low[2], high]
+    eng.step()  # both busy ones end at once
+    assert all(s.status is SequenceStatus.FINISHED_LENGTH for s in busy)
+    eng.step()  # one slot to high (priority), the other to low0 (ahead, first in line)
+    generating = {s.request_id for s in sched.running if not s.ahead}
+    assert generating == {"high", "low0"}, generating
+    assert low[2].ahead and low[1].ahead  # low2 went ahead in the seat high left
+
+
+def test_a_request_too_large_to_go_ahead_lets_later_ones_go_and_keeps_its_turn() -> None:
+    sched = _ahead(slots=1, ahead=2, cells=100)
+    eng = FakeEngine(sched)
+    first = make_seq("first", 5, max_tokens=3)  # commits 8 cells
+    huge = make_seq("huge", 5, max_tokens=90)  # 95 more: past 100
+    small = make_seq("small", 5)  # 9 more: fits
+    for s in (first, huge, small):
+        sched.add(s)
+    eng.step()
+    assert (small.ahead, huge.status, small.num_generated) == (
+        True, SequenceStatus.WAITING, 1)
+    eng.step()
+    eng.step()  # first ends: its slot is huge's (first in line), small waits on ahead
+    eng.step()
+    assert not huge.ahead and huge.num_generated >= 1 and small.ahead
+    eng.run()
+    assert (huge.num_generated, small.num_generated) == (90, 4)
+
+
 def _cfg(**kw: object) -> ModelConfig:
     return ModelConfig(id="m", path=Path("/x.gguf"), **kw)  # type: ignore[arg-type]
 
