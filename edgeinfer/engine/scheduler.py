@@ -165,22 +165,21 @@ class Scheduler:
         admitted = []
         running = Counter(s.group for s in self.running)
         lane_busy = any(s.deterministic for s in self.running)
-        committed, cap = 0, -1  # (the running's cells and the free ones: once, when needed)
+        committed, cap = 0, None  # (the running's cells and the free ones: when needed)
         too_large: list[Sequence] = []  # to go ahead now: they wait on in the queue
         while self.waiting and self._free_slots:
             seq = self._next(now, running, lane_busy)
             if seq is None:
                 break
-            seq.ahead = self.num_generating >= self.num_slots
-            if seq.ahead:
-                if cap < 0:
+            if ahead := self.num_generating >= self.num_slots:
+                if cap is None:
                     committed = sum(s.num_prompt + s.max_tokens for s in self.running)
                     cap = self.free_cells()
                 if committed + seq.num_prompt + seq.max_tokens > cap:
-                    seq.ahead = False
                     too_large.append(seq)
                     continue
                 committed += seq.num_prompt + seq.max_tokens
+            seq.ahead = ahead
             lane_busy |= seq.deterministic
             running[seq.group] += 1
             seq.slot = self._free_slots.pop(0)
@@ -189,8 +188,7 @@ class Scheduler:
             admitted.append(seq)
         for seq in too_large:
             self._put_back(seq)
-        if self.ahead and self.num_generating < self.num_slots:  # (a slot left to a waiting
-            # one that was not admitted after all)
+        if self.ahead and self.num_generating < self.num_slots:  # (left to one not admitted)
             promote(self.running, (), now, num_slots=self.num_slots,
                     max_per_request=self.max_per_request)
         return admitted
